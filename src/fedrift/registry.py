@@ -1,0 +1,52 @@
+"""Name -> factory registries, read by `fedrift list` and by config validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+from fedrift.errors import ConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    factory: Callable[..., Any]
+    doc: str
+    params: type | None  # a pydantic dataclass of the entry's options, or None if it takes none
+
+
+class Registry(Generic[F]):
+    """A named set of factories of one kind (algorithm, dataset, model, partition, executor)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str, doc: str, params: type | None = None) -> Callable[[F], F]:
+        def add(factory: F) -> F:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._entries[name] = Entry(name, factory, doc, params)
+            return factory
+
+        return add
+
+    def get(self, name: str, key: str | None = None) -> Entry:
+        if name not in self._entries:
+            where = f"{key}: " if key else ""
+            raise ConfigError(
+                f"{where}unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}"
+            )
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(sorted(self._entries.values(), key=lambda e: e.name))
