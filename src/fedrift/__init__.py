@@ -1,1 +1,8 @@
-"""fedrift."""
+"""fedrift: federated learning under client drift, every remedy under one fast engine."""
+
+from fedrift.api import RunResult, run
+from fedrift.config import Config, load_config
+from fedrift.errors import ConfigError, DivergenceError, FedriftError
+
+__version__ = "0.1.0"
+__all__ = ["Config", "ConfigError", "DivergenceError", "FedriftError", "RunResult", "load_config", "run", "__version__"]

@@ -1,0 +1,111 @@
+"""What an algorithm is: a frozen value of small pure hook functions.
+
+The engine owns the loop and calls these hooks; every executor (sequential now, batched
+with ``torch.func.vmap``, processes, Ray, Flower) runs the same ones. A round is::
+
+    payload = broadcast(server_state, info)                    # what goes down, per client
+    [summaries -> pre_combine]                                 # optional pre-phase (FedCSD, Vote)
+    for each sampled client k (in any executor):
+        ctx   = engine facts (num_samples, num_steps, label_counts, client state)
+        ctx  |= client_start(payload, ctx, data_k, apply)      # once per client per round
+        for each step: grads = grad(local_loss)(params, batch, payload, ctx, apply)
+                       grads = grad_correction(grads, params, payload, ctx)
+                       params, opt = optimizer.update(...)     # functional SGD by default
+        upload, state_k = client_result(payload, params, ctx)
+    server_state = aggregate(server_state, stacked uploads, p, info)
+
+Rules for ``local_loss``, ``grad_correction``, the optimiser and ``client_result`` (they run
+under ``vmap`` in the batched executor): tensors in, tensors out; no ``.item()``, no Python
+branches on tensor values, no in-place edits of inputs, no randomness (the engine passes
+any noise in). ``batch["w"]`` is the per-sample weight (1/len for real samples, 0 for
+padding), so losses are weighted sums. A missing optional hook means FedAvg's behaviour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+import torch
+
+from fedrift.engine.optim import Transform
+from fedrift.engine.tree import weighted_sum
+from fedrift.params import params
+
+Params = dict[str, torch.Tensor]
+Tree = dict[str, Any]
+Apply = Callable[..., Any]  # apply(params, x, mode="logits")
+
+
+@params
+class AlgorithmParams:
+    """Options every algorithm has.
+
+    aggregation: weights of client results, ``samples`` (p_k = n_k / sum n_j, the default for
+    every method) or ``uniform`` (a plain mean, as SlowMo's and FedADC's papers write).
+    """
+
+    aggregation: Literal["samples", "uniform"] = "samples"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What an algorithm may know about the run when it is built."""
+
+    num_classes: int
+    num_clients: int
+    feature_dim: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    clip_grad_norm: float | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    round: int  # 1-based
+    num_clients: int  # N, the whole federation
+    sampled: tuple[int, ...]  # S_t, ascending
+
+
+@dataclass(frozen=True)
+class ClientData:
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def default_init_server(global_params: Params) -> Tree:
+    return {"params": global_params}
+
+
+def default_broadcast(state: Tree, info: RoundInfo) -> Tree:
+    return {"params": state["params"]}
+
+
+def default_client_result(payload: Tree, end_params: Params, ctx: Tree) -> tuple[Tree, Tree]:
+    return {"params": end_params}, ctx.get("state", {})
+
+
+def fedavg_aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: RoundInfo) -> Tree:
+    """``w_{t+1} = sum_k p_k w_k``."""
+    return {**state, "params": weighted_sum(uploads["params"], weights)}
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An FL algorithm as data: its hyper-parameters and its hooks (see module docstring)."""
+
+    name: str
+    hparams: Any
+    local_loss: Callable[[Params, Tree, Tree, Tree, Apply], tuple[torch.Tensor, Tree]]
+    init_server: Callable[[Params], Tree] = default_init_server
+    broadcast: Callable[[Tree, RoundInfo], Tree] = default_broadcast
+    init_client: Callable[[Params], Tree] | None = None
+    client_summary: Callable[[Tree, Tree, ClientData, Apply], Tree] | None = None
+    pre_combine: Callable[[Tree, Tree, torch.Tensor], Tree] | None = None
+    client_start: Callable[[Tree, Tree, ClientData, Apply], Tree] | None = None
+    grad_correction: Callable[[Params, Params, Tree, Tree], Params] | None = None
+    optimizer: Transform | None = None  # None: SGD from the train section
+    client_result: Callable[[Tree, Params, Tree], tuple[Tree, Tree]] = default_client_result
+    aggregate: Callable[[Tree, Tree, torch.Tensor, RoundInfo], Tree] = fedavg_aggregate

@@ -1,0 +1,147 @@
+"""The Python API: ``fedrift.run(config)``; also what the CLI calls."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms.base import Algorithm, Setup
+from fedrift.config import Config, load_config, to_yaml, validate_options
+from fedrift.data import DATASETS, Dataset, load_dataset
+from fedrift.data.partition import PARTITIONS, partition_dataset
+from fedrift.data.partition_base import Partition
+from fedrift.engine.executors import EXECUTORS
+from fedrift.engine.loop import Federation, run_federation
+from fedrift.engine.outputs import RunWriter, auto_dir
+from fedrift.engine.sampling import SAMPLERS
+from fedrift.errors import ConfigError, DivergenceError
+from fedrift.models import MODELS, build_model
+from fedrift.models.base import FedModel
+
+
+@dataclass
+class RunResult:
+    history: list[dict[str, Any]]  # one dict per evaluated round
+    summary: dict[str, Any]
+    global_state: dict[str, torch.Tensor]  # the final global model's state_dict
+    output_dir: Path
+    config: Config
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, built and validated before anything is written."""
+
+    config: Config
+    options: dict[str, Any]  # section -> validated options object
+    dataset: Dataset
+    partition: Partition
+    device: torch.device
+
+
+def resolve_options(cfg: Config) -> dict[str, Any]:
+    """Validate every named section's options against its registry entry."""
+    sections = {"data": DATASETS, "partition": PARTITIONS, "model": MODELS, "algorithm": ALGORITHMS}
+    out = {}
+    for section, registry in sections.items():
+        named = getattr(cfg, section)
+        entry = registry.get(named.name, f"{section}.name")
+        extra = named.options_dict
+        out[section] = validate_options(section, entry.params, extra)
+    EXECUTORS.get(cfg.engine.executor, "engine.executor")
+    SAMPLERS.get(cfg.engine.sampling, "engine.sampling")
+    return out
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("engine.device: cuda requested but torch sees no GPU here; allowed: auto, cpu")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: list[str] | None = None) -> Prepared:
+    cfg = load_config(config, overrides)
+    options = resolve_options(cfg)
+    device = resolve_device(cfg.engine.device)
+    root = Path(cfg.data.root).expanduser() if cfg.data.root else None
+    dataset = load_dataset(cfg.data.name, root, options["data"])
+    partition = partition_dataset(dataset, cfg.partition.name, options["partition"], cfg.seed)
+    return Prepared(cfg, options, dataset, partition, device)
+
+
+def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
+    tc = prep.config.train
+    setup = Setup(
+        num_classes=prep.dataset.num_classes,
+        num_clients=prep.partition.num_clients,
+        feature_dim=model.feature_dim,
+        lr=tc.lr,
+        momentum=tc.momentum,
+        weight_decay=tc.weight_decay,
+        clip_grad_norm=tc.clip_grad_norm,
+        seed=prep.config.seed,
+    )
+    entry = ALGORITHMS.get(prep.config.algorithm.name, "algorithm.name")
+    return entry.factory(prep.options["algorithm"], setup)
+
+
+def run(config: Config | Mapping[str, Any] | str | Path | None = None, overrides: list[str] | None = None) -> RunResult:
+    """Run one federated experiment; ``config`` is a dict, a YAML path or a Config.
+
+    Raises :class:`fedrift.ConfigError` for bad input before anything is written, and
+    :class:`fedrift.DivergenceError` (carrying the partial result) if the loss goes non-finite.
+    """
+    prep = prepare(config, overrides)
+    cfg = prep.config
+    model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
+    algorithm = build_algorithm(prep, model)
+    executor = EXECUTORS.get(cfg.engine.executor, "engine.executor").factory()
+    if cfg.engine.threads is not None:
+        torch.set_num_threads(cfg.engine.threads)
+
+    label = f"{cfg.algorithm.name}-{cfg.data.name}-{cfg.partition.name}-s{cfg.seed}"
+    out_dir = Path(cfg.output.dir) if cfg.output.dir else auto_dir(Path("runs"), label)
+    writer = RunWriter(out_dir, cfg.output.overwrite)
+    writer.write_text("config.yaml", to_yaml(cfg, {k: _as_dict(v) for k, v in prep.options.items()}))
+    writer.write_partition(prep.partition)
+    fed = Federation(prep.dataset, prep.partition, prep.device)
+    facts = {
+        "algorithm": cfg.algorithm.name,
+        "dataset": cfg.data.name,
+        "partition": cfg.partition.name,
+        "model": cfg.model.name,
+        "seed": cfg.seed,
+        "num_clients": prep.partition.num_clients,
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "executor": cfg.engine.executor,
+        "device": str(prep.device),
+        "threads": torch.get_num_threads(),
+    }
+    try:
+        loop = run_federation(cfg, fed, model, algorithm, executor, writer)
+    except DivergenceError as err:
+        partial = err.result
+        if partial is not None:
+            partial.summary.update(facts)
+            writer.write_summary(partial.summary)
+            err.result = RunResult(partial.history, partial.summary, {}, out_dir, cfg)
+        raise
+    finally:
+        writer.close()
+    state = {k: v.detach().cpu() for k, v in {**loop.global_params, **dict(model.named_buffers())}.items()}
+    summary = {**loop.summary, **facts}
+    writer.write_summary(summary)
+    if cfg.output.save_model:
+        writer.save_model(state)
+    return RunResult(loop.history, summary, state, out_dir, cfg)
+
+
+def _as_dict(options: Any) -> dict[str, Any]:
+    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}

@@ -1,0 +1,249 @@
+"""Config: YAML or dict + dotted overrides, validated once, at the edge.
+
+Sections with a ``name`` (data, partition, model, algorithm) take that registry entry's own
+options next to the name, e.g. ``algorithm: {name: fedprox, mu: 0.01}``; they are validated
+against the entry's options class, so every key is checked. Any refusal is a
+:class:`ConfigError` whose one-line message names the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedrift.errors import ConfigError
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Section(BaseModel):
+    model_config = _STRICT
+
+
+class NamedSection(BaseModel):
+    """A registry choice plus that entry's options (validated later, per entry)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str
+
+    @property
+    def options_dict(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class DataConfig(NamedSection):
+    name: str = "mnist5k"
+    root: str | None = None
+
+
+class PartitionConfig(NamedSection):
+    name: str = "dirichlet"
+
+
+class ModelConfig(NamedSection):
+    name: str = "cnn"
+
+
+class AlgorithmConfig(NamedSection):
+    name: str = "fedavg"
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class TrainConfig(_Section):
+    rounds: PositiveInt = 50
+    clients_per_round: PositiveInt | None = None
+    participation: Annotated[float, Field(gt=0, le=1)] | None = None
+    local_epochs: PositiveInt = 5
+    local_steps: PositiveInt | None = None
+    batch_size: PositiveInt = 32
+    lr: Annotated[float, Field(gt=0)] = 0.05
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    weight_decay: Annotated[float, Field(ge=0)] = 1.0e-5
+    clip_grad_norm: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _one_cohort_size(self) -> "TrainConfig":
+        if self.clients_per_round is not None and self.participation is not None:
+            raise ValueError(
+                "train.clients_per_round and train.participation both set; allowed: one of them"
+            )
+        return self
+
+
+class EngineConfig(_Section):
+    executor: str = "sequential"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    sampling: str = "uniform"
+    threads: PositiveInt | None = None
+
+
+class EvalConfig(_Section):
+    every: PositiveInt = 1
+    batch_size: PositiveInt = 1024
+
+
+class OutputConfig(_Section):
+    dir: str | None = None
+    overwrite: bool = False
+    progress: bool = True
+    save_model: bool = True
+
+
+class Config(_Section):
+    seed: Annotated[int, Field(ge=0)] = 0
+    data: DataConfig = DataConfig()
+    partition: PartitionConfig = PartitionConfig()
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    train: TrainConfig = TrainConfig()
+    engine: EngineConfig = EngineConfig()
+    eval: EvalConfig = EvalConfig()
+    output: OutputConfig = OutputConfig()
+
+
+# ---------------------------------------------------------------------------------------
+# Loading and overrides
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_one_line(err)}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections")
+    return doc
+
+
+def apply_overrides(doc: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` pairs; values are parsed as YAML scalars or lists."""
+    out = copy.deepcopy(dict(doc))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.rounds=10)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                prefix = ".".join(parts[: i + 1])
+                raise ConfigError(f"override {item!r}: {prefix} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(
+    source: "Config | Mapping[str, Any] | str | Path | None" = None,
+    overrides: list[str] | None = None,
+) -> Config:
+    """Validate a config from a Config, dict, or YAML path, plus dotted overrides."""
+    if isinstance(source, Config):
+        if not overrides:
+            return source
+        source = source.model_dump()
+    if source is None:
+        doc: dict[str, Any] = {}
+    elif isinstance(source, (str, Path)):
+        doc = read_yaml(source)
+    elif isinstance(source, Mapping):
+        doc = dict(source)
+    else:
+        raise ConfigError(f"config must be a dict or a YAML path, got {type(source).__name__}")
+    doc = apply_overrides(doc, overrides or [])
+    try:
+        cfg = Config.model_validate(doc)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, Config)) from None
+    _check_paths(cfg)
+    return cfg
+
+
+def _check_paths(cfg: Config) -> None:
+    if cfg.data.root is not None and not Path(cfg.data.root).expanduser().is_dir():
+        raise ConfigError(f"data.root: folder {cfg.data.root!r} does not exist")
+
+
+def validate_options(section: str, params_cls: type | None, options: dict[str, Any]) -> Any:
+    """Build a registry entry's options object from a section's extra keys."""
+    if params_cls is None:
+        if options:
+            raise ConfigError(f"{section}.{next(iter(options))}: unknown key; this {section} takes no options")
+        return None
+    try:
+        return params_cls(**options)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, params_cls, prefix=section)) from None
+    except TypeError as err:  # pragma: no cover - pydantic reports bad keys itself
+        raise ConfigError(f"{section}: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Error messages
+
+
+def _describe(err: ValidationError, root: type, prefix: str = "") -> str:
+    first = err.errors()[0]
+    loc = [str(p) for p in first["loc"]]
+    key = ".".join([prefix, *loc] if prefix else loc) or prefix or "config"
+    kind = first["type"]
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        allowed = _allowed_keys(root, [str(p) for p in first["loc"][:-1]])
+        return f"{key}: unknown key; allowed: {', '.join(allowed)}"
+    if kind == "value_error":
+        msg = str(first.get("ctx", {}).get("error", first["msg"]))
+        return msg if "." in msg.split(" ")[0] else f"{key}: {msg}"
+    got = first.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"{key}: {first['msg'].lower()}{shown}"
+
+
+def _allowed_keys(root: type, path: list[str]) -> list[str]:
+    cls: Any = root
+    for part in path:
+        fields = _fields(cls)
+        if part not in fields:
+            return sorted(fields)
+        ann = fields[part]
+        cls = ann if isinstance(ann, type) else None
+        if cls is None:
+            return []
+    return sorted(_fields(cls))
+
+
+def _fields(cls: Any) -> dict[str, Any]:
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return {k: f.annotation for k, f in cls.model_fields.items()}
+    dc_fields = getattr(cls, "__pydantic_fields__", None) or getattr(cls, "__dataclass_fields__", {})
+    return {k: getattr(f, "annotation", getattr(f, "type", None)) for k, f in dc_fields.items()}
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def to_yaml(cfg: Config, resolved_options: Mapping[str, Any] | None = None) -> str:
+    """The resolved config as YAML, named sections carrying their full options."""
+    doc = cfg.model_dump(mode="json")
+    for section, options in (resolved_options or {}).items():
+        doc[section] = {"name": doc[section]["name"], **{k: v for k, v in doc[section].items() if k != "name"}, **options}
+    return yaml.safe_dump(doc, sort_keys=False)

@@ -1,0 +1,509 @@
+"""Partitions (registry ``PARTITIONS``): which training samples each client holds.
+
+Each partitioner's core is a pure function of plain numpy arrays,
+``split_<name>(labels, options, seed) -> list of index arrays``, so it can be tested with
+no dataset; the registered factory, ``factory(dataset, options, seed) -> Partition``, wraps
+it and adds every client's local test split. All randomness comes from
+``np.random.default_rng([seed, tag])`` with a fixed tag per partitioner and purpose (train
+split, test split): no global RNG, and the test draws never shift the train split.
+
+Impossible requests are refused with a :class:`ConfigError` naming the key to change.
+Label-skew and quantity-skew draws that leave a client short re-draw up to ``max_redraws``
+times, then repair the best draw deterministically, so a feasible request always finishes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Annotated, Any, Callable, Mapping
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from fedrift.data.base import Dataset
+from fedrift.data.partition_base import Partition
+from fedrift.errors import ConfigError
+from fedrift.params import params
+from fedrift.registry import Registry
+
+PARTITIONS: Registry = Registry("partition")
+
+Split = Callable[[np.ndarray, Any, int], list[np.ndarray]]
+
+# ---------------------------------------------------------------------------------------
+# Options
+
+
+@params
+class PartitionParams:
+    """Options every label-driven partition has.
+
+    num_clients: how many clients; min_local_test: the smallest local test split (a client's
+    split is otherwise the global test set scaled by its share of the training samples).
+    """
+
+    num_clients: Annotated[int, Field(ge=1)] = 20
+    min_local_test: Annotated[int, Field(ge=1)] = 10
+
+
+@params
+class IidParams(PartitionParams):
+    """A seeded random equal split (sizes differ by at most one)."""
+
+
+@params
+class DirichletParams(PartitionParams):
+    """Label skew: per class, client shares ~ Dir(alpha); smaller alpha, fewer classes each.
+
+    min_size: samples every client must hold; max_redraws: fresh draws tried before the best
+    one is repaired by moving samples from the largest clients.
+    """
+
+    alpha: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.5
+    min_size: Annotated[int, Field(ge=1)] = 10
+    max_redraws: Annotated[int, Field(ge=0)] = 100
+
+
+@params
+class ShardsParams(PartitionParams):
+    """McMahan et al.'s sort-and-partition: each client gets shards of this many distinct classes."""
+
+    classes_per_client: Annotated[int, Field(ge=1)] = 2
+
+
+@params
+class QuantityParams(PartitionParams):
+    """Quantity skew: client sizes ~ Dir(alpha) * n, labels iid; same min_size/redraw rules."""
+
+    alpha: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.5
+    min_size: Annotated[int, Field(ge=1)] = 10
+    max_redraws: Annotated[int, Field(ge=0)] = 100
+
+
+@params
+class NaturalParams:
+    """num_clients: None takes every natural group; a number must equal the group count."""
+
+    num_clients: Annotated[int, Field(ge=1)] | None = None
+
+
+# ---------------------------------------------------------------------------------------
+# Shared helpers
+
+
+def _rng(seed: int, name: str, purpose: str) -> np.random.Generator:
+    """A Generator of its own per (seed, partitioner, purpose); the tag is a stable CRC32."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed: {seed!r} is not allowed; allowed: an integer >= 0")
+    return np.random.default_rng([int(seed), zlib.crc32(f"{name}/{purpose}".encode())])
+
+
+def _as_labels(labels: Any) -> np.ndarray:
+    if isinstance(labels, torch.Tensor):
+        labels = labels.detach().cpu().numpy()
+    out = np.asarray(labels)
+    if out.ndim != 1 or (out.size and (not np.issubdtype(out.dtype, np.integer) or out.min() < 0)):
+        raise ValueError("labels must be a 1-D array of non-negative integers")
+    return out.astype(np.int64, copy=False)
+
+
+def _check_clients(num_clients: int, n: int) -> None:
+    if num_clients > n:
+        raise ConfigError(
+            f"partition.num_clients: {num_clients} clients but the training set has only "
+            f"{n} samples; allowed: at most {n}"
+        )
+
+
+def _check_min_size(num_clients: int, min_size: int, n: int) -> None:
+    if num_clients * min_size > n:
+        raise ConfigError(
+            f"partition.num_clients * partition.min_size = {num_clients} * {min_size} = "
+            f"{num_clients * min_size} exceeds the {n} training samples; allowed: "
+            f"num_clients <= {n // min_size} at min_size {min_size}, "
+            f"or min_size <= {n // num_clients} at {num_clients} clients"
+        )
+
+
+def _class_pools(labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Each class's indices in a seeded random order (class c is pool c, empty if absent)."""
+    perm = rng.permutation(labels.size)
+    order = perm[np.argsort(labels[perm], kind="stable")]
+    sizes = np.bincount(labels, minlength=1)
+    return np.split(order, np.cumsum(sizes)[:-1])
+
+
+def _cut(shares: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """Split ``totals[c]`` items by ``shares[c]`` (rows sum to 1) at the cumulative cut points.
+
+    Returns counts of shape (len(totals), clients), as the reference code's
+    ``np.split(idx, (cumsum(p) * len(idx)).astype(int)[:-1])`` would give.
+    """
+    cum = np.floor(np.cumsum(shares, axis=1) * totals[:, None]).astype(np.int64)
+    cum = np.minimum(cum, totals[:, None])
+    cum[:, -1] = totals
+    return np.diff(cum, axis=1, prepend=0)
+
+
+def _deficit(counts: np.ndarray, min_size: int) -> int:
+    return int(np.maximum(min_size - counts.sum(axis=1), 0).sum())
+
+
+def _draw_until_full(draw: Callable[[], np.ndarray], min_size: int, max_redraws: int) -> np.ndarray:
+    """Draw client x class counts until every client has min_size; else repair the best draw.
+
+    Redrawing keeps the reference codes' distribution when it succeeds quickly; the repair
+    bounds the work when it would not (many clients, tiny alpha), so it always terminates.
+    """
+    best, best_deficit = None, None
+    for _ in range(max_redraws + 1):
+        counts = draw()
+        deficit = _deficit(counts, min_size)
+        if deficit == 0:
+            return counts
+        if best_deficit is None or deficit < best_deficit:
+            best, best_deficit = counts, deficit
+    assert best is not None
+    return _repair(best, min_size)
+
+
+def _repair(counts: np.ndarray, min_size: int) -> np.ndarray:
+    """Move samples from the largest clients to those below min_size, deterministically.
+
+    A receiver takes, when it can, a class it already holds (from the largest client with
+    samples to spare of such a class), else the largest client's most common class, so
+    the label skew of the draw is kept as far as the sizes allow. Donors never fall below
+    min_size; needs ``clients * min_size <= n``, which the callers check.
+    """
+    counts = counts.copy()
+    sizes = counts.sum(axis=1)
+    for r in np.flatnonzero(sizes < min_size):
+        while sizes[r] < min_size:
+            held = counts[r] > 0
+            holders = (sizes > min_size) & (counts[:, held] > 0).any(axis=1)
+            if holders.any():
+                d = int(np.argmax(np.where(holders, sizes, -1)))
+                c = int(np.argmax(np.where(held, counts[d], -1)))
+            else:
+                d = int(np.argmax(sizes))
+                c = int(np.argmax(counts[d]))
+            m = int(min(min_size - sizes[r], sizes[d] - min_size, counts[d, c]))
+            counts[d, c] -= m
+            counts[r, c] += m
+            sizes[d] -= m
+            sizes[r] += m
+    return counts
+
+
+def _materialize(pools: list[np.ndarray], counts: np.ndarray) -> list[np.ndarray]:
+    """Client k gets the next counts[k, c] indices of pool c, for every c; sorted ascending."""
+    pieces: list[list[np.ndarray]] = [[] for _ in range(counts.shape[0])]
+    for c, pool in enumerate(pools):
+        for k, chunk in enumerate(np.split(pool, np.cumsum(counts[:, c])[:-1])):
+            if chunk.size:
+                pieces[k].append(chunk)
+    return [np.sort(np.concatenate(p)) if p else np.empty(0, np.int64) for p in pieces]
+
+
+# ---------------------------------------------------------------------------------------
+# The partitioners' cores
+
+
+def split_iid(labels: np.ndarray, options: IidParams, seed: int) -> list[np.ndarray]:
+    """A seeded random permutation cut into num_clients near-equal parts."""
+    n = _as_labels(labels).size
+    _check_clients(options.num_clients, n)
+    perm = _rng(seed, "iid", "train").permutation(n)
+    return [np.sort(part) for part in np.array_split(perm, options.num_clients)]
+
+
+def split_dirichlet(labels: np.ndarray, options: DirichletParams, seed: int) -> list[np.ndarray]:
+    """Label skew as in the MOON/FedDF/FedGKD code: class c's shuffled indices are cut by
+    the cumulative shares of p_c ~ Dir(alpha * 1) over clients."""
+    labels = _as_labels(labels)
+    n, k = labels.size, options.num_clients
+    _check_clients(k, n)
+    _check_min_size(k, options.min_size, n)
+    rng = _rng(seed, "dirichlet", "train")
+    pools = _class_pools(labels, rng)
+    totals = np.array([p.size for p in pools], dtype=np.int64)
+
+    def draw() -> np.ndarray:
+        shares = rng.dirichlet(np.full(k, options.alpha), size=totals.size)
+        return _cut(shares, totals).T  # clients x classes
+
+    counts = _draw_until_full(draw, options.min_size, options.max_redraws)
+    return _materialize(pools, counts)
+
+
+def split_quantity(labels: np.ndarray, options: QuantityParams, seed: int) -> list[np.ndarray]:
+    """Quantity skew: a shuffled index list cut by cumulative shares p ~ Dir(alpha); labels
+    are iid given the sizes."""
+    n, k = _as_labels(labels).size, options.num_clients
+    _check_clients(k, n)
+    _check_min_size(k, options.min_size, n)
+    rng = _rng(seed, "quantity", "train")
+    perm = rng.permutation(n)
+    total = np.array([n], dtype=np.int64)
+
+    def draw() -> np.ndarray:
+        return _cut(rng.dirichlet(np.full(k, options.alpha))[None, :], total).T
+
+    counts = _draw_until_full(draw, options.min_size, options.max_redraws)
+    return _materialize([perm], counts)
+
+
+def split_shards(labels: np.ndarray, options: ShardsParams, seed: int) -> list[np.ndarray]:
+    """Sort-and-partition (McMahan et al.): each client gets classes_per_client shards of
+    distinct classes; shards are near-equal, num_clients * classes_per_client in all."""
+    labels = _as_labels(labels)
+    n, k, m = labels.size, options.num_clients, options.classes_per_client
+    _check_clients(k, n)
+    totals = np.bincount(labels, minlength=1)
+    present = int((totals > 0).sum())
+    if m > present:
+        raise ConfigError(
+            f"partition.classes_per_client: {m} but the training set has only {present} "
+            f"classes; allowed: at most {present}"
+        )
+    caps = np.minimum(totals, k)  # a class gives each client at most one shard of >= 1 sample
+    if caps.sum() < k * m:
+        ks = np.arange(1, k + 1)
+        ok = np.minimum(ks[:, None], totals[None, :]).sum(axis=1) >= ks * m
+        most = int(ks[ok].max()) if ok.any() else 0
+        raise ConfigError(
+            f"partition.num_clients: {k} clients with {m} distinct classes each need {k * m} "
+            f"shards, but the class sizes allow only {int(caps.sum())}; allowed: at most {most} "
+            f"clients at classes_per_client {m}, or a smaller partition.classes_per_client"
+        )
+    rng = _rng(seed, "shards", "train")
+    pools = _class_pools(labels, rng)
+    shards = _shard_counts(totals, caps, k * m)
+    owners = _assign_shards(shards, k, m, rng)
+    pieces: list[list[np.ndarray]] = [[] for _ in range(k)]
+    for c, who in enumerate(owners):
+        for client, shard in zip(who, np.array_split(pools[c], shards[c]) if shards[c] else []):
+            pieces[client].append(shard)
+    return [np.sort(np.concatenate(p)) for p in pieces]
+
+
+def _shard_counts(totals: np.ndarray, caps: np.ndarray, num_shards: int) -> np.ndarray:
+    """Shards per class, proportional to class size (so shards are near-equal), capped.
+
+    Water-filling: classes whose share would pass their cap get the cap, the rest share
+    what is left in proportion to size, with largest-remainder rounding.
+    """
+    capped = np.zeros(totals.size, dtype=bool)
+    while True:  # at most one pass per class
+        free = (totals > 0) & ~capped
+        rest = num_shards - int(caps[capped].sum())
+        quota = np.where(free, rest * totals / max(int(totals[free].sum()), 1), 0.0)
+        over = free & (quota >= caps)
+        if not over.any():
+            break
+        capped |= over
+    out = np.where(capped, caps, np.floor(quota).astype(np.int64))
+    left = num_shards - int(out.sum())
+    if left > 0:
+        frac = np.where(free, quota - np.floor(quota), -1.0)
+        out[np.argsort(-frac, kind="stable")[:left]] += 1
+    return out
+
+
+def _realizable(degrees: np.ndarray, cap: np.ndarray, m: int) -> bool:
+    """Gale-Ryser: can classes with these shard counts still go to clients with these free
+    slots, one shard per client per class? Only t < m can fail, since every cap <= m."""
+    d = np.sort(degrees[degrees > 0])[::-1]
+    if int(d.sum()) != int(cap.sum()):
+        return False
+    t = np.arange(1, min(d.size, m) + 1)
+    return bool(np.all(np.cumsum(d)[: t.size] <= np.minimum(cap[None, :], t[:, None]).sum(axis=1)))
+
+
+def _assign_shards(shards: np.ndarray, k: int, m: int, rng: np.random.Generator, tries: int = 10) -> list[np.ndarray]:
+    """Which clients get class c's shards, each client m shards of distinct classes.
+
+    Classes go in a random order, each to clients drawn at random (weighted by free slots);
+    a draw is kept only if the rest stays realizable (Gale-Ryser), and after ``tries``
+    refused draws the class goes to the clients with the most free slots, which always
+    keeps it realizable. So the result is random, valid, and found in bounded time.
+    """
+    cap = np.full(k, m, dtype=np.int64)
+    remaining = shards.copy()
+    owners = [np.empty(0, dtype=np.int64) for _ in range(shards.size)]
+    for c in rng.permutation(np.flatnonzero(shards > 0)):
+        need = int(shards[c])
+        remaining[c] = 0
+        for _ in range(tries):
+            pick = rng.choice(k, size=need, replace=False, p=cap / cap.sum())
+            cap[pick] -= 1
+            if _realizable(remaining, cap, m):
+                break
+            cap[pick] += 1
+        else:
+            pick = np.lexsort((rng.random(k), -cap))[:need]
+            cap[pick] -= 1
+        owners[c] = pick
+    return owners
+
+
+def split_natural(train_groups: np.ndarray, test_groups: np.ndarray | None, options: NaturalParams) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """Client k = the k-th natural group id (ascending), with its own test samples."""
+    train_groups = _as_labels(train_groups)
+    ids, inverse = np.unique(train_groups, return_inverse=True)
+    if options.num_clients is not None and options.num_clients != ids.size:
+        raise ConfigError(
+            f"partition.num_clients: {options.num_clients} but the dataset has {ids.size} "
+            f"natural groups; allowed: {ids.size} or null (all groups)"
+        )
+    order = np.argsort(inverse, kind="stable")
+    train = np.split(order, np.cumsum(np.bincount(inverse, minlength=ids.size))[:-1])
+    train = [t.astype(np.int64) for t in train]
+    if test_groups is None:
+        return train, None
+    test_groups = _as_labels(test_groups)
+    slot = np.searchsorted(ids, test_groups)
+    known = (slot < ids.size) & (ids[np.minimum(slot, ids.size - 1)] == test_groups)
+    where = np.flatnonzero(known)
+    order = where[np.argsort(slot[where], kind="stable")]
+    test = np.split(order, np.cumsum(np.bincount(slot[where], minlength=ids.size))[:-1])
+    return train, [t.astype(np.int64) for t in test]
+
+
+# ---------------------------------------------------------------------------------------
+# Local test splits
+
+
+def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
+    """Integers proportional to ``weights`` summing to ``total`` (ties to the lower index)."""
+    scaled = weights.astype(np.int64) * total
+    out, rem = np.divmod(scaled, int(weights.sum()))
+    out[np.argsort(-rem, kind="stable")[: total - int(out.sum())]] += 1
+    return out
+
+
+def local_test_splits(
+    train_labels: np.ndarray,
+    train: list[np.ndarray],
+    test_labels: np.ndarray,
+    min_local_test: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """Each client's test split, with its training label proportions, from the global test set.
+
+    Size max(min_local_test, round(n_test * n_k / n_train)); per class drawn without
+    replacement, and with replacement only past a class's test samples. Classes with no
+    test samples are left out of the proportions (a client holding only such classes gets
+    the global test distribution). Splits of different clients may overlap.
+    """
+    train_labels, test_labels = _as_labels(train_labels), _as_labels(test_labels)
+    if test_labels.size == 0:
+        return [np.empty(0, dtype=np.int64) for _ in train]
+    classes = int(max(train_labels.max(initial=0), test_labels.max(initial=0))) + 1
+    pools = np.split(np.argsort(test_labels, kind="stable"), np.cumsum(np.bincount(test_labels, minlength=classes))[:-1])
+    available = np.array([p.size for p in pools], dtype=np.int64)
+    n_train, n_test = max(train_labels.size, 1), test_labels.size
+    out = []
+    for ix in train:
+        size = max(min_local_test, int(np.floor(n_test * ix.size / n_train + 0.5)))
+        weights = np.where(available > 0, np.bincount(train_labels[ix], minlength=classes), 0)
+        if weights.sum() == 0:
+            weights = available
+        parts = []
+        for c in np.flatnonzero(alloc := _largest_remainder(weights, size)):
+            pool, want = pools[c], int(alloc[c])
+            if want <= pool.size:
+                parts.append(rng.choice(pool, size=want, replace=False))
+            else:
+                parts.append(pool)
+                parts.append(rng.choice(pool, size=want - pool.size, replace=True))
+        out.append(np.sort(np.concatenate(parts)).astype(np.int64))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Registry entries
+
+
+def _labels_of(t: torch.Tensor) -> np.ndarray:
+    return _as_labels(t.detach().cpu().numpy())
+
+
+def _label_partition(name: str, split: Split) -> Callable[[Dataset, Any, int], Partition]:
+    """Wrap a label-array core as ``factory(dataset, options, seed) -> Partition``."""
+
+    def factory(dataset: Dataset, options: Any, seed: int) -> Partition:
+        y_train = _labels_of(dataset.y_train)
+        train = split(y_train, options, seed)
+        test = local_test_splits(y_train, train, _labels_of(dataset.y_test), options.min_local_test, _rng(seed, name, "test"))
+        return Partition(name=name, train=train, test=test, options=dataclasses.asdict(options))
+
+    factory.__name__ = f"{name}_partition"
+    return factory
+
+
+PARTITIONS.register("iid", "IID: a seeded random equal split", IidParams)(_label_partition("iid", split_iid))
+PARTITIONS.register(
+    "dirichlet", "label skew: per class, client shares ~ Dir(alpha) (MOON/FedDF/FedGKD)", DirichletParams
+)(_label_partition("dirichlet", split_dirichlet))
+PARTITIONS.register(
+    "shards", "sort and partition: classes_per_client shards of distinct classes each (McMahan et al.)", ShardsParams
+)(_label_partition("shards", split_shards))
+PARTITIONS.register(
+    "quantity", "quantity skew: client sizes ~ Dir(alpha) * n, labels iid", QuantityParams
+)(_label_partition("quantity", split_quantity))
+
+
+@PARTITIONS.register("natural", "the dataset's own groups (writers, devices): client k = group k", NaturalParams)
+def natural_partition(dataset: Dataset, options: NaturalParams, seed: int) -> Partition:
+    """Client k holds group k's training samples and its own test samples."""
+    if dataset.train_groups is None:
+        raise ConfigError(
+            f"partition.name: natural needs a dataset with natural client groups, and "
+            f"{dataset.name!r} has none; allowed: a dataset with groups, such as synthetic"
+        )
+    train, test = split_natural(dataset.train_groups, dataset.test_groups, options)
+    if test is None:  # groups for training only: fall back to label-proportional splits
+        y_train = _labels_of(dataset.y_train)
+        test = local_test_splits(
+            y_train, train, _labels_of(dataset.y_test), PartitionParams().min_local_test, _rng(seed, "natural", "test")
+        )
+    return Partition(name="natural", train=train, test=test, options=dataclasses.asdict(options))
+
+
+def partition_dataset(dataset: Dataset, name: str, options: Any = None, seed: int = 0) -> Partition:
+    """Partition ``dataset`` with registry entry ``name``.
+
+    ``options`` is an instance of the entry's params class (None: its defaults; a mapping
+    is validated as a config section would be).
+    """
+    entry = PARTITIONS.get(name, "partition.name")
+    if options is None:
+        options = entry.params()
+    elif isinstance(options, Mapping):
+        from fedrift.config import validate_options
+
+        options = validate_options("partition", entry.params, dict(options))
+    elif not isinstance(options, entry.params):
+        raise TypeError(f"partition {name!r} takes {entry.params.__name__}, got {type(options).__name__}")
+    return entry.factory(dataset, options, seed)
+
+
+__all__ = [
+    "PARTITIONS",
+    "DirichletParams",
+    "IidParams",
+    "NaturalParams",
+    "PartitionParams",
+    "QuantityParams",
+    "ShardsParams",
+    "local_test_splits",
+    "partition_dataset",
+    "split_dirichlet",
+    "split_iid",
+    "split_natural",
+    "split_quantity",
+    "split_shards",
+]

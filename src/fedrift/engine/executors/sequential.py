@@ -1,0 +1,46 @@
+"""The reference executor: clients one after another, the hooks called eagerly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
+from fedrift.errors import FedriftError
+
+
+class HookError(RuntimeError):
+    """A hook failed; the message names the hook, the round and the client."""
+
+
+class SequentialExecutor:
+    def run_round(
+        self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
+    ) -> list[ClientOutput]:
+        return [self._client(tools, payload, job, round_) for job in jobs]
+
+    def _client(self, tools: RoundTools, payload: dict[str, Any], job: ClientJob, round_: int) -> ClientOutput:
+        alg = tools.algorithm
+        stage = "client_start"
+        try:
+            ctx = dict(job.ctx)
+            if alg.client_start is not None:
+                with torch.no_grad():
+                    ctx.update(alg.client_start(payload, ctx, tools.client_data(job), tools.apply))
+            stage = "local_loss"
+            params = payload["params"]
+            opt_state = tools.optimizer.init(params)
+            loss_sum = torch.zeros((), device=params[next(iter(params))].device)
+            for idx in job.schedule:
+                w = torch.full((idx.numel(),), 1.0 / idx.numel(), device=idx.device)
+                batch = {"x": tools.x[idx], "y": tools.y[idx], "w": w}
+                params, opt_state, loss = tools.step(params, opt_state, batch, payload, ctx)
+                loss_sum = loss_sum + loss
+            stage = "client_result"
+            upload, state = alg.client_result(payload, params, ctx)
+        except FedriftError:
+            raise
+        except Exception as err:
+            raise HookError(f"{alg.name}: hook {stage} failed in round {round_}, client {job.client_id}: {err}") from err
+        return ClientOutput(job.client_id, upload, state, loss_sum / max(len(job.schedule), 1))

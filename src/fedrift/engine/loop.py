@@ -1,0 +1,197 @@
+"""The round loop, written once: sample, broadcast, train locally, aggregate, evaluate, log."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from fedrift.algorithms.base import Algorithm, RoundInfo
+from fedrift.config import Config
+from fedrift.data.base import Dataset
+from fedrift.data.partition_base import Partition
+from fedrift.engine import batches
+from fedrift.engine.executors.base import ClientJob, Executor, RoundTools
+from fedrift.engine.local import make_apply, make_step
+from fedrift.engine.optim import sgd
+from fedrift.engine.outputs import RunWriter
+from fedrift.engine.sampling import SAMPLERS, cohort_size
+from fedrift.engine.state import ClientStateStore
+from fedrift.engine.tree import all_finite, stack, tree_bytes
+from fedrift.errors import ConfigError, DivergenceError
+from fedrift.metrics.evaluate import evaluate
+from fedrift.models.base import FedModel
+
+
+@dataclass
+class LoopResult:
+    history: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    global_params: dict[str, torch.Tensor] = field(default_factory=dict)
+    server_state: dict[str, Any] = field(default_factory=dict)
+
+
+class Federation:
+    """The data of a run, on its device, and the per-client facts the engine hands hooks."""
+
+    def __init__(self, dataset: Dataset, partition: Partition, device: torch.device) -> None:
+        self.x = dataset.x_train.to(device)
+        self.y = dataset.y_train.to(device)
+        self.x_test = dataset.x_test.to(device)
+        self.y_test = dataset.y_test.to(device)
+        self.num_clients = partition.num_clients
+        self.indices = [torch.as_tensor(ix, dtype=torch.int64, device=device) for ix in partition.train]
+        self.sizes = partition.sizes()
+        counts = partition.counts(dataset.y_train.numpy(), dataset.num_classes)
+        self.label_counts_np = counts
+        self.label_counts = torch.as_tensor(counts, dtype=torch.float32, device=device)
+        self.device = device
+
+
+def run_federation(
+    cfg: Config,
+    fed: Federation,
+    model: FedModel,
+    algorithm: Algorithm,
+    executor: Executor,
+    writer: RunWriter,
+) -> LoopResult:
+    tc, device = cfg.train, fed.device
+    m = cohort_size(fed.num_clients, tc.clients_per_round, tc.participation)
+    if m > fed.num_clients:
+        raise ConfigError(
+            f"train.clients_per_round: {m} but the partition has {fed.num_clients} clients; "
+            f"allowed: 1..{fed.num_clients}"
+        )
+    sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
+    model = model.to(device)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    apply = make_apply(model, buffers)
+    optimizer = algorithm.optimizer or sgd(tc.lr, tc.momentum, tc.weight_decay, tc.clip_grad_norm)
+    tools = RoundTools(algorithm, apply, optimizer, make_step(algorithm, apply, optimizer), fed.x, fed.y)
+    store = ClientStateStore(algorithm.init_client, params)
+    server = algorithm.init_server(params)
+    uniform = algorithm.hparams.aggregation == "uniform"
+
+    out = LoopResult()
+    totals = {"bytes_down": 0, "bytes_up": 0, "seconds": 0.0}
+    best = (-1.0, 0)
+    bar = tqdm(total=tc.rounds, desc=algorithm.name, unit="round", disable=None if cfg.output.progress else True)
+    try:
+        for t in range(1, tc.rounds + 1):
+            start = time.perf_counter()
+            sampled = sampler(fed.num_clients, m, cfg.seed, t, fed.label_counts_np)
+            info = RoundInfo(round=t, num_clients=fed.num_clients, sampled=tuple(sampled))
+            payload = algorithm.broadcast(server, info)
+            jobs = [_job(cfg, fed, store, k, t) for k in sampled]
+            down = len(jobs) * tree_bytes(payload)
+            up = 0
+            if algorithm.client_summary is not None:
+                payload, pre_down, up = _pre_phase(algorithm, tools, payload, jobs, fed)
+                down += pre_down
+            outputs = executor.run_round(tools, payload, jobs, t)
+
+            n = torch.tensor([float(fed.sizes[k]) for k in sampled], dtype=torch.float64)
+            weights = torch.full_like(n, 1.0 / len(n)) if uniform else n / n.sum()
+            losses = torch.stack([o.loss.double().cpu() for o in outputs])
+            bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
+            if bad:
+                raise _diverged(t, f"client {bad[0]} produced a non-finite training loss", writer)
+            server = algorithm.aggregate(server, stack([o.upload for o in outputs]), weights.to(device), info)
+            if not all_finite(server["params"]):
+                raise _diverged(t, "the aggregated global model has non-finite parameters", writer)
+            if algorithm.init_client is not None:
+                for o in outputs:
+                    store.put(o.client_id, o.state)
+            up += sum(tree_bytes(o.upload) for o in outputs)
+            seconds = time.perf_counter() - start
+            totals["bytes_down"] += down
+            totals["bytes_up"] += up
+            totals["seconds"] += seconds
+
+            if t % cfg.eval.every == 0 or t == tc.rounds:
+                row = {"round": t}
+                row.update(evaluate(apply, server["params"], fed.x_test, fed.y_test, cfg.eval.batch_size))
+                row.update(
+                    train_loss=float((weights * losses).sum()),
+                    seconds=seconds,
+                    wall_seconds=totals["seconds"],
+                    bytes_down=down,
+                    bytes_up=up,
+                    clients=len(sampled),
+                )
+                writer.log(row)
+                out.history.append(row)
+                if row["test_accuracy"] > best[0]:
+                    best = (row["test_accuracy"], t)
+                bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", best=f"{best[0]:.3f}")
+            bar.update(1)
+    except DivergenceError as err:
+        out.summary = _summary(out, totals, best, tc.rounds, status="diverged", message=str(err))
+        writer.write_summary(out.summary)
+        err.result = out
+        raise
+    finally:
+        bar.close()
+    out.global_params = server["params"]
+    out.server_state = server
+    out.summary = _summary(out, totals, best, tc.rounds, status="completed")
+    return out
+
+
+def _job(cfg: Config, fed: Federation, store: ClientStateStore, k: int, t: int) -> ClientJob:
+    tc = cfg.train
+    ix = fed.indices[k]
+    positions = batches.schedule(len(ix), tc.batch_size, tc.local_epochs, tc.local_steps, cfg.seed, t, k)
+    pos = [torch.as_tensor(p, device=ix.device) for p in positions]
+    ctx = {
+        "num_samples": torch.tensor(float(len(ix)), device=ix.device),
+        "num_steps": torch.tensor(float(len(positions)), device=ix.device),
+        "label_counts": fed.label_counts[k],
+        "state": store.get(k),
+    }
+    return ClientJob(client_id=k, indices=ix, schedule=[ix[p] for p in pos], ctx=ctx)
+
+
+def _pre_phase(algorithm: Algorithm, tools: RoundTools, payload: dict, jobs: list[ClientJob], fed: Federation):
+    """Clients summarise (e.g. class prototypes); the server combines; the result goes down."""
+    assert algorithm.client_summary is not None and algorithm.pre_combine is not None
+    with torch.no_grad():
+        summaries = [algorithm.client_summary(payload, j.ctx, tools.client_data(j), tools.apply) for j in jobs]
+    up = sum(tree_bytes(s) for s in summaries)
+    n = torch.tensor([float(len(j.indices)) for j in jobs], device=fed.device)
+    extra = algorithm.pre_combine(payload, stack(summaries), n / n.sum())
+    return {**payload, **extra}, len(jobs) * tree_bytes(extra), up
+
+
+def _diverged(t: int, what: str, writer: RunWriter) -> DivergenceError:
+    return DivergenceError(
+        f"training diverged in round {t}: {what}; the run stopped and the metrics of earlier "
+        f"rounds are kept in {writer.dir / 'metrics.jsonl'} (try a lower train.lr or set train.clip_grad_norm)"
+    )
+
+
+def _summary(out: LoopResult, totals: dict, best: tuple[float, int], rounds: int, status: str, message: str = "") -> dict:
+    last = out.history[-1] if out.history else {}
+    done = int(last.get("round", 0))
+    summary: dict[str, Any] = {
+        "status": status,
+        "final_accuracy": last.get("test_accuracy"),
+        "final_loss": last.get("test_loss"),
+        "best_accuracy": best[0] if best[1] else None,
+        "best_round": best[1] or None,
+        "rounds": done,
+        "rounds_planned": rounds,
+        "wall_seconds": totals["seconds"],
+        "seconds_per_round": totals["seconds"] / done if done else None,
+        "bytes_down_total": totals["bytes_down"],
+        "bytes_up_total": totals["bytes_up"],
+    }
+    if message:
+        summary["message"] = message
+    return summary
+

@@ -1,0 +1,213 @@
+"""Models: shapes, the features/head split, seeded building, shape checks, torch.func."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, stack_module_state, vmap
+from torch.nn import functional as F
+
+from fedrift.errors import ConfigError
+from fedrift.models import MODELS, FedModel, build_model
+from fedrift.models.mlp import MLPParams
+from fedrift.models.resnet import ResNetParams, group_norm
+
+# (model, options, input shape): every registered model on shapes it should take.
+CASES = [
+    ("cnn", None, (1, 28, 28)),
+    ("cnn", None, (3, 32, 32)),
+    ("cnn", None, (1, 8, 8)),
+    ("mlp", None, (1, 28, 28)),
+    ("mlp", MLPParams(hidden=[16, 8]), (60,)),
+    ("logreg", None, (60,)),
+    ("logreg", None, (1, 8, 8)),
+    ("resnet8", None, (3, 32, 32)),
+    ("resnet8", ResNetParams(width=8, group_channels=4), (1, 8, 8)),
+]
+# Smaller cases for the torch.func checks (3 copies, gradients).
+FUNC_CASES = [
+    ("cnn", None, (1, 8, 8)),
+    ("mlp", MLPParams(hidden=[16, 8]), (60,)),
+    ("logreg", None, (60,)),
+    ("resnet8", ResNetParams(width=8, group_channels=4), (3, 8, 8)),
+    ("resnet8", None, (3, 16, 16)),
+]
+NUM_CLASSES = 10
+
+
+def _ids(cases):
+    return [f"{n}-{'x'.join(map(str, s))}" for n, _, s in cases]
+
+
+def _input(shape, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, *shape, generator=g)
+
+
+def test_all_registered_models_are_covered():
+    assert sorted({n for n, _, _ in CASES}) == MODELS.names() == ["cnn", "logreg", "mlp", "resnet8"]
+
+
+@pytest.mark.parametrize("name,options,shape", CASES, ids=_ids(CASES))
+def test_shapes_and_feature_head_split(name, options, shape):
+    model = build_model(name, options, shape, NUM_CLASSES, seed=0)
+    assert isinstance(model, FedModel)
+    x = _input(shape)
+    logits = model(x)
+    assert logits.shape == (4, NUM_CLASSES)
+    h = model(x, mode="features")
+    assert h.shape == (4, model.feature_dim)
+    h2, logits2 = model(x, mode="both")
+    torch.testing.assert_close(h2, h, rtol=0, atol=0)
+    torch.testing.assert_close(logits2, logits, rtol=0, atol=0)
+    torch.testing.assert_close(model(h, mode="head"), logits, rtol=0, atol=0)
+    torch.testing.assert_close(model.head(model.features(x)), logits, rtol=0, atol=0)
+    with pytest.raises(ValueError):
+        model(x, mode="nope")
+
+
+@pytest.mark.parametrize("name,options,shape", CASES, ids=_ids(CASES))
+def test_head_prefixes_name_the_classifier(name, options, shape):
+    model = build_model(name, options, shape, NUM_CLASSES, seed=0)
+    assert model.head_prefixes == ("fc",)
+    names = [k for k, _ in model.named_parameters()]
+    # Matched as a plain string prefix (the loosest reading): only the classifier.
+    head = [k for k in names if k.startswith(model.head_prefixes)]
+    assert head == ["fc.weight", "fc.bias"]
+    assert model.fc.weight.shape == (NUM_CLASSES, model.feature_dim)
+    # Everything else is the feature extractor.
+    assert len(names) > len(head) or name == "logreg"
+
+
+@pytest.mark.parametrize("name,options,shape", CASES, ids=_ids(CASES))
+def test_no_batchnorm_no_buffers(name, options, shape):
+    model = build_model(name, options, shape, NUM_CLASSES, seed=0)
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    assert list(model.buffers()) == []  # no running statistics or other in-place state
+
+
+def test_resnet8_uses_groupnorm_with_group_channels():
+    model = build_model("resnet8", None, (3, 32, 32), NUM_CLASSES, seed=0)
+    norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert norms
+    assert {(m.num_channels, m.num_groups) for m in norms} == {(16, 1), (32, 2), (64, 4)}
+    assert model.feature_dim == 64
+    # groups = channels // group_channels, at least 1, and always a divisor of channels.
+    assert group_norm(8, 16).num_groups == 1
+    assert group_norm(40, 16).num_groups == 2
+    assert group_norm(7, 2).num_groups == 1  # 7 // 2 = 3 does not divide 7
+
+
+def test_cnn_parameter_count_matches_mcmahan():
+    model = build_model("cnn", None, (1, 28, 28), 10, seed=0)
+    assert sum(p.numel() for p in model.parameters()) == 1_663_370
+    assert model.feature_dim == 512
+
+
+def test_parameter_counts_of_the_other_models():
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(build_model("mlp", None, (1, 28, 28), 10, seed=0)) == 199_210
+    assert count(build_model("logreg", None, (1, 28, 28), 10, seed=0)) == 7_850
+    assert count(build_model("resnet8", None, (3, 32, 32), 10, seed=0)) == 78_042
+
+
+def test_options_change_the_model():
+    cnn = build_model("cnn", MODELS.get("cnn").params(hidden=64), (1, 8, 8), 3, seed=0)
+    assert cnn.feature_dim == 64 and cnn.fc.weight.shape == (3, 64)
+    mlp = build_model("mlp", MLPParams(hidden=[]), (5,), 3, seed=0)
+    assert mlp.feature_dim == 5  # no hidden layer: logistic regression
+    res = build_model("resnet8", ResNetParams(width=4, group_channels=2), (3, 8, 8), 3, seed=0)
+    assert res.feature_dim == 16
+
+
+@pytest.mark.parametrize("name,options,shape", CASES, ids=_ids(CASES))
+def test_seeded_build(name, options, shape):
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    a = build_model(name, options, shape, NUM_CLASSES, seed=7)
+    after = torch.get_rng_state()
+    assert torch.equal(before, after)  # the caller's global RNG is untouched
+    b = build_model(name, options, shape, NUM_CLASSES, seed=7)
+    c = build_model(name, options, shape, NUM_CLASSES, seed=8)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)
+    # ... and the caller's next draw is the one it would have been without the builds.
+    drawn = torch.rand(3)
+    torch.set_rng_state(before)
+    assert torch.equal(drawn, torch.rand(3))
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet8"])
+def test_image_models_refuse_vectors(name):
+    with pytest.raises(ConfigError) as err:
+        build_model(name, None, (60,), NUM_CLASSES, seed=0)
+    msg = str(err.value)
+    assert "model.name" in msg and name in msg and "(60,)" in msg
+    assert "logreg, mlp" in msg  # the models that do take it
+
+
+def test_too_small_images_refused():
+    with pytest.raises(ConfigError, match="resnet8.*at least 8"):
+        build_model("resnet8", None, (3, 4, 4), NUM_CLASSES, seed=0)
+    with pytest.raises(ConfigError, match="cnn.*at least 4"):
+        build_model("cnn", None, (1, 3, 3), NUM_CLASSES, seed=0)
+    # The factory checks too, when called directly.
+    with pytest.raises(ConfigError):
+        MODELS.get("cnn").factory(MODELS.get("cnn").params(), (60,), NUM_CLASSES)
+
+
+def test_unknown_model_names_allowed_ones():
+    with pytest.raises(ConfigError, match="model.name: unknown model 'nope'; allowed: cnn, logreg"):
+        build_model("nope", None, (60,), NUM_CLASSES, seed=0)
+
+
+# ----------------------------------------------------------------------------------------
+# The torch.func property the batched executor relies on.
+
+
+def _stacked(name, options, shape, k=3):
+    copies = [build_model(name, options, shape, NUM_CLASSES, seed=s) for s in range(k)]
+    params, buffers = stack_module_state(copies)
+    assert buffers == {}
+    return copies, params
+
+
+@pytest.mark.parametrize("name,options,shape", FUNC_CASES, ids=_ids(FUNC_CASES))
+def test_vmap_functional_call_matches_each_copy(name, options, shape):
+    copies, params = _stacked(name, options, shape)
+    base = copies[0]
+    x = _input(shape, n=5, seed=1)
+
+    out = vmap(lambda p, x: functional_call(base, p, (x,), strict=True), in_dims=(0, None))(params, x)
+    feats = vmap(
+        lambda p, x: functional_call(base, p, (x,), {"mode": "features"}, strict=True), in_dims=(0, None)
+    )(params, x)
+    # Each copy on its own data, too.
+    xs = torch.stack([_input(shape, n=5, seed=10 + i) for i in range(len(copies))])
+    out_own = vmap(lambda p, x: functional_call(base, p, (x,), strict=True))(params, xs)
+    with torch.no_grad():
+        for i, m in enumerate(copies):
+            torch.testing.assert_close(out[i], m(x), rtol=0, atol=1e-5)
+            torch.testing.assert_close(feats[i], m(x, mode="features"), rtol=0, atol=1e-5)
+            torch.testing.assert_close(out_own[i], m(xs[i]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,options,shape", FUNC_CASES, ids=_ids(FUNC_CASES))
+def test_vmap_grad_matches_autograd(name, options, shape):
+    copies, params = _stacked(name, options, shape)
+    base = copies[0]
+    x = _input(shape, n=6, seed=2)
+    y = torch.arange(6) % NUM_CLASSES
+
+    def loss(p, x, y):
+        return F.cross_entropy(functional_call(base, p, (x,), strict=True), y)
+
+    grads = vmap(grad(loss), in_dims=(0, None, None))(params, x, y)
+    assert set(grads) == set(params)
+    for i, m in enumerate(copies):
+        m.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        for k, p in m.named_parameters():
+            torch.testing.assert_close(grads[k][i], p.grad, rtol=1e-4, atol=1e-5)
