@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -98,6 +99,7 @@ def test_disjoint_and_complete(name: str, n: int, clients: int, classes: int, se
         opts |= {"min_size": min(10, n // clients), "alpha": 0.3}
     if name == "shards":
         opts["classes_per_client"] = min(2, len(np.unique(labels)))
+        assume(clients * opts["classes_per_client"] >= len(np.unique(labels)))
     parts = split(labels, cls(**opts), seed)
     assert len(parts) == clients
     assert_exact_cover(parts, n)
@@ -127,14 +129,16 @@ def test_min_size_always_met(name: str, alpha: float, min_size: int, clients: in
     n = 600
     min_size = min(min_size, n // clients)
     split, cls = SPLITS[name]
-    parts = split(make_labels(n, 10, seed), cls(num_clients=clients, alpha=alpha, min_size=min_size, max_redraws=3), seed)
+    opts = cls(num_clients=clients, alpha=alpha, min_size=min_size, max_redraws=3)
+    parts = split(make_labels(n, 10, seed), opts, seed)
     assert min(p.size for p in parts) >= min_size
     assert_exact_cover(parts, n)
 
 
 def test_repair_with_no_redraws_still_meets_min_size() -> None:
     labels = make_labels(2000, 10)
-    parts = split_dirichlet(labels, DirichletParams(num_clients=100, alpha=0.01, min_size=20, max_redraws=0), 3)
+    opts = DirichletParams(num_clients=100, alpha=0.01, min_size=20, max_redraws=0)
+    parts = split_dirichlet(labels, opts, 3)
     assert min(p.size for p in parts) == 20  # repaired clients get exactly min_size
     assert_exact_cover(parts, 2000)
 
@@ -194,6 +198,7 @@ def test_global_rng_untouched() -> None:
 def test_shards_give_distinct_classes(clients: int, per_client: int, classes: int, seed: int) -> None:
     per_client = min(per_client, classes)
     labels = make_labels(2000, classes, seed)
+    assume(clients * per_client >= classes)
     parts = split_shards(labels, ShardsParams(num_clients=clients, classes_per_client=per_client), seed)
     assert_exact_cover(parts, labels.size)
     for ix in parts:
@@ -203,7 +208,7 @@ def test_shards_give_distinct_classes(clients: int, per_client: int, classes: in
 def test_shards_near_equal_on_balanced_classes() -> None:
     labels = np.repeat(np.arange(10), 600)
     parts = split_shards(labels, ShardsParams(num_clients=100, classes_per_client=2), 0)
-    assert {p.size for p in parts} == {120}
+    assert {p.size for p in parts} == {60}  # 200 shards of 30
     pairs = {tuple(np.unique(labels[ix])) for ix in parts}
     assert len(pairs) > 15  # random pairings, not a fixed pattern
 
@@ -275,7 +280,8 @@ def test_quantity_thousand_clients_tiny_alpha_terminates_fast() -> None:
 @pytest.mark.parametrize("name", sorted(SPLITS))
 def test_more_clients_than_samples(name: str) -> None:
     split, cls = SPLITS[name]
-    with pytest.raises(ConfigError, match=r"partition\.num_clients: 11 clients .* only 10 samples; allowed: at most 10"):
+    message = r"partition\.num_clients: 11 clients .* only 10 samples; allowed: at most 10"
+    with pytest.raises(ConfigError, match=message):
         split(make_labels(10, 2), cls(num_clients=11), 0)
 
 
@@ -289,6 +295,18 @@ def test_min_size_too_large(name: str) -> None:
 def test_classes_per_client_above_classes() -> None:
     with pytest.raises(ConfigError, match=r"partition\.classes_per_client: 4 .* only 3 classes; allowed: at most 3"):
         split_shards(make_labels(300, 3), ShardsParams(num_clients=5, classes_per_client=4), 0)
+
+
+def test_shards_too_few_clients_to_hold_every_class() -> None:
+    with pytest.raises(ConfigError, match=r"partition\.num_clients: 2 clients .* allowed: at least 5 clients"):
+        split_shards(make_labels(300, 10), ShardsParams(num_clients=2, classes_per_client=2), 0)
+
+
+def test_shards_every_class_gets_a_shard() -> None:
+    labels = np.array([0] * 1000 + [1] * 1000 + [2])
+    parts = split_shards(labels, ShardsParams(num_clients=3, classes_per_client=1), 0)
+    assert_exact_cover(parts, labels.size)
+    assert sorted(p.size for p in parts) == [1, 1000, 1000]
 
 
 def test_shards_not_enough_samples_per_class() -> None:
@@ -344,7 +362,8 @@ def test_natural_uses_groups_exactly() -> None:
 
 def test_natural_group_ids_need_not_be_contiguous() -> None:
     ds = make_dataset(groups=4)
-    ds = Dataset(**{**ds.__dict__, "train_groups": ds.train_groups * 10 + 5, "test_groups": ds.test_groups * 10 + 5})
+    assert ds.train_groups is not None and ds.test_groups is not None
+    ds = dataclasses.replace(ds, train_groups=ds.train_groups * 10 + 5, test_groups=ds.test_groups * 10 + 5)
     p = partition_dataset(ds, "natural", None, 0)
     assert np.array_equal(p.train[2], np.flatnonzero(ds.train_groups == 25))
     assert np.array_equal(p.test[2], np.flatnonzero(ds.test_groups == 25))
@@ -393,8 +412,9 @@ def test_local_test_min_size_and_replacement_when_short() -> None:
 def test_local_test_skips_classes_without_test_samples() -> None:
     train_labels = np.array([2] * 10 + [0] * 10)
     test_labels = np.array([0] * 20 + [1] * 20)
-    out = local_test_splits(train_labels, [np.arange(10), np.arange(10, 20)], test_labels, 4, np.random.default_rng(0))
-    assert out[0].size == 10 and set(test_labels[out[0]]) == {0, 1}  # global test distribution
+    parts = [np.arange(10), np.arange(10, 20)]
+    out = local_test_splits(train_labels, parts, test_labels, 4, np.random.default_rng(0))
+    assert out[0].size == 20 and set(test_labels[out[0]]) == {0, 1}  # global test distribution
     assert np.all(test_labels[out[1]] == 0)
 
 
@@ -406,7 +426,8 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     p = partition_dataset(make_dataset(), "shards", ShardsParams(num_clients=6), 4)
     p.save(tmp_path / "partition.json")
     q = Partition.load(tmp_path / "partition.json")
-    assert q.name == "shards" and q.options == {"num_clients": 6, "min_local_test": 10, "classes_per_client": 2}
+    assert q.name == "shards"
+    assert q.options == {"num_clients": 6, "min_local_test": 10, "classes_per_client": 2}
     for x, y in zip(p.train + p.test, q.train + q.test):
         assert np.array_equal(x, y) and y.dtype == np.int64
 

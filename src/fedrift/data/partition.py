@@ -268,6 +268,13 @@ def split_shards(labels: np.ndarray, options: ShardsParams, seed: int) -> list[n
             f"partition.classes_per_client: {m} but the training set has only {present} "
             f"classes; allowed: at most {present}"
         )
+    if k * m < present:
+        raise ConfigError(
+            f"partition.num_clients: {k} clients with {m} classes each hold at most {k * m} "
+            f"classes, fewer than the {present} in the training set, so samples would be left "
+            f"out; allowed: at least {-(-present // m)} clients at classes_per_client {m}, or "
+            f"partition.classes_per_client >= {-(-present // k)}"
+        )
     caps = np.minimum(totals, k)  # a class gives each client at most one shard of >= 1 sample
     if caps.sum() < k * m:
         ks = np.arange(1, k + 1)
@@ -290,25 +297,30 @@ def split_shards(labels: np.ndarray, options: ShardsParams, seed: int) -> list[n
 
 
 def _shard_counts(totals: np.ndarray, caps: np.ndarray, num_shards: int) -> np.ndarray:
-    """Shards per class, proportional to class size (so shards are near-equal), capped.
+    """Shards per class: every present class at least one (so no sample is dropped), at
+    most its cap, otherwise proportional to class size, so shards are near-equal.
 
-    Water-filling: classes whose share would pass their cap get the cap, the rest share
-    what is left in proportion to size, with largest-remainder rounding.
+    Water-filling: find lam with sum(clip(lam * n_c, 1, cap_c)) = num_shards by bisection,
+    floor, then hand out the few shards left one at a time to the class whose shards
+    are largest (D'Hondt), which keeps sizes as even as the bounds allow.
     """
-    capped = np.zeros(totals.size, dtype=bool)
-    while True:  # at most one pass per class
-        free = (totals > 0) & ~capped
-        rest = num_shards - int(caps[capped].sum())
-        quota = np.where(free, rest * totals / max(int(totals[free].sum()), 1), 0.0)
-        over = free & (quota >= caps)
-        if not over.any():
-            break
-        capped |= over
-    out = np.where(capped, caps, np.floor(quota).astype(np.int64))
-    left = num_shards - int(out.sum())
-    if left > 0:
-        frac = np.where(free, quota - np.floor(quota), -1.0)
-        out[np.argsort(-frac, kind="stable")[:left]] += 1
+    present = totals > 0
+    low = present.astype(np.int64)
+    lo, hi = 0.0, float(np.max(caps[present] / totals[present]))
+    for _ in range(100):
+        lam = 0.5 * (lo + hi)
+        if np.clip(lam * totals, low, caps).sum() < num_shards:
+            lo = lam
+        else:
+            hi = lam
+    out = np.clip(np.floor(lo * totals).astype(np.int64), low, caps)
+    while (left := num_shards - int(out.sum())) != 0:
+        if left > 0:
+            size = np.where(out < caps, totals / (out + 1), -1.0)
+            out[int(np.argmax(size))] += 1
+        else:
+            size = np.where(out > low, totals / np.maximum(out, 1), np.inf)
+            out[int(np.argmin(size))] -= 1
     return out
 
 
@@ -322,7 +334,9 @@ def _realizable(degrees: np.ndarray, cap: np.ndarray, m: int) -> bool:
     return bool(np.all(np.cumsum(d)[: t.size] <= np.minimum(cap[None, :], t[:, None]).sum(axis=1)))
 
 
-def _assign_shards(shards: np.ndarray, k: int, m: int, rng: np.random.Generator, tries: int = 10) -> list[np.ndarray]:
+def _assign_shards(
+    shards: np.ndarray, k: int, m: int, rng: np.random.Generator, tries: int = 10
+) -> list[np.ndarray]:
     """Which clients get class c's shards, each client m shards of distinct classes.
 
     Classes go in a random order, each to clients drawn at random (weighted by free slots);
@@ -349,7 +363,9 @@ def _assign_shards(shards: np.ndarray, k: int, m: int, rng: np.random.Generator,
     return owners
 
 
-def split_natural(train_groups: np.ndarray, test_groups: np.ndarray | None, options: NaturalParams) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+def split_natural(
+    train_groups: np.ndarray, test_groups: np.ndarray | None, options: NaturalParams
+) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """Client k = the k-th natural group id (ascending), with its own test samples."""
     train_groups = _as_labels(train_groups)
     ids, inverse = np.unique(train_groups, return_inverse=True)
@@ -402,7 +418,8 @@ def local_test_splits(
     if test_labels.size == 0:
         return [np.empty(0, dtype=np.int64) for _ in train]
     classes = int(max(train_labels.max(initial=0), test_labels.max(initial=0))) + 1
-    pools = np.split(np.argsort(test_labels, kind="stable"), np.cumsum(np.bincount(test_labels, minlength=classes))[:-1])
+    per_class = np.bincount(test_labels, minlength=classes)
+    pools = np.split(np.argsort(test_labels, kind="stable"), np.cumsum(per_class)[:-1])
     available = np.array([p.size for p in pools], dtype=np.int64)
     n_train, n_test = max(train_labels.size, 1), test_labels.size
     out = []
@@ -437,7 +454,8 @@ def _label_partition(name: str, split: Split) -> Callable[[Dataset, Any, int], P
     def factory(dataset: Dataset, options: Any, seed: int) -> Partition:
         y_train = _labels_of(dataset.y_train)
         train = split(y_train, options, seed)
-        test = local_test_splits(y_train, train, _labels_of(dataset.y_test), options.min_local_test, _rng(seed, name, "test"))
+        y_test = _labels_of(dataset.y_test)
+        test = local_test_splits(y_train, train, y_test, options.min_local_test, _rng(seed, name, "test"))
         return Partition(name=name, train=train, test=test, options=dataclasses.asdict(options))
 
     factory.__name__ = f"{name}_partition"
@@ -449,14 +467,18 @@ PARTITIONS.register(
     "dirichlet", "label skew: per class, client shares ~ Dir(alpha) (MOON/FedDF/FedGKD)", DirichletParams
 )(_label_partition("dirichlet", split_dirichlet))
 PARTITIONS.register(
-    "shards", "sort and partition: classes_per_client shards of distinct classes each (McMahan et al.)", ShardsParams
+    "shards",
+    "sort and partition: classes_per_client shards of distinct classes each (McMahan et al.)",
+    ShardsParams,
 )(_label_partition("shards", split_shards))
 PARTITIONS.register(
     "quantity", "quantity skew: client sizes ~ Dir(alpha) * n, labels iid", QuantityParams
 )(_label_partition("quantity", split_quantity))
 
 
-@PARTITIONS.register("natural", "the dataset's own groups (writers, devices): client k = group k", NaturalParams)
+@PARTITIONS.register(
+    "natural", "the dataset's own groups (writers, devices): client k = group k", NaturalParams
+)
 def natural_partition(dataset: Dataset, options: NaturalParams, seed: int) -> Partition:
     """Client k holds group k's training samples and its own test samples."""
     if dataset.train_groups is None:
@@ -466,10 +488,9 @@ def natural_partition(dataset: Dataset, options: NaturalParams, seed: int) -> Pa
         )
     train, test = split_natural(dataset.train_groups, dataset.test_groups, options)
     if test is None:  # groups for training only: fall back to label-proportional splits
-        y_train = _labels_of(dataset.y_train)
-        test = local_test_splits(
-            y_train, train, _labels_of(dataset.y_test), PartitionParams().min_local_test, _rng(seed, "natural", "test")
-        )
+        y_train, y_test = _labels_of(dataset.y_train), _labels_of(dataset.y_test)
+        least = PartitionParams().min_local_test
+        test = local_test_splits(y_train, train, y_test, least, _rng(seed, "natural", "test"))
     return Partition(name="natural", train=train, test=test, options=dataclasses.asdict(options))
 
 

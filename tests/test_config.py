@@ -1,0 +1,62 @@
+import pytest
+
+from fedrift.config import Config, apply_overrides, load_config
+from fedrift.errors import ConfigError
+
+
+def test_defaults_match_the_contract():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert (cfg.data.name, cfg.partition.name, cfg.model.name, cfg.algorithm.name) == ("mnist5k", "dirichlet", "cnn", "fedavg")
+    assert (cfg.train.lr, cfg.train.momentum, cfg.train.weight_decay) == (0.05, 0.9, 1e-5)
+
+
+def test_overrides_are_dotted_and_parsed_as_yaml():
+    doc = apply_overrides({"train": {"rounds": 5}}, ["train.rounds=10", "algorithm.name=fedprox", "algorithm.mu=0.1",
+                                                     "model.hidden=[8, 4]", "output.progress=false", "data.root=null"])
+    assert doc == {"train": {"rounds": 10}, "algorithm": {"name": "fedprox", "mu": 0.1}, "model": {"hidden": [8, 4]},
+                   "output": {"progress": False}, "data": {"root": None}}
+    assert load_config({}, ["train.lr=0.5"]).train.lr == 0.5
+
+
+def _refused(overrides, doc=None):
+    with pytest.raises(ConfigError) as err:
+        load_config(doc or {}, overrides)
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_unknown_key_names_the_key_and_the_allowed_ones():
+    msg = _refused(["train.epochs=3"])
+    assert msg.startswith("train.epochs: unknown key; allowed:") and "local_epochs" in msg
+    assert _refused(["colour=red"]).startswith("colour: unknown key; allowed: algorithm, data")
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("train.lr=-1", "train.lr"), ("train.participation=1.5", "train.participation"),
+     ("train.participation=0", "train.participation"), ("train.rounds=0", "train.rounds"),
+     ("train.rounds=many", "train.rounds"), ("engine.device=tpu", "engine.device"),
+     ("train.momentum=1", "train.momentum")],
+)
+def test_bad_values_name_the_key(override, key):
+    assert _refused([override]).startswith(key + ":")
+
+
+def test_cohort_size_is_a_count_or_a_fraction_not_both():
+    assert "clients_per_round" in _refused(["train.clients_per_round=3", "train.participation=0.5"])
+
+
+def test_missing_data_folder_is_refused(tmp_path):
+    assert _refused([f"data.root={tmp_path / 'nope'}"]).startswith("data.root: folder")
+
+
+def test_bad_override_syntax_and_missing_file(tmp_path):
+    assert "key=value" in _refused(["train.rounds"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
