@@ -24,14 +24,34 @@ def make_apply(model: nn.Module, buffers: dict[str, torch.Tensor]) -> Callable[.
     return apply
 
 
-def make_step(algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transform) -> StepFn:
-    """``step(params, opt_state, batch, payload, ctx) -> (params, opt_state, loss)``."""
+def autograd_grad_and_value(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.func.grad_and_value(loss_fn, has_aux=True)`` computed with plain autograd.
+
+    Same function, same gradient; outside ``vmap`` it costs less per step than the functorch
+    transform and skips its one-off start-up (about 1.5 s here), see BENCHMARKS.md.
+    """
+
+    def grad_and_value_(params: Params, *args: Any):
+        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        loss, aux = loss_fn(leaves, *args)
+        grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        out = {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
+        return out, (loss, aux)
+
+    return grad_and_value_
+
+
+def make_step(algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transform, functional: bool = False) -> StepFn:
+    """``step(params, opt_state, batch, payload, ctx) -> (params, opt_state, loss)``.
+
+    ``functional=True`` takes gradients with ``torch.func`` (needed under ``vmap``);
+    otherwise with autograd, for the one-client-at-a-time executors.
+    """
 
     def loss_fn(params: Params, batch: dict, payload: dict, ctx: dict):
-        loss, aux = algorithm.local_loss(params, batch, payload, ctx, apply)
-        return loss, aux
+        return algorithm.local_loss(params, batch, payload, ctx, apply)
 
-    grad_fn = grad_and_value(loss_fn, has_aux=True)
+    grad_fn = grad_and_value(loss_fn, has_aux=True) if functional else autograd_grad_and_value(loss_fn)
     correct = algorithm.grad_correction
 
     def step(params: Params, opt_state: Any, batch: dict, payload: dict, ctx: dict):
@@ -39,6 +59,7 @@ def make_step(algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transf
         if correct is not None:
             grads = correct(grads, params, payload, ctx)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return apply_updates(params, updates), opt_state, loss.detach()
+        new = apply_updates(params, updates)
+        return {k: v.detach() for k, v in new.items()}, opt_state, loss.detach()
 
     return step
