@@ -31,6 +31,7 @@ class RunResult:
     global_state: dict[str, torch.Tensor]  # the final global model's state_dict
     output_dir: Path
     config: Config
+    server_state: dict[str, Any] = dataclasses.field(default_factory=dict)  # all the server keeps
 
 
 @dataclass
@@ -140,7 +141,7 @@ def run(config: Config | Mapping[str, Any] | str | Path | None = None, overrides
     writer.write_summary(summary)
     if cfg.output.save_model:
         writer.save_model(state)
-    return RunResult(loop.history, summary, state, out_dir, cfg)
+    return RunResult(loop.history, summary, state, out_dir, cfg, loop.server_state)
 
 
 def _as_dict(options: Any) -> dict[str, Any]:

@@ -63,14 +63,11 @@ class SyntheticParams:
             )
 
 
-def device_sizes(options: SyntheticParams, rng: np.random.Generator) -> np.ndarray:
-    """Samples per device (int64): lognormal draw, plus the minimum, capped."""
-    draw = rng.lognormal(options.size_mu, options.size_sigma, options.num_devices)
-    # Clip before the int cast: an uncapped float can exceed int64 for extreme size_sigma.
-    sizes = np.minimum(draw, 2.0**62).astype(np.int64) + options.min_samples
-    if options.max_samples is not None:
-        sizes = np.minimum(sizes, options.max_samples)
-    return sizes
+def device_size(options: SyntheticParams, rng: np.random.Generator) -> int:
+    """One device's sample count: a lognormal draw cast to int, plus the minimum, capped."""
+    draw = rng.lognormal(options.size_mu, options.size_sigma)
+    size = int(min(draw, 2.0**62)) + options.min_samples  # min(): no int overflow on wild draws
+    return size if options.max_samples is None else min(size, options.max_samples)
 
 
 def _test_count(n: int, fraction: float) -> int:
@@ -89,30 +86,26 @@ def load_synthetic(root: Path | None, options: SyntheticParams) -> Dataset:
     Samples are stored device by device. ``root`` is unused.
     """
     o = options
-    # One stream for the shared draws, one per device: device k's data do not depend on how
-    # many devices come after it.
+    # Device k draws everything of its own (size, u_k, B_k, model, inputs) from stream k, so
+    # its data do not depend on how many devices there are; the shared model of iid=True
+    # comes from one more stream.
     shared_seq, *device_seqs = np.random.SeedSequence(o.seed).spawn(1 + o.num_devices)
     shared = np.random.default_rng(shared_seq)
-    sizes = device_sizes(o, shared)
-    if o.iid:
-        w_shared = shared.normal(0.0, 1.0, (o.dim, o.num_classes))
-        b_shared = shared.normal(0.0, 1.0, o.num_classes)
-        u = big_b = np.zeros(o.num_devices)
-    else:
-        w_shared = b_shared = np.zeros(0)  # unused: each device draws its own
-        u = shared.normal(0.0, o.alpha, o.num_devices)
-        big_b = shared.normal(0.0, o.beta, o.num_devices)
+    w_shared = shared.normal(0.0, 1.0, (o.dim, o.num_classes))  # used only if iid
+    b_shared = shared.normal(0.0, 1.0, o.num_classes)
     x_sd = np.arange(1, o.dim + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
 
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("xtr", "ytr", "gtr", "xte", "yte", "gte")}
-    for k, (n, seq) in enumerate(zip(sizes.tolist(), device_seqs)):
+    for k, seq in enumerate(device_seqs):
         rng = np.random.default_rng(seq)
+        n = device_size(o, rng)
         if o.iid:
             w, b, v = w_shared, b_shared, np.zeros(o.dim)
         else:
-            w = rng.normal(u[k], 1.0, (o.dim, o.num_classes))
-            b = rng.normal(u[k], 1.0, o.num_classes)
-            v = rng.normal(big_b[k], 1.0, o.dim)
+            u_k, big_b_k = rng.normal(0.0, o.alpha), rng.normal(0.0, o.beta)
+            w = rng.normal(u_k, 1.0, (o.dim, o.num_classes))
+            b = rng.normal(u_k, 1.0, o.num_classes)
+            v = rng.normal(big_b_k, 1.0, o.dim)
         x = v + rng.standard_normal((n, o.dim)) * x_sd
         y = np.argmax(x @ w + b, axis=1)  # softmax is monotone: argmax of the logits
         order = rng.permutation(n)
