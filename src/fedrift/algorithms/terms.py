@@ -18,3 +18,24 @@ def weighted_ce(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch
 def squared_distance(params: Params, anchor: Params) -> torch.Tensor:
     """``||w - anchor||^2`` over every parameter tensor."""
     return torch.stack([(p - a).pow(2).sum() for p, a in zip(leaves(params), leaves(anchor))]).sum()
+
+
+def kl_to_target(target: torch.Tensor, logits: torch.Tensor, w: torch.Tensor, T: float = 1.0) -> torch.Tensor:
+    """``sum_i w_i KL(target_i || softmax(logits_i / T))``; ``target`` rows are probabilities.
+
+    The target is a constant (detach it first if it was computed from trainable tensors);
+    0 log 0 counts as 0, so one-hot and masked targets are fine.
+    """
+    log_q = F.log_softmax(logits / T, dim=-1)
+    per_sample = (torch.xlogy(target, target) - target * log_q).sum(-1)
+    return (per_sample * w).sum()
+
+
+def soft_cross_entropy(target: torch.Tensor, logits: torch.Tensor, w: torch.Tensor, T: float = 1.0) -> torch.Tensor:
+    """``sum_i w_i sum_c -target_ic log softmax(logits_i / T)_c`` (KL without the entropy of the target)."""
+    return ((-target * F.log_softmax(logits / T, dim=-1)).sum(-1) * w).sum()
+
+
+def logit_mse(student: torch.Tensor, teacher: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``sum_i w_i mean_c (student_ic - teacher_ic)^2``: the MSE form of logit distillation."""
+    return ((student - teacher).pow(2).mean(-1) * w).sum()

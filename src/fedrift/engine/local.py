@@ -12,7 +12,7 @@ from fedrift.algorithms.base import Algorithm
 from fedrift.engine.optim import Transform, apply_updates
 
 Params = dict[str, torch.Tensor]
-StepFn = Callable[[Params, Any, dict, dict, dict], tuple[Params, Any, torch.Tensor]]
+StepFn = Callable[[Params, Any, dict, dict, dict], tuple[Params, Any, torch.Tensor, dict]]
 
 
 def make_apply(model: nn.Module, buffers: dict[str, torch.Tensor]) -> Callable[..., Any]:
@@ -42,7 +42,7 @@ def autograd_grad_and_value(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def make_step(algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transform, functional: bool = False) -> StepFn:
-    """``step(params, opt_state, batch, payload, ctx) -> (params, opt_state, loss)``.
+    """``step(params, opt_state, batch, payload, ctx) -> (params, opt_state, loss, aux)``.
 
     ``functional=True`` takes gradients with ``torch.func`` (needed under ``vmap``);
     otherwise with autograd, for the one-client-at-a-time executors.
@@ -55,11 +55,12 @@ def make_step(algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transf
     correct = algorithm.grad_correction
 
     def step(params: Params, opt_state: Any, batch: dict, payload: dict, ctx: dict):
-        grads, (loss, _aux) = grad_fn(params, batch, payload, ctx)
+        grads, (loss, aux) = grad_fn(params, batch, payload, ctx)
         if correct is not None:
             grads = correct(grads, params, payload, ctx)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new = apply_updates(params, updates)
-        return {k: v.detach() for k, v in new.items()}, opt_state, loss.detach()
+        aux = {k: v.detach() for k, v in aux.items()}
+        return {k: v.detach() for k, v in new.items()}, opt_state, loss.detach(), aux
 
     return step

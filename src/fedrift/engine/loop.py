@@ -116,6 +116,7 @@ def run_federation(
             if t % cfg.eval.every == 0 or t == tc.rounds:
                 row = {"round": t}
                 row.update(evaluate(apply, server["params"], fed.x_test, fed.y_test, cfg.eval.batch_size))
+                row.update(_aux_metrics(outputs, weights))
                 row.update(
                     train_loss=float((weights * losses).sum()),
                     seconds=seconds,
@@ -155,6 +156,16 @@ def _job(cfg: Config, fed: Federation, store: ClientStateStore, k: int, t: int) 
         "state": store.get(k),
     }
     return ClientJob(client_id=k, indices=ix, schedule=[ix[p] for p in pos], ctx=ctx)
+
+
+def _aux_metrics(outputs: list, weights: torch.Tensor) -> dict[str, float]:
+    """The p_k-weighted mean over clients of each scalar the local losses reported."""
+    keys = sorted({k for o in outputs for k in o.aux})
+    out = {}
+    for k in keys:
+        vals = torch.stack([o.aux[k].double().cpu() if k in o.aux else torch.tensor(float("nan")) for o in outputs])
+        out[k] = float((weights.cpu() * vals).sum())
+    return out
 
 
 def _pre_phase(algorithm: Algorithm, tools: RoundTools, payload: dict, jobs: list[ClientJob], fed: Federation):

@@ -28,6 +28,8 @@ class ClientOutput:
     upload: dict[str, Any]
     state: dict[str, Any]
     loss: torch.Tensor  # mean local loss over the client's steps (0-dim)
+    aux: dict[str, torch.Tensor]  # mean over steps of each scalar the local loss reported
+    end_params: dict[str, torch.Tensor]  # the local model after training (drift diagnostics)
 
 
 @dataclass(frozen=True)

@@ -32,15 +32,20 @@ class SequentialExecutor:
             params = payload["params"]
             opt_state = tools.optimizer.init(params)
             loss_sum = torch.zeros((), device=params[next(iter(params))].device)
+            aux_sum: dict[str, torch.Tensor] = {}
             for idx in job.schedule:
                 w = torch.full((idx.numel(),), 1.0 / idx.numel(), device=idx.device)
                 batch = {"x": tools.x[idx], "y": tools.y[idx], "w": w}
-                params, opt_state, loss = tools.step(params, opt_state, batch, payload, ctx)
+                params, opt_state, loss, aux = tools.step(params, opt_state, batch, payload, ctx)
                 loss_sum = loss_sum + loss
+                for k, v in aux.items():
+                    aux_sum[k] = aux_sum.get(k, 0.0) + v
             stage = "client_result"
             upload, state = alg.client_result(payload, params, ctx)
         except FedriftError:
             raise
         except Exception as err:
             raise HookError(f"{alg.name}: hook {stage} failed in round {round_}, client {job.client_id}: {err}") from err
-        return ClientOutput(job.client_id, upload, state, loss_sum / max(len(job.schedule), 1))
+        steps = max(len(job.schedule), 1)
+        aux_mean = {k: v / steps for k, v in aux_sum.items()}
+        return ClientOutput(job.client_id, upload, state, loss_sum / steps, aux_mean, params)
