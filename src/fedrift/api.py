@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -141,6 +142,8 @@ def run(config: Config | Mapping[str, Any] | str | Path | None = None, overrides
     writer.write_summary(summary)
     if cfg.output.save_model:
         writer.save_model(state)
+    if loop.personalization is not None:
+        writer.write_text("personalization.json", json.dumps(loop.personalization, indent=1) + "\n")
     return RunResult(loop.history, summary, state, out_dir, cfg, loop.server_state)
 
 

@@ -80,12 +80,20 @@ class EngineConfig(_Section):
     executor: str = "sequential"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     sampling: str = "uniform"
+    sampling_retries: PositiveInt = 100
     threads: PositiveInt | None = None
 
 
 class EvalConfig(_Section):
     every: PositiveInt = 1
     batch_size: PositiveInt = 1024
+    at_rounds: list[PositiveInt] = []  # accuracy at these rounds goes in the summary
+    drift: bool = False  # local models' accuracy, logit and feature distance to the global model
+    probe_size: PositiveInt = 256  # test samples on which logit/feature distances are taken
+    personalize: bool = False  # after training, fine-tune each client's classifier, test locally
+    personalize_epochs: PositiveInt = 2
+    personalize_loss: Literal["ce", "algorithm"] = "ce"
+    personalize_mu: Annotated[float, Field(ge=0)] = 0.0
 
 
 class OutputConfig(_Section):

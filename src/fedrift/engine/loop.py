@@ -11,10 +11,8 @@ from tqdm.auto import tqdm
 
 from fedrift.algorithms.base import Algorithm, RoundInfo
 from fedrift.config import Config
-from fedrift.data.base import Dataset
-from fedrift.data.partition_base import Partition
-from fedrift.engine import batches
 from fedrift.engine.executors.base import ClientJob, Executor, RoundTools
+from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_apply, make_step
 from fedrift.engine.optim import sgd
 from fedrift.engine.outputs import RunWriter
@@ -22,7 +20,9 @@ from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.tree import all_finite, stack, tree_bytes
 from fedrift.errors import ConfigError, DivergenceError
+from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import evaluate
+from fedrift.engine.personalize import personalize
 from fedrift.models.base import FedModel
 
 
@@ -32,23 +32,7 @@ class LoopResult:
     summary: dict[str, Any] = field(default_factory=dict)
     global_params: dict[str, torch.Tensor] = field(default_factory=dict)
     server_state: dict[str, Any] = field(default_factory=dict)
-
-
-class Federation:
-    """The data of a run, on its device, and the per-client facts the engine hands hooks."""
-
-    def __init__(self, dataset: Dataset, partition: Partition, device: torch.device) -> None:
-        self.x = dataset.x_train.to(device)
-        self.y = dataset.y_train.to(device)
-        self.x_test = dataset.x_test.to(device)
-        self.y_test = dataset.y_test.to(device)
-        self.num_clients = partition.num_clients
-        self.indices = [torch.as_tensor(ix, dtype=torch.int64, device=device) for ix in partition.train]
-        self.sizes = partition.sizes()
-        counts = partition.counts(dataset.y_train.numpy(), dataset.num_classes)
-        self.label_counts_np = counts
-        self.label_counts = torch.as_tensor(counts, dtype=torch.float32, device=device)
-        self.device = device
+    personalization: dict[str, Any] | None = None
 
 
 def run_federation(
@@ -76,6 +60,7 @@ def run_federation(
     store = ClientStateStore(algorithm.init_client, params)
     server = algorithm.init_server(params)
     uniform = algorithm.hparams.aggregation == "uniform"
+    probe = probe_indices(len(fed.y_test), cfg.eval.probe_size, cfg.seed).to(device)
 
     out = LoopResult()
     totals = {"bytes_down": 0, "bytes_up": 0, "seconds": 0.0}
@@ -84,10 +69,10 @@ def run_federation(
     try:
         for t in range(1, tc.rounds + 1):
             start = time.perf_counter()
-            sampled = sampler(fed.num_clients, m, cfg.seed, t, fed.label_counts_np)
+            sampled = sampler(fed.num_clients, m, cfg.seed, t, fed.label_counts_np, retries=cfg.engine.sampling_retries)
             info = RoundInfo(round=t, num_clients=fed.num_clients, sampled=tuple(sampled))
             payload = algorithm.broadcast(server, info)
-            jobs = [_job(cfg, fed, store, k, t) for k in sampled]
+            jobs = [client_job(fed, k, store.get(k), cfg.train, cfg.seed, t) for k in sampled]
             down = len(jobs) * tree_bytes(payload)
             up = 0
             if algorithm.client_summary is not None:
@@ -117,6 +102,9 @@ def run_federation(
                 row = {"round": t}
                 row.update(evaluate(apply, server["params"], fed.x_test, fed.y_test, cfg.eval.batch_size))
                 row.update(_aux_metrics(outputs, weights))
+                if cfg.eval.drift:
+                    local = [o.end_params for o in outputs]
+                    row.update(drift_metrics(apply, payload["params"], local, fed.x_test, fed.y_test, probe, cfg.eval.batch_size))
                 row.update(
                     train_loss=float((weights * losses).sum()),
                     seconds=seconds,
@@ -141,21 +129,15 @@ def run_federation(
     out.global_params = server["params"]
     out.server_state = server
     out.summary = _summary(out, totals, best, tc.rounds, status="completed")
+    at = {r["round"]: r["test_accuracy"] for r in out.history}
+    if cfg.eval.at_rounds:
+        out.summary["accuracy_at"] = {str(r): at.get(r) for r in cfg.eval.at_rounds}
+    if cfg.eval.personalize:
+        heads = getattr(model, "head_prefixes", ("fc",))
+        out.personalization = personalize(cfg, algorithm, tools, executor, server, fed, store, heads)
+        out.summary["personalized_accuracy"] = out.personalization["personalized_accuracy"]
+        out.summary["global_local_accuracy"] = out.personalization["global_local_accuracy"]
     return out
-
-
-def _job(cfg: Config, fed: Federation, store: ClientStateStore, k: int, t: int) -> ClientJob:
-    tc = cfg.train
-    ix = fed.indices[k]
-    positions = batches.schedule(len(ix), tc.batch_size, tc.local_epochs, tc.local_steps, cfg.seed, t, k)
-    pos = [torch.as_tensor(p, device=ix.device) for p in positions]
-    ctx = {
-        "num_samples": torch.tensor(float(len(ix)), device=ix.device),
-        "num_steps": torch.tensor(float(len(positions)), device=ix.device),
-        "label_counts": fed.label_counts[k],
-        "state": store.get(k),
-    }
-    return ClientJob(client_id=k, indices=ix, schedule=[ix[p] for p in pos], ctx=ctx)
 
 
 def _aux_metrics(outputs: list, weights: torch.Tensor) -> dict[str, float]:

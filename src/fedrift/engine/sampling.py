@@ -11,7 +11,7 @@ SAMPLERS: Registry = Registry("sampler")
 
 
 @SAMPLERS.register("uniform", "m clients drawn uniformly without replacement each round")
-def uniform(num_clients: int, m: int, seed: int, round_: int, label_counts: np.ndarray) -> list[int]:
+def uniform(num_clients: int, m: int, seed: int, round_: int, label_counts: np.ndarray, retries: int = 0) -> list[int]:
     g = rng.generator(seed, rng.SAMPLING, round_)
     return sorted(int(k) for k in g.choice(num_clients, size=m, replace=False))
 
@@ -22,3 +22,54 @@ def cohort_size(num_clients: int, clients_per_round: int | None, participation: 
         return clients_per_round
     frac = 0.2 if participation is None else participation
     return max(1, int(round(frac * num_clients)))
+
+
+@SAMPLERS.register(
+    "class_coverage",
+    "uniform, but the round's clients must hold every class between them (FedADC's selection)",
+)
+def class_coverage(
+    num_clients: int, m: int, seed: int, round_: int, label_counts: np.ndarray, retries: int = 100
+) -> list[int]:
+    """Uniform draws rejected until the cohort's labels cover every class held by anyone.
+
+    After ``retries`` rejected draws, randomised greedy covers are tried (each pick adds the
+    most uncovered classes, ties broken at random, free slots filled uniformly); the best
+    coverage found is returned. Whenever m >= the number of classes a cover exists and the
+    greedy one fits, so the result always covers then.
+    """
+    g = rng.generator(seed, rng.SAMPLING, round_)
+    holds = np.asarray(label_counts) > 0
+    target = int(holds.any(0).sum())
+    best, best_cov = None, -1
+    for _ in range(retries):
+        pick = g.choice(num_clients, size=m, replace=False)
+        cov = int(holds[pick].any(0).sum())
+        if cov == target:
+            return sorted(int(k) for k in pick)
+        if cov > best_cov:
+            best, best_cov = pick, cov
+    for _ in range(retries):
+        pick = _greedy_cover(holds, m, g)
+        cov = int(holds[pick].any(0).sum())
+        if cov > best_cov:
+            best, best_cov = pick, cov
+        if cov == target:
+            break
+    return sorted(int(k) for k in best)
+
+
+def _greedy_cover(holds: np.ndarray, m: int, g: np.random.Generator) -> np.ndarray:
+    chosen: list[int] = []
+    covered = np.zeros(holds.shape[1], dtype=bool)
+    free = np.ones(holds.shape[0], dtype=bool)
+    while len(chosen) < m:
+        gain = (holds & ~covered).sum(1) * free
+        if gain.max() == 0:
+            break
+        k = int(g.choice(np.flatnonzero(gain == gain.max())))
+        chosen.append(k)
+        free[k] = False
+        covered |= holds[k]
+    rest = g.choice(np.flatnonzero(free), size=m - len(chosen), replace=False)
+    return np.concatenate([np.asarray(chosen, dtype=np.int64), rest.astype(np.int64)])

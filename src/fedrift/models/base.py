@@ -9,8 +9,17 @@ call the model functionally (``torch.func.functional_call``) with the ``mode`` a
 - ``mode="head"``: the input already is a representation; returns ``head(x)``.
 
 ``head_prefixes`` names the parameter-name prefixes of the final classifier layer, for
-personalisation that fine-tunes only the classifier. Models hold no FL state and use no
-BatchNorm (its in-place running stats break ``torch.func.vmap``): GroupNorm instead.
+personalisation that fine-tunes only the classifier.
+
+Projection head (MOON, FedGKD+): models built with the option ``projection_dim`` put a
+2-layer MLP ``proj`` (``Linear(feat, feat) -> ReLU -> Linear(feat, projection_dim)``, as in
+SimCLR and MOON) between the backbone and the classifier. Then ``features(x)`` is the
+projection output, ``feature_dim == projection_dim``, the classifier ``fc`` maps
+``projection_dim`` to the classes, and the projection's parameters are named ``proj.*``
+(``PROJECTION_PREFIX``), which is how an algorithm that only sees parameters can tell.
+
+Models hold no FL state and use no BatchNorm (its in-place running stats break
+``torch.func.vmap``): GroupNorm instead.
 """
 
 from __future__ import annotations
@@ -19,9 +28,23 @@ import torch
 from torch import nn
 
 
+PROJECTION_PREFIX = "proj"
+
+
+def projection_head(width: int, projection_dim: int) -> nn.Sequential:
+    """MOON's projection head: ``Linear(width, width) -> ReLU -> Linear(width, projection_dim)``."""
+    return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, projection_dim))
+
+
+def has_projection(params: dict[str, torch.Tensor]) -> bool:
+    """Whether a model's named parameters include a projection head (``proj.*``)."""
+    return any(k.split(".")[0] == PROJECTION_PREFIX for k in params)
+
+
 class FedModel(nn.Module):
     head_prefixes: tuple[str, ...] = ("fc",)
     feature_dim: int
+    projection_dim: int | None = None
 
     def features(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

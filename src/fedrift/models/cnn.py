@@ -4,6 +4,7 @@ Deep Networks from Decentralized Data", section 3).
 Two 5x5 convolutions (32 and 64 channels, 'same' padding), each followed by ReLU and 2x2
 max pooling, then a fully connected layer of 512 units with ReLU (the representation) and
 a linear classifier ``fc``. On 1x28x28 MNIST with 10 classes: 1,663,370 parameters.
+Option ``projection_dim`` adds a projection head before ``fc`` (see ``models/base.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch.nn import functional as F
 
 from fedrift.errors import ConfigError
 from fedrift.models import needs_image, register_model
-from fedrift.models.base import FedModel
+from fedrift.models.base import FedModel, projection_head
 from fedrift.params import params
 
 _check = needs_image(4)  # two 2x2 poolings must leave at least one pixel
@@ -25,15 +26,23 @@ _check = needs_image(4)  # two 2x2 poolings must leave at least one pixel
 
 @params
 class CNNParams:
-    """``hidden``: width of the fully connected layer before the classifier (512 in the paper)."""
+    """``hidden``: width of the fully connected layer before the classifier (512 in the paper).
+
+    ``projection_dim``: when set, a projection head ``proj`` (``Linear(feat, feat) -> ReLU ->
+    Linear(feat, projection_dim)``, MOON's) sits between the representation and ``fc``;
+    ``features`` then returns its output (MOON, FedGKD+; 256 in their papers). None: no head.
+    """
 
     hidden: Annotated[int, Field(ge=1)] = 512
+    projection_dim: Annotated[int, Field(ge=1)] | None = None
 
 
 class CNN(FedModel):
     head_prefixes = ("fc",)
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 512) -> None:
+    def __init__(
+        self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 512, projection_dim: int | None = None
+    ) -> None:
         super().__init__()
         channels, height, width = input_shape
         self.input_shape = tuple(input_shape)
@@ -43,13 +52,15 @@ class CNN(FedModel):
         flat = 64 * (height // 2 // 2) * (width // 2 // 2)
         # Not named fc*: parameter names starting with "fc" are the classifier's.
         self.dense = nn.Linear(flat, hidden)
-        self.fc = nn.Linear(hidden, num_classes)
-        self.feature_dim = hidden
+        self.proj = nn.Identity() if projection_dim is None else projection_head(hidden, projection_dim)
+        self.projection_dim = projection_dim
+        self.feature_dim = hidden if projection_dim is None else projection_dim
+        self.fc = nn.Linear(self.feature_dim, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return F.relu(self.dense(x.flatten(-3)))
+        return self.proj(F.relu(self.dense(x.flatten(-3))))
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self.fc(h)
@@ -65,4 +76,4 @@ def build_cnn(options: CNNParams, input_shape: tuple[int, ...], num_classes: int
     problem = _check(tuple(input_shape))
     if problem is not None:
         raise ConfigError(f"model.name: cnn cannot take input shape {tuple(input_shape)} ({problem})")
-    return CNN(tuple(input_shape), num_classes, hidden=options.hidden)
+    return CNN(tuple(input_shape), num_classes, hidden=options.hidden, projection_dim=options.projection_dim)

@@ -2,7 +2,8 @@
 
 Both flatten the input, so they take any input shape. ``mlp``'s representation is its last
 hidden activation; ``logreg``'s is the flattened input itself, its only layer being the
-classifier ``fc``.
+classifier ``fc``. ``mlp``'s option ``projection_dim`` adds a projection head before ``fc``
+(see ``models/base.py``).
 """
 
 from __future__ import annotations
@@ -17,15 +18,21 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedrift.models import register_model
-from fedrift.models.base import FedModel
+from fedrift.models.base import FedModel, projection_head
 from fedrift.params import params
 
 
 @params
 class MLPParams:
-    """``hidden``: the widths of the hidden layers, input side first (empty: logreg)."""
+    """``hidden``: the widths of the hidden layers, input side first (empty: logreg).
+
+    ``projection_dim``: when set, a projection head ``proj`` (``Linear(feat, feat) -> ReLU ->
+    Linear(feat, projection_dim)``, MOON's) sits between the representation and ``fc``;
+    ``features`` then returns its output (MOON, FedGKD+; 256 in their papers). None: no head.
+    """
 
     hidden: list[Annotated[int, Field(ge=1)]] = dataclasses.field(default_factory=lambda: [200, 200])
+    projection_dim: Annotated[int, Field(ge=1)] | None = None
 
 
 class _Flat(FedModel):
@@ -43,7 +50,9 @@ class _Flat(FedModel):
 class MLP(_Flat):
     head_prefixes = ("fc",)
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: list[int]) -> None:
+    def __init__(
+        self, input_shape: tuple[int, ...], num_classes: int, hidden: list[int], projection_dim: int | None = None
+    ) -> None:
         super().__init__()
         width = self._setup(input_shape, num_classes)
         layers = []
@@ -52,14 +61,16 @@ class MLP(_Flat):
             width = h
         # Not named fc*: parameter names starting with "fc" are the classifier's.
         self.layers = nn.ModuleList(layers)
-        self.fc = nn.Linear(width, num_classes)
-        self.feature_dim = width
+        self.proj = nn.Identity() if projection_dim is None else projection_head(width, projection_dim)
+        self.projection_dim = projection_dim
+        self.feature_dim = width if projection_dim is None else projection_dim
+        self.fc = nn.Linear(self.feature_dim, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         h = self._flatten(x)
         for layer in self.layers:
             h = F.relu(layer(h))
-        return h
+        return self.proj(h)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self.fc(h)
@@ -83,7 +94,7 @@ class LogReg(_Flat):
 
 @register_model("mlp", "fully connected ReLU network (hidden widths option); any input shape", MLPParams)
 def build_mlp(options: MLPParams, input_shape: tuple[int, ...], num_classes: int) -> MLP:
-    return MLP(tuple(input_shape), num_classes, list(options.hidden))
+    return MLP(tuple(input_shape), num_classes, list(options.hidden), options.projection_dim)
 
 
 @register_model("logreg", "multinomial logistic regression on the flattened input; any input shape")

@@ -5,7 +5,8 @@ A 3x3 convolution stem of ``width`` channels, then three stages of one BasicBloc
 (widths ``width``, ``2*width``, ``4*width``; strides 1, 2, 2), global average pooling (the
 representation, ``4*width`` wide) and a linear classifier ``fc``. Every norm is a GroupNorm
 with ``group_channels`` channels per group. Width 16 on 3x32x32 with 10 classes: 78,042
-parameters.
+parameters. Option ``projection_dim`` adds a projection head before ``fc`` (see
+``models/base.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch.nn import functional as F
 
 from fedrift.errors import ConfigError
 from fedrift.models import needs_image, register_model
-from fedrift.models.base import FedModel
+from fedrift.models.base import FedModel, projection_head
 from fedrift.params import params
 
 _check = needs_image(8)
@@ -28,10 +29,16 @@ _check = needs_image(8)
 @params
 class ResNetParams:
     """``width``: channels of the stem and first stage (16 in FedDF/FedGKD);
-    ``group_channels``: channels per GroupNorm group (16 as in FedGKD)."""
+    ``group_channels``: channels per GroupNorm group (16 as in FedGKD).
+
+    ``projection_dim``: when set, a projection head ``proj`` (``Linear(feat, feat) -> ReLU ->
+    Linear(feat, projection_dim)``, MOON's) sits between the representation and ``fc``;
+    ``features`` then returns its output (MOON, FedGKD+; 256 in their papers). None: no head.
+    """
 
     width: Annotated[int, Field(ge=1)] = 16
     group_channels: Annotated[int, Field(ge=1)] = 16
+    projection_dim: Annotated[int, Field(ge=1)] | None = None
 
 
 def group_norm(channels: int, group_channels: int) -> nn.GroupNorm:
@@ -77,7 +84,12 @@ class ResNet8(FedModel):
     head_prefixes = ("fc",)
 
     def __init__(
-        self, input_shape: tuple[int, ...], num_classes: int, width: int = 16, group_channels: int = 16
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        width: int = 16,
+        group_channels: int = 16,
+        projection_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.input_shape = tuple(input_shape)
@@ -87,8 +99,10 @@ class ResNet8(FedModel):
         self.stage1 = BasicBlock(width, width, 1, group_channels)
         self.stage2 = BasicBlock(width, 2 * width, 2, group_channels)
         self.stage3 = BasicBlock(2 * width, 4 * width, 2, group_channels)
-        self.fc = nn.Linear(4 * width, num_classes)
-        self.feature_dim = 4 * width
+        self.proj = nn.Identity() if projection_dim is None else projection_head(4 * width, projection_dim)
+        self.projection_dim = projection_dim
+        self.feature_dim = 4 * width if projection_dim is None else projection_dim
+        self.fc = nn.Linear(self.feature_dim, num_classes)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -96,7 +110,7 @@ class ResNet8(FedModel):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.stem_norm(self.stem(x)))
         x = self.stage3(self.stage2(self.stage1(x)))
-        return x.mean(dim=(-2, -1))
+        return self.proj(x.mean(dim=(-2, -1)))
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self.fc(h)
@@ -112,4 +126,4 @@ def build_resnet8(options: ResNetParams, input_shape: tuple[int, ...], num_class
     problem = _check(tuple(input_shape))
     if problem is not None:
         raise ConfigError(f"model.name: resnet8 cannot take input shape {tuple(input_shape)} ({problem})")
-    return ResNet8(tuple(input_shape), num_classes, options.width, options.group_channels)
+    return ResNet8(tuple(input_shape), num_classes, options.width, options.group_channels, options.projection_dim)

@@ -1,0 +1,48 @@
+"""The data of a run on its device, and the per-client facts the engine hands to hooks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedrift.config import TrainConfig
+from fedrift.data.base import Dataset
+from fedrift.data.partition_base import Partition
+from fedrift.engine import batches
+from fedrift.engine.executors.base import ClientJob
+
+
+class Federation:
+    """The data of a run, on its device, and the per-client facts the engine hands hooks."""
+
+    def __init__(self, dataset: Dataset, partition: Partition, device: torch.device) -> None:
+        self.x = dataset.x_train.to(device)
+        self.y = dataset.y_train.to(device)
+        self.x_test = dataset.x_test.to(device)
+        self.y_test = dataset.y_test.to(device)
+        self.num_clients = partition.num_clients
+        self.indices = [torch.as_tensor(ix, dtype=torch.int64, device=device) for ix in partition.train]
+        self.test_indices = [torch.as_tensor(ix, dtype=torch.int64, device=device) for ix in partition.test]
+        self.sizes = partition.sizes()
+        counts = partition.counts(dataset.y_train.numpy(), dataset.num_classes)
+        self.label_counts_np = counts
+        self.label_counts = torch.as_tensor(counts, dtype=torch.float32, device=device)
+        self.device = device
+
+
+def client_job(
+    fed: Federation, k: int, state: dict[str, Any], tc: TrainConfig, seed: int, round_: int, epochs: int | None = None
+) -> ClientJob:
+    """Client k's work for a round: its batch schedule (a pure function of seed, round, k)
+    and the context hooks see: num_samples, num_steps (H_k), label_counts, state."""
+    ix = fed.indices[k]
+    steps = None if epochs is not None else tc.local_steps
+    positions = batches.schedule(len(ix), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k)
+    ctx = {
+        "num_samples": torch.tensor(float(len(ix)), device=ix.device),
+        "num_steps": torch.tensor(float(len(positions)), device=ix.device),
+        "label_counts": fed.label_counts[k],
+        "state": state,
+    }
+    return ClientJob(k, ix, [ix[torch.as_tensor(p, device=ix.device)] for p in positions], ctx)

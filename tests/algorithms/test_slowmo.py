@@ -1,0 +1,87 @@
+import pytest
+import torch
+
+import fedrift
+from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms.base import RoundInfo, Setup
+from fedrift.config import validate_options
+from fedrift.engine.tree import stack
+
+SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models on a shared CPU run fastest on one thread (and crawl when cores are busy)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _alg(name, setup=SETUP, **hp):
+    entry = ALGORITHMS.get(name)
+    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+
+
+def test_server_update_is_the_formula_by_hand():
+    alg = _alg("slowmo", beta=0.5, alpha=2.0)
+    eta, beta, alpha = 0.1, 0.5, 2.0
+    w_t = torch.tensor([1.0, -2.0, 0.5])
+    state = alg.init_server({"w": w_t})
+    assert torch.equal(state["momentum"]["w"], torch.zeros(3))
+    m_t = torch.tensor([0.3, 0.1, -0.2])
+    state = {**state, "momentum": {"w": m_t}}
+    w_k = [torch.tensor([0.9, -1.8, 0.4]), torch.tensor([1.2, -2.2, 0.7])]
+    p = torch.tensor([0.75, 0.25])
+    info = RoundInfo(round=1, num_clients=3, sampled=(0, 2))
+    out = alg.aggregate(state, stack([{"params": {"w": w}} for w in w_k]), p, info)
+
+    g = (p[0] * (w_t - w_k[0]) + p[1] * (w_t - w_k[1])) / eta
+    m = beta * m_t + g
+    torch.testing.assert_close(out["momentum"]["w"], m)
+    torch.testing.assert_close(out["params"]["w"], w_t - alpha * eta * m)
+    # the momentum carries into the next round: same clients, same models
+    again = alg.aggregate(out, stack([{"params": {"w": w}} for w in w_k]), p, info)
+    w1 = w_t - alpha * eta * m
+    g1 = (p[0] * (w1 - w_k[0]) + p[1] * (w1 - w_k[1])) / eta
+    torch.testing.assert_close(again["momentum"]["w"], beta * m + g1)
+
+
+def test_slowmo_beta_zero_alpha_one_is_exactly_fedavg(tiny, tmp_path):
+    train = {"rounds": 3, "momentum": 0.0}
+    a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train=train, output={"dir": str(tmp_path / "a")}))
+    b = fedrift.run(tiny(algorithm={"name": "slowmo", "beta": 0.0, "alpha": 1.0}, train=train, output={"dir": str(tmp_path / "b")}))
+    for k in a.global_state:
+        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    # one model down and one up per client, as FedAvg
+    pbytes = sum(v.numel() * v.element_size() for v in a.global_state.values())
+    assert b.history[-1]["bytes_down"] == 3 * pbytes and b.history[-1]["bytes_up"] == 3 * pbytes
+    # the default (beta 0.9) moves differently
+    c = fedrift.run(tiny(algorithm={"name": "slowmo"}, train=train, output={"dir": str(tmp_path / "c")}))
+    assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
+    assert set(c.server_state["momentum"]) == set(c.server_state["params"])
+
+
+def test_local_momentum_option_is_the_engine_sgd_momentum(tiny, tmp_path):
+    # train.momentum is not used by slowmo; its local_momentum is (torch.optim.SGD's rule)
+    a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train={"rounds": 2, "momentum": 0.9}, output={"dir": str(tmp_path / "a")}))
+    b = fedrift.run(
+        tiny(algorithm={"name": "slowmo", "beta": 0.0, "local_momentum": 0.9}, train={"rounds": 2, "momentum": 0.0},
+             output={"dir": str(tmp_path / "b")})
+    )
+    for k in a.global_state:
+        assert torch.equal(a.global_state[k], b.global_state[k]), k
+
+
+def test_slowmo_learns_on_mnist5k_with_label_skew(tmp_path):
+    cfg = {
+        "data": {"name": "mnist5k"},
+        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 10},
+        "model": {"name": "mlp", "hidden": [64]},
+        "algorithm": {"name": "slowmo"},
+        "train": {"rounds": 5, "clients_per_round": 5, "local_epochs": 1, "batch_size": 32, "lr": 0.05},
+        "output": {"dir": str(tmp_path / "r"), "progress": False},
+    }
+    result = fedrift.run(cfg)
+    assert result.summary["final_accuracy"] > 0.6  # chance is 0.1
