@@ -1,0 +1,308 @@
+"""FedGKD, FedGKD-Vote, FedGKD+: buffer, teacher, loss by hand, FedAvg identities, bytes."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, stack_module_state, vmap
+
+import fedrift
+from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms.base import ClientData, RoundInfo, Setup
+from fedrift.algorithms.fedgkd import average_params, vote_coefficients
+from fedrift.config import validate_options
+from fedrift.engine.local import make_apply
+from fedrift.errors import ConfigError
+from fedrift.models import MODELS, build_model
+
+SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
+
+
+def _alg(name, **hp):
+    entry = ALGORITHMS.get(name)
+    return entry.factory(validate_options("algorithm", entry.params, hp), SETUP)
+
+
+def _logreg_case(seed=1):
+    """A 4-feature, 3-class logreg, a student and a teacher parameter set, and a batch."""
+    model = build_model("logreg", None, (4,), 3, seed=0)
+    apply = make_apply(model, {})
+    g = torch.Generator().manual_seed(seed)
+    student = {k: v.detach() + 0.5 * torch.randn(v.shape, generator=g) for k, v in model.named_parameters()}
+    teacher = {k: v.detach() for k, v in model.named_parameters()}
+    batch = {"x": torch.randn(5, 4, generator=g), "y": torch.tensor([0, 1, 2, 0, 1]), "w": torch.full((5,), 0.2)}
+    return apply, student, teacher, batch
+
+
+def _logits(p, x):
+    return x @ p["fc.weight"].T + p["fc.bias"]
+
+
+def _kl_by_hand(zt, zs, T):
+    """mean_i sum_c p_c log(p_c / q_c), p = softmax(zt/T), q = softmax(zs/T), written out."""
+    total = 0.0
+    for i in range(zt.shape[0]):
+        et = [math.exp(float(v) / T) for v in zt[i]]
+        es = [math.exp(float(v) / T) for v in zs[i]]
+        p = [e / sum(et) for e in et]
+        q = [e / sum(es) for e in es]
+        total += sum(pc * math.log(pc / qc) for pc, qc in zip(p, q))
+    return total / zt.shape[0]
+
+
+def _run(tiny, tmp_path, tag, algorithm, rounds=3, model=None, **train):
+    sections = {"algorithm": algorithm, "train": {"rounds": rounds, **train}, "output": {"dir": str(tmp_path / tag)}}
+    if model is not None:
+        sections["model"] = model
+    return fedrift.run(tiny(**sections))
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+# ----------------------------------------------------------------------------------------
+# Hand-checkable pieces
+
+
+def test_teacher_is_the_parameter_mean_of_the_buffer():
+    models = [{"w": torch.tensor([1.0, 2.0]), "b": torch.tensor(3.0)},
+              {"w": torch.tensor([4.0, 0.0]), "b": torch.tensor(-3.0)},
+              {"w": torch.tensor([1.0, 7.0]), "b": torch.tensor(6.0)}]
+    avg = average_params(models)
+    assert torch.equal(avg["w"], torch.tensor([2.0, 3.0])) and torch.equal(avg["b"], torch.tensor(2.0))
+    # ... and that is what FedGKD broadcasts as the teacher, beside w_t (the buffer's first)
+    alg = _alg("fedgkd", M=3)
+    state = {"params": models[0], "buffer": {"0": models[0], "1": models[1], "2": models[2]}}
+    payload = alg.broadcast(state, RoundInfo(round=4, num_clients=2, sampled=(0, 1)))
+    assert payload["params"] is models[0] and payload["kd_on"] == 1.0
+    assert torch.equal(payload["teacher"]["w"], avg["w"]) and torch.equal(payload["teacher"]["b"], avg["b"])
+    # one buffered model: the teacher is w_t itself, the same tensors
+    one = alg.broadcast({"params": models[0], "buffer": {"0": models[0]}}, RoundInfo(1, 2, (0, 1)))
+    assert one["teacher"] is models[0] and one["kd_on"] == 0.0
+
+
+def test_buffer_keeps_the_latest_M_global_models_most_recent_first(tiny, tmp_path):
+    alg = {"name": "fedgkd", "M": 3}
+    runs = {r: _run(tiny, tmp_path, f"r{r}", alg, rounds=r) for r in (1, 3, 4, 5)}
+    init = dict(build_model("mlp", MODELS.get("mlp").params(hidden=[32]), (1, 8, 8), 10, seed=0).named_parameters())
+    # after 1 round: fewer than M, [w_2, w_1 = init]
+    buf = runs[1].server_state["buffer"]
+    assert list(buf) == ["0", "1"]
+    _assert_same(buf["0"], runs[1].global_state)
+    _assert_same(buf["1"], {k: v.detach() for k, v in init.items()})
+    # after M + 2 = 5 rounds: exactly M, [w_6, w_5, w_4]; buffer["0"] is the global model itself
+    state = runs[5].server_state
+    assert list(state["buffer"]) == ["0", "1", "2"]
+    assert state["buffer"]["0"] is state["params"]
+    for slot, r in (("0", 5), ("1", 4), ("2", 3)):
+        _assert_same(state["buffer"][slot], runs[r].global_state)
+
+
+@pytest.mark.parametrize("name", ["fedgkd", "fedgkd_plus"])
+def test_kd_term_equals_the_formula_by_hand(name):
+    apply, student, teacher, batch = _logreg_case()
+    payload = {"params": teacher, "teacher": teacher, "kd_on": 1.0}
+    zs, zt = _logits(student, batch["x"]), _logits(teacher, batch["x"])
+    ce = _alg("fedavg").local_loss(student, batch, payload, {}, apply)[0]
+    gamma, T = 0.4, 2.0
+    loss, aux = _alg(name, gamma=gamma, T=T).local_loss(student, batch, payload, {}, apply)
+    expected = (gamma / 2) * T**2 * _kl_by_hand(zt, zs, T)
+    assert abs(float(loss - ce) - expected) < 1e-5 and expected > 1e-3
+    torch.testing.assert_close(aux["fedgkd_kd"], loss - ce)
+    # mse: (gamma/2) * mean over samples and classes of (z - z_teacher)^2; no temperature
+    loss = _alg(name, gamma=gamma, T=T, kd_loss="mse").local_loss(student, batch, payload, {}, apply)[0]
+    torch.testing.assert_close(loss - ce, (gamma / 2) * ((zs - zt) ** 2).mean())
+    # round 1 (kd_on = 0): plain CE, exactly
+    off = _alg(name, gamma=gamma, T=T).local_loss(student, batch, {**payload, "kd_on": 0.0}, {}, apply)[0]
+    assert torch.equal(off, ce)
+
+
+def test_teacher_gets_no_gradient():
+    apply, student, teacher, batch = _logreg_case()
+    alg = _alg("fedgkd", gamma=1.0)
+
+    def loss_of_teacher(t):
+        return alg.local_loss(student, batch, {"params": teacher, "teacher": t, "kd_on": 1.0}, {}, apply)[0]
+
+    g = grad(loss_of_teacher)(teacher)
+    assert all(torch.equal(v, torch.zeros_like(v)) for v in g.values())
+
+
+def test_vote_coefficients_by_hand():
+    lam, M = 0.1, 3
+    coef = vote_coefficients(torch.tensor([1.0, 2.0, 3.0]), lam, 1.0 / M)
+    e = [math.exp(-3.0), math.exp(-6.0), math.exp(-9.0)]  # exp(-L_m / beta) with beta = 1/3
+    for c, em in zip(coef.tolist(), e):
+        assert abs(c - lam * em / sum(e)) < 1e-8
+    assert abs(float(coef.sum()) - lam) < 1e-7
+
+
+def test_vote_client_start_and_loss_by_hand():
+    """L_m = mean CE of each buffered model on the client's data; beta = 1/M with the configured
+    M even while fewer models are buffered (here 2 of M=5)."""
+    apply, student, w_t, batch = _logreg_case()
+    older = {k: v + 0.3 for k, v in w_t.items()}
+    payload = {"params": w_t, "teachers": {"0": w_t, "1": older}, "kd_on": 1.0}
+    lam, M, T = 0.1, 5, 1.5
+    alg = _alg("fedgkd_vote", lam=lam, M=M, T=T)
+    data = ClientData(batch["x"], batch["y"])
+    with torch.no_grad():
+        ctx = alg.client_start(payload, {}, data, apply)
+    L = [float(F.cross_entropy(_logits(m, data.x), data.y)) for m in (w_t, older)]
+    e = [math.exp(-l * M) for l in L]
+    expected = [lam * em / sum(e) for em in e]
+    assert ctx["vote_coef"].shape == (2,)
+    for c, x in zip(ctx["vote_coef"].tolist(), expected):
+        assert abs(c - x) < 1e-6
+    # local loss: CE + sum_m (gamma_m/2) T^2 KL_m
+    ce = _alg("fedavg").local_loss(student, batch, payload, {}, apply)[0]
+    loss = alg.local_loss(student, batch, payload, ctx, apply)[0]
+    zs = _logits(student, batch["x"])
+    kd = sum(c * T**2 * _kl_by_hand(_logits(m, batch["x"]), zs, T) for c, m in zip(expected, (w_t, older)))
+    assert abs(float(loss - ce) - kd) < 1e-5 and kd > 1e-4
+
+
+@pytest.mark.parametrize("name", ["fedgkd", "fedgkd_vote"])
+def test_local_loss_gradient_under_vmap_matches_per_client(name):
+    """The batched executor's rule: vmap(grad(local_loss)) over clients = each client's grad."""
+    model = build_model("mlp", MODELS.get("mlp").params(hidden=[8]), (4,), 3, seed=0)
+    apply = make_apply(model, {})
+    copies = [build_model("mlp", MODELS.get("mlp").params(hidden=[8]), (4,), 3, seed=s) for s in (1, 2)]
+    stacked, _ = stack_module_state(copies)
+    w_t = {k: v.detach() for k, v in model.named_parameters()}
+    old = {k: v.detach() for k, v in copies[0].named_parameters()}
+    g = torch.Generator().manual_seed(3)
+    batches = {"x": torch.randn(2, 6, 4, generator=g), "y": torch.randint(0, 3, (2, 6), generator=g),
+               "w": torch.full((2, 6), 1 / 6)}
+    if name == "fedgkd":
+        alg = _alg(name, gamma=0.5, T=2.0)
+        payload = {"params": w_t, "teacher": average_params([w_t, old]), "kd_on": 1.0}
+        ctx = {"num_samples": torch.tensor([6.0, 6.0])}
+    else:
+        alg = _alg(name, lam=0.5, M=2, T=2.0)
+        payload = {"params": w_t, "teachers": {"0": w_t, "1": old}, "kd_on": 1.0}
+        ctx = {"vote_coef": torch.tensor([[0.3, 0.2], [0.1, 0.4]])}
+
+    def loss(p, b, c):
+        return alg.local_loss(p, b, payload, c, apply)[0]
+
+    batched = vmap(grad(loss), in_dims=(0, 0, 0))(stacked, batches, ctx)
+    for i in range(2):
+        p = {k: v[i].detach() for k, v in stacked.items()}
+        one = grad(loss)(p, {k: v[i] for k, v in batches.items()}, {k: v[i] for k, v in ctx.items()})
+        for k in p:
+            torch.testing.assert_close(batched[k][i], one[k], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------
+# Identities with FedAvg, through the engine
+
+
+PLUS_MODEL = {"name": "mlp", "hidden": [32], "projection_dim": 16}
+
+
+def test_no_distillation_in_round_one(tiny, tmp_path):
+    base = _run(tiny, tmp_path, "avg", {"name": "fedavg"}, rounds=1)
+    for alg in ({"name": "fedgkd"}, {"name": "fedgkd", "M": 1, "gamma": 5.0}, {"name": "fedgkd_vote", "lam": 5.0}):
+        tag = f"{alg['name']}-{alg.get('M')}"
+        _assert_same(base.global_state, _run(tiny, tmp_path, tag, alg, rounds=1).global_state)
+    plus_base = _run(tiny, tmp_path, "avg+", {"name": "fedavg"}, rounds=1, model=PLUS_MODEL)
+    plus = _run(tiny, tmp_path, "plus", {"name": "fedgkd_plus", "gamma": 5.0}, rounds=1, model=PLUS_MODEL)
+    _assert_same(plus_base.global_state, plus.global_state)
+
+
+def test_zero_weights_give_fedavg_exactly(tiny, tmp_path):
+    base = _run(tiny, tmp_path, "avg", {"name": "fedavg"})
+    for i, alg in enumerate([
+        {"name": "fedgkd", "gamma": 0.0},
+        {"name": "fedgkd", "gamma": 0.0, "kd_loss": "mse", "M": 2},
+        {"name": "fedgkd_vote", "lam": 0.0, "M": 2},
+        {"name": "fedgkd_vote", "lam": 0.0, "kd_loss": "mse"},
+    ]):
+        _assert_same(base.global_state, _run(tiny, tmp_path, f"zero{i}", alg).global_state)
+    # ... and a non-zero weight does move away from FedAvg after round 1
+    moved = _run(tiny, tmp_path, "gkd", {"name": "fedgkd"}).global_state
+    assert any(not torch.equal(base.global_state[k], moved[k]) for k in moved)
+
+
+# ----------------------------------------------------------------------------------------
+# Communication
+
+
+def test_downlink_bytes(tiny, tmp_path):
+    def per_round(alg):
+        res = _run(tiny, tmp_path, f"{alg['name']}-{alg.get('M')}", alg, rounds=4)
+        model_bytes = sum(v.numel() * v.element_size() for v in res.global_state.values())
+        return [row["bytes_down"] / (row["clients"] * model_bytes) for row in res.history]
+
+    assert per_round({"name": "fedavg"}) == [1, 1, 1, 1]
+    assert per_round({"name": "fedgkd", "M": 1}) == [1, 1, 1, 1]  # the teacher is w_t: sent once
+    assert per_round({"name": "fedgkd", "M": 3}) == [1, 2, 2, 2]  # w_t and w_bar from round 2
+    assert per_round({"name": "fedgkd_vote", "M": 3}) == [1, 2, 3, 3]  # every buffered model
+
+
+# ----------------------------------------------------------------------------------------
+# FedGKD+ and the projection head
+
+
+PROJ_CASES = [
+    ("cnn", {"hidden": 24}, (1, 8, 8), 24),
+    ("mlp", {"hidden": [16, 12]}, (20,), 12),
+    ("resnet8", {"width": 4, "group_channels": 2}, (3, 8, 8), 16),
+]
+
+
+@pytest.mark.parametrize("name,opts,shape,width", PROJ_CASES, ids=[c[0] for c in PROJ_CASES])
+def test_projection_head_option(name, opts, shape, width):
+    params_cls = MODELS.get(name).params
+    plain = build_model(name, params_cls(**opts), shape, 5, seed=0)
+    model = build_model(name, params_cls(**opts, projection_dim=7), shape, 5, seed=0)
+    assert plain.projection_dim is None and plain.feature_dim == width
+    assert model.projection_dim == 7 and model.feature_dim == 7
+    shapes = {k: tuple(v.shape) for k, v in model.named_parameters()}
+    assert shapes["proj.0.weight"] == (width, width) and shapes["proj.2.weight"] == (7, width)
+    assert shapes["fc.weight"] == (5, 7)
+    assert [k for k in shapes if k.startswith("fc")] == ["fc.weight", "fc.bias"]
+    x = torch.randn(3, *shape)
+    h, logits = model(x, mode="both")
+    assert h.shape == (3, 7) and logits.shape == (3, 5)
+    # features = projection of the plain backbone's representation; logits = fc(features)
+    backbone = {k: v for k, v in model.named_parameters() if not k.startswith(("proj", "fc"))}
+    head = {"fc.weight": plain.fc.weight, "fc.bias": plain.fc.bias}
+    rep = functional_call(plain, {**backbone, **head}, (x,), {"mode": "features"}, strict=True)
+    torch.testing.assert_close(h, model.proj(rep))
+    torch.testing.assert_close(logits, model.fc(h))
+
+
+def test_fedgkd_plus_runs_with_a_projection_head_and_refuses_without(tiny, tmp_path):
+    res = _run(tiny, tmp_path, "plus", {"name": "fedgkd_plus"}, rounds=2, model=PLUS_MODEL)
+    assert res.global_state["proj.2.weight"].shape == (16, 32) and res.global_state["fc.weight"].shape == (10, 16)
+    assert res.history[-1]["fedgkd_kd"] > 0
+    with pytest.raises(ConfigError, match="model.projection_dim"):
+        _run(tiny, tmp_path, "plain", {"name": "fedgkd_plus"}, rounds=1)
+
+
+# ----------------------------------------------------------------------------------------
+# They learn
+
+
+@pytest.mark.parametrize(
+    "algorithm,model",
+    [({"name": "fedgkd"}, {}), ({"name": "fedgkd_vote"}, {}), ({"name": "fedgkd_plus"}, {"projection_dim": 64})],
+    ids=["fedgkd", "fedgkd_vote", "fedgkd_plus"],
+)
+def test_learns_on_mnist5k(tmp_path, algorithm, model):
+    res = fedrift.run({
+        "seed": 0,
+        "data": {"name": "mnist5k"},
+        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 10},
+        "model": {"name": "mlp", "hidden": [64], **model},
+        "algorithm": algorithm,
+        "train": {"rounds": 4, "local_epochs": 1, "clients_per_round": 5},
+        "output": {"dir": str(tmp_path / "run"), "progress": False},
+    })
+    assert res.summary["final_accuracy"] > 0.6
