@@ -100,13 +100,15 @@ def run(config: Config | Mapping[str, Any] | str | Path | None = None, overrides
     Raises :class:`fedrift.ConfigError` for bad input before anything is written, and
     :class:`fedrift.DivergenceError` (carrying the partial result) if the loss goes non-finite.
     """
-    prep = prepare(config, overrides)
+    return run_prepared(prepare(config, overrides))
+
+
+def run_prepared(prep: Prepared) -> RunResult:
+    """Run from validated pieces (tests and tools may swap the partition first)."""
     cfg = prep.config
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
-    executor = EXECUTORS.get(cfg.engine.executor, "engine.executor").factory()
-    if cfg.engine.threads is not None:
-        torch.set_num_threads(cfg.engine.threads)
+    executor = EXECUTORS.get(cfg.engine.executor, "engine.executor").factory(cfg.engine)
 
     label = f"{cfg.algorithm.name}-{cfg.data.name}-{cfg.partition.name}-s{cfg.seed}"
     out_dir = Path(cfg.output.dir) if cfg.output.dir else auto_dir(Path("runs"), label)
@@ -126,6 +128,10 @@ def run(config: Config | Mapping[str, Any] | str | Path | None = None, overrides
         "device": str(prep.device),
         "threads": torch.get_num_threads(),
     }
+    threads = torch.get_num_threads()
+    if cfg.engine.threads is not None:
+        torch.set_num_threads(cfg.engine.threads)
+        facts["threads"] = cfg.engine.threads
     try:
         loop = run_federation(cfg, fed, model, algorithm, executor, writer)
     except DivergenceError as err:
@@ -137,6 +143,7 @@ def run(config: Config | Mapping[str, Any] | str | Path | None = None, overrides
         raise
     finally:
         writer.close()
+        torch.set_num_threads(threads)
     state = {k: v.detach().cpu() for k, v in {**loop.global_params, **dict(model.named_buffers())}.items()}
     summary = {**loop.summary, **facts}
     writer.write_summary(summary)

@@ -51,11 +51,24 @@ def _kl_by_hand(zt, zs, T):
     return total / zt.shape[0]
 
 
-def _run(tiny, tmp_path, tag, algorithm, rounds=3, model=None, **train):
-    sections = {"algorithm": algorithm, "train": {"rounds": rounds, **train}, "output": {"dir": str(tmp_path / tag)}}
-    if model is not None:
-        sections["model"] = model
-    return fedrift.run(tiny(**sections))
+_RUNS: dict = {}  # runs are deterministic: tests share them (read only) to stay fast
+
+
+@pytest.fixture
+def run(tiny, tmp_path_factory):
+    """``run(algorithm, rounds=3, model=None)``: a ``tiny`` run, made once per session."""
+
+    def go(algorithm, rounds=3, model=None):
+        key = repr((sorted(algorithm.items()), rounds, model))
+        if key not in _RUNS:
+            sections = {"algorithm": algorithm, "train": {"rounds": rounds},
+                        "output": {"dir": str(tmp_path_factory.mktemp("fedgkd") / "run")}}
+            if model is not None:
+                sections["model"] = model
+            _RUNS[key] = fedrift.run(tiny(**sections))
+        return _RUNS[key]
+
+    return go
 
 
 def _assert_same(a, b):
@@ -85,9 +98,8 @@ def test_teacher_is_the_parameter_mean_of_the_buffer():
     assert one["teacher"] is models[0] and one["kd_on"] == 0.0
 
 
-def test_buffer_keeps_the_latest_M_global_models_most_recent_first(tiny, tmp_path):
-    alg = {"name": "fedgkd", "M": 3}
-    runs = {r: _run(tiny, tmp_path, f"r{r}", alg, rounds=r) for r in (1, 3, 4, 5)}
+def test_buffer_keeps_the_latest_M_global_models_most_recent_first(run):
+    runs = {r: run({"name": "fedgkd", "M": 3}, rounds=r) for r in (1, 3, 4, 5)}
     init = dict(build_model("mlp", MODELS.get("mlp").params(hidden=[32]), (1, 8, 8), 10, seed=0).named_parameters())
     # after 1 round: fewer than M, [w_2, w_1 = init]
     buf = runs[1].server_state["buffer"]
@@ -205,27 +217,27 @@ def test_local_loss_gradient_under_vmap_matches_per_client(name):
 PLUS_MODEL = {"name": "mlp", "hidden": [32], "projection_dim": 16}
 
 
-def test_no_distillation_in_round_one(tiny, tmp_path):
-    base = _run(tiny, tmp_path, "avg", {"name": "fedavg"}, rounds=1)
-    for alg in ({"name": "fedgkd"}, {"name": "fedgkd", "M": 1, "gamma": 5.0}, {"name": "fedgkd_vote", "lam": 5.0}):
-        tag = f"{alg['name']}-{alg.get('M')}"
-        _assert_same(base.global_state, _run(tiny, tmp_path, tag, alg, rounds=1).global_state)
-    plus_base = _run(tiny, tmp_path, "avg+", {"name": "fedavg"}, rounds=1, model=PLUS_MODEL)
-    plus = _run(tiny, tmp_path, "plus", {"name": "fedgkd_plus", "gamma": 5.0}, rounds=1, model=PLUS_MODEL)
+def test_no_distillation_in_round_one(run):
+    base = run({"name": "fedavg"}, rounds=1)
+    # round 1 distils from the untrained initial model: switched off, even with large weights
+    for alg in ({"name": "fedgkd", "M": 3}, {"name": "fedgkd", "M": 1, "gamma": 5.0},
+                {"name": "fedgkd_vote", "lam": 5.0}):
+        _assert_same(base.global_state, run(alg, rounds=1).global_state)
+    plus_base = run({"name": "fedavg"}, rounds=1, model=PLUS_MODEL)
+    plus = run({"name": "fedgkd_plus", "gamma": 5.0}, rounds=1, model=PLUS_MODEL)
     _assert_same(plus_base.global_state, plus.global_state)
 
 
-def test_zero_weights_give_fedavg_exactly(tiny, tmp_path):
-    base = _run(tiny, tmp_path, "avg", {"name": "fedavg"})
-    for i, alg in enumerate([
+def test_zero_weights_give_fedavg_exactly(run):
+    base = run({"name": "fedavg"})
+    for alg in (
         {"name": "fedgkd", "gamma": 0.0},
         {"name": "fedgkd", "gamma": 0.0, "kd_loss": "mse", "M": 2},
         {"name": "fedgkd_vote", "lam": 0.0, "M": 2},
-        {"name": "fedgkd_vote", "lam": 0.0, "kd_loss": "mse"},
-    ]):
-        _assert_same(base.global_state, _run(tiny, tmp_path, f"zero{i}", alg).global_state)
+    ):
+        _assert_same(base.global_state, run(alg).global_state)
     # ... and a non-zero weight does move away from FedAvg after round 1
-    moved = _run(tiny, tmp_path, "gkd", {"name": "fedgkd"}).global_state
+    moved = run({"name": "fedgkd", "M": 3}).global_state
     assert any(not torch.equal(base.global_state[k], moved[k]) for k in moved)
 
 
@@ -233,13 +245,12 @@ def test_zero_weights_give_fedavg_exactly(tiny, tmp_path):
 # Communication
 
 
-def test_downlink_bytes(tiny, tmp_path):
+def test_downlink_bytes(run):
     def per_round(alg):
-        res = _run(tiny, tmp_path, f"{alg['name']}-{alg.get('M')}", alg, rounds=4)
+        res = run(alg, rounds=4)
         model_bytes = sum(v.numel() * v.element_size() for v in res.global_state.values())
         return [row["bytes_down"] / (row["clients"] * model_bytes) for row in res.history]
 
-    assert per_round({"name": "fedavg"}) == [1, 1, 1, 1]
     assert per_round({"name": "fedgkd", "M": 1}) == [1, 1, 1, 1]  # the teacher is w_t: sent once
     assert per_round({"name": "fedgkd", "M": 3}) == [1, 2, 2, 2]  # w_t and w_bar from round 2
     assert per_round({"name": "fedgkd_vote", "M": 3}) == [1, 2, 3, 3]  # every buffered model
@@ -278,12 +289,12 @@ def test_projection_head_option(name, opts, shape, width):
     torch.testing.assert_close(logits, model.fc(h))
 
 
-def test_fedgkd_plus_runs_with_a_projection_head_and_refuses_without(tiny, tmp_path):
-    res = _run(tiny, tmp_path, "plus", {"name": "fedgkd_plus"}, rounds=2, model=PLUS_MODEL)
+def test_fedgkd_plus_runs_with_a_projection_head_and_refuses_without(run):
+    res = run({"name": "fedgkd_plus"}, rounds=2, model=PLUS_MODEL)
     assert res.global_state["proj.2.weight"].shape == (16, 32) and res.global_state["fc.weight"].shape == (10, 16)
     assert res.history[-1]["fedgkd_kd"] > 0
     with pytest.raises(ConfigError, match="model.projection_dim"):
-        _run(tiny, tmp_path, "plain", {"name": "fedgkd_plus"}, rounds=1)
+        run({"name": "fedgkd_plus"}, rounds=1)
 
 
 # ----------------------------------------------------------------------------------------

@@ -109,10 +109,9 @@ def average_params(models: list[Params]) -> Params:
     return {k: torch.stack([m[k] for m in models]).mean(0) for k in models[0]}
 
 
-def buffered(state: dict) -> list[Params]:
-    """The server's buffered global models, most recent (``w_t``) first."""
-    buf = state["buffer"]
-    return [buf[str(i)] for i in range(len(buf))]
+def buffered(buffer: dict[str, Params]) -> list[Params]:
+    """The models of a buffer tree ``{"0": w_t, "1": w_{t-1}, ...}`` as a list, most recent first."""
+    return [buffer[str(i)] for i in range(len(buffer))]
 
 
 def as_buffer(models: list[Params]) -> dict[str, Params]:
@@ -163,7 +162,7 @@ def _init_server(global_params: Params) -> dict:
 def _aggregate(M: int):
     def aggregate(state, uploads, weights, info):
         new = weighted_sum(uploads["params"], weights)
-        return {**state, "params": new, "buffer": as_buffer([new, *buffered(state)[: M - 1]])}
+        return {**state, "params": new, "buffer": as_buffer([new, *buffered(state["buffer"])[: M - 1]])}
 
     return aggregate
 
@@ -180,7 +179,7 @@ def _fedgkd(name: str, hp: FedGKDParams, needs_projection: bool) -> Algorithm:
         return _init_server(global_params)
 
     def broadcast(state, info):
-        models = buffered(state)
+        models = buffered(state["buffer"])
         # One buffered model: the teacher is w_t itself (same tensors, sent once).
         teacher = state["params"] if len(models) == 1 else average_params(models)
         return {"params": state["params"], "teacher": teacher, "kd_on": kd_switch(info)}
@@ -229,13 +228,13 @@ def fedgkd_vote(hp: FedGKDVoteParams, setup: Setup) -> Algorithm:
         return {"params": state["params"], "teachers": state["buffer"], "kd_on": kd_switch(info)}
 
     def client_start(payload, ctx, data: ClientData, apply):
-        losses = model_losses(buffered({"buffer": payload["teachers"]}), data, apply)
+        losses = model_losses(buffered(payload["teachers"]), data, apply)
         return {"vote_coef": vote_coefficients(losses, hp.lam, beta)}
 
     def local_loss(params, batch, payload, ctx, apply):
         x, y, w = batch["x"], batch["y"], batch["w"]
         z = apply(params, x)
-        teachers = buffered({"buffer": payload["teachers"]})
+        teachers = buffered(payload["teachers"])
         div = torch.stack([distillation(z, apply(m, x).detach(), w, hp.T, hp.kd_loss) for m in teachers])
         kd = payload["kd_on"] * (ctx["vote_coef"] * div).sum()
         return weighted_ce(z, y, w) + kd, {"fedgkd_kd": kd}
