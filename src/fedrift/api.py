@@ -108,7 +108,7 @@ def run_prepared(prep: Prepared) -> RunResult:
     cfg = prep.config
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
-    executor = EXECUTORS.get(cfg.engine.executor, "engine.executor").factory(cfg.engine)
+    executor = EXECUTORS.get(cfg.engine.executor, "engine.executor").factory(cfg)
 
     label = f"{cfg.algorithm.name}-{cfg.data.name}-{cfg.partition.name}-s{cfg.seed}"
     out_dir = Path(cfg.output.dir) if cfg.output.dir else auto_dir(Path("runs"), label)
@@ -143,6 +143,7 @@ def run_prepared(prep: Prepared) -> RunResult:
         raise
     finally:
         writer.close()
+        executor.close()
         torch.set_num_threads(threads)
     state = {k: v.detach().cpu() for k, v in {**loop.global_params, **dict(model.named_buffers())}.items()}
     summary = {**loop.summary, **facts}

@@ -62,7 +62,7 @@ class Recording(SequentialExecutor):
 @pytest.fixture
 def recording(monkeypatch):
     Recording.calls = []
-    monkeypatch.setitem(EXECUTORS._entries, "recording", Entry("recording", lambda engine: Recording(), "test only", None))
+    monkeypatch.setitem(EXECUTORS._entries, "recording", Entry("recording", lambda cfg: Recording(), "test only", None))
 
 
 def test_personalisation_changes_only_the_classifier_and_helps_locally(tiny, recording):

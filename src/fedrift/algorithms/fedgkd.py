@@ -19,8 +19,11 @@ gradient (``.detach()``), and aggregates parameters as FedAvg does.
   ``client_start``). The payload carries every buffered model (``w_t`` is the first: Mx
   FedAvg's downlink once the buffer is full). Follows the paper: the authors' released Vote
   branch is unreachable and computes its KL under ``no_grad``.
+  Measuring ``L_m`` costs each client one forward pass over its data per buffered model.
 - ``fedgkd_plus``: ``fedgkd`` on a model with MOON's projection head (model option
-  ``projection_dim``), distilling the final logits; refused without the head.
+  ``projection_dim``), distilling the final logits. A model without the head is refused
+  with a ConfigError naming ``model.projection_dim`` when the server state is built (the
+  head's parameters are named ``proj.*``): ``Setup`` does not carry the model's options.
 
 As in the authors' released code: no distillation in round 1 (the teacher would be the
 untrained initial model) - the payload's ``kd_on`` is 0.0 in round 1 and 1.0 after, so the
@@ -138,8 +141,9 @@ def model_losses(models: list[Params], data: ClientData, apply) -> torch.Tensor:
     out = []
     for m in models:
         total = sum(
-            F.cross_entropy(apply(m, data.x[i : i + _CHUNK]), data.y[i : i + _CHUNK], reduction="sum")
-            for i in range(0, n, _CHUNK)
+            (F.cross_entropy(apply(m, data.x[i : i + _CHUNK]), data.y[i : i + _CHUNK], reduction="sum")
+             for i in range(0, n, _CHUNK)),
+            data.x.new_zeros(()),
         )
         out.append(total / max(n, 1))
     return torch.stack(out)

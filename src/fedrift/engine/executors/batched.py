@@ -53,6 +53,9 @@ class BatchedExecutor:
         self.max_parallel = max_parallel_clients
         self._steps: dict[int, Any] = {}
 
+    def close(self) -> None:
+        """Nothing to release: this executor runs in the calling process."""
+
     def run_round(
         self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
     ) -> list[ClientOutput]:

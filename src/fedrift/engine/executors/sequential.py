@@ -15,6 +15,9 @@ class HookError(RuntimeError):
 
 
 class SequentialExecutor:
+    def close(self) -> None:
+        """Nothing to release: this executor runs in the calling process."""
+
     def run_round(
         self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
     ) -> list[ClientOutput]:
