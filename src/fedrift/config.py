@@ -81,6 +81,7 @@ class EngineConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     sampling: str = "uniform"
     sampling_retries: PositiveInt = 100
+    teacher_cache: bool = True  # distillation teachers' outputs computed once per round
     max_parallel_clients: PositiveInt | None = None  # batched: clients per vmap call (None: from memory)
     threads: PositiveInt | None = None
 

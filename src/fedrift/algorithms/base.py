@@ -8,6 +8,7 @@ with ``torch.func.vmap``, processes, Ray, Flower) runs the same ones. A round is
     for each sampled client k (in any executor):
         ctx   = engine facts (num_samples, num_steps, label_counts, client state)
         ctx  |= client_start(payload, ctx, data_k, apply)      # once per client per round
+        batch["teacher"] = teacher(payload, x, apply)          # per sample; cached once a round
         for each step: grads = grad(local_loss)(params, batch, payload, ctx, apply)
                        grads = grad_correction(grads, params, payload, ctx)
                        params, opt = optimizer.update(...)     # functional SGD by default
@@ -105,6 +106,7 @@ class Algorithm:
     client_summary: Callable[[Tree, Tree, ClientData, Apply], Tree] | None = None
     pre_combine: Callable[[Tree, Tree, torch.Tensor], Tree] | None = None
     client_start: Callable[[Tree, Tree, ClientData, Apply], Tree] | None = None
+    teacher: Callable[[Tree, torch.Tensor, Apply], Tree] | None = None  # per-sample, cacheable
     grad_correction: Callable[[Params, Params, Tree, Tree], Params] | None = None
     optimizer: Transform | None = None  # None: SGD from the train section
     client_result: Callable[[Tree, Params, Tree], tuple[Tree, Tree]] = default_client_result

@@ -23,6 +23,7 @@ from fedrift.errors import ConfigError, DivergenceError
 from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import evaluate
 from fedrift.engine.personalize import personalize
+from fedrift.engine.teacher import with_teacher
 from fedrift.models.base import FedModel
 
 
@@ -78,7 +79,8 @@ def run_federation(
             if algorithm.client_summary is not None:
                 payload, pre_down, up = _pre_phase(algorithm, tools, payload, jobs, fed)
                 down += pre_down
-            outputs = executor.run_round(tools, payload, jobs, t)
+            round_tools = with_teacher(tools, payload, jobs, cfg.eval.batch_size, cfg.engine.teacher_cache)
+            outputs = executor.run_round(round_tools, payload, jobs, t)
 
             n = torch.tensor([float(fed.sizes[k]) for k in sampled], dtype=torch.float64)
             weights = torch.full_like(n, 1.0 / len(n)) if uniform else n / n.sum()

@@ -22,6 +22,7 @@ from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_step
 from fedrift.engine.optim import Transform, chain, sgd
 from fedrift.engine.state import ClientStateStore
+from fedrift.engine.teacher import with_teacher
 from fedrift.metrics.evaluate import evaluate
 
 
@@ -73,7 +74,8 @@ def personalize(
     for start in range(0, len(clients), 64):  # bounded memory: 64 personal models at a time
         jobs = [client_job(fed, k, store.get(k), tc, cfg.seed, round_, epochs=ev.personalize_epochs)
                 for k in clients[start : start + 64]]
-        for job, out in zip(jobs, executor.run_round(tuned, payload, jobs, round_)):
+        chunk_tools = with_teacher(tuned, payload, jobs, ev.batch_size, cfg.engine.teacher_cache)
+        for job, out in zip(jobs, executor.run_round(chunk_tools, payload, jobs, round_)):
             local = fed.test_indices[job.client_id]
             xs, ys = fed.x_test[local], fed.y_test[local]
             glob = evaluate(tools.apply, server["params"], xs, ys, ev.batch_size)["test_accuracy"]

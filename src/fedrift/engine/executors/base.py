@@ -10,6 +10,7 @@ import torch
 from fedrift.algorithms.base import Algorithm, ClientData
 from fedrift.engine.local import StepFn
 from fedrift.engine.optim import Transform
+from fedrift.engine.tree import tree_map
 
 
 @dataclass
@@ -42,9 +43,25 @@ class RoundTools:
     step: StepFn
     x: torch.Tensor  # whole training set, on the device
     y: torch.Tensor
+    teacher_cache: dict[str, Any] | None = None  # per-sample teacher outputs of this round
 
     def client_data(self, job: ClientJob) -> ClientData:
         return ClientData(self.x[job.indices], self.y[job.indices])
+
+    def batch(self, payload: dict[str, Any], idx: torch.Tensor, w: torch.Tensor) -> dict[str, Any]:
+        """A local step's batch: inputs, labels, sample weights and, if any, teacher outputs
+        (rows of the round's cached table, or computed on the batch when caching is off)."""
+        out = {"x": self.x[idx], "y": self.y[idx], "w": w}
+        if self.algorithm.teacher is None:
+            return out
+        if self.teacher_cache is not None:
+            out["teacher"] = tree_map(lambda t: t[idx], self.teacher_cache)
+            return out
+        with torch.no_grad():
+            flat = out["x"].reshape(-1, *out["x"].shape[idx.dim() :])
+            teacher = self.algorithm.teacher(payload, flat, self.apply)
+        out["teacher"] = tree_map(lambda t: t.reshape(*idx.shape, *t.shape[1:]), teacher)
+        return out
 
 
 class Executor(Protocol):

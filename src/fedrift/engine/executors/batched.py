@@ -71,11 +71,11 @@ class BatchedExecutor:
         return [outputs[j.client_id] for j in jobs]
 
     def _vstep(self, tools: RoundTools) -> Any:
-        key = id(tools)
-        if key not in self._steps:  # one vmapped step per RoundTools (training, personalisation)
+        key = (id(tools.algorithm), id(tools.optimizer))
+        if key not in self._steps:  # one vmapped step per (algorithm, optimiser): training, personalisation
             step = make_step(tools.algorithm, tools.apply, tools.optimizer, functional=True)
-            self._steps = {key: (tools, vmap(step, in_dims=(0, 0, 0, None, 0)))}
-        return self._steps[key][1]
+            self._steps = {key: (tools.algorithm, tools.optimizer, vmap(step, in_dims=(0, 0, 0, None, 0)))}
+        return self._steps[key][2]
 
     def _group(self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], batch_size: int) -> list[ClientOutput]:
         alg, dev = tools.algorithm, tools.x.device
@@ -106,7 +106,7 @@ class BatchedExecutor:
                     w[i, : b.numel()] = 1.0 / b.numel()
                 else:
                     idx[i] = job.indices[0]
-            batch = {"x": tools.x[idx], "y": tools.y[idx], "w": w}
+            batch = tools.batch(payload, idx, w)
             new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
             params = _select(active, new_params, params)
             opt_state = _select(active, new_state, opt_state)

@@ -38,7 +38,7 @@ class SequentialExecutor:
             aux_sum: dict[str, torch.Tensor] = {}
             for idx in job.schedule:
                 w = torch.full((idx.numel(),), 1.0 / idx.numel(), device=idx.device)
-                batch = {"x": tools.x[idx], "y": tools.y[idx], "w": w}
+                batch = tools.batch(payload, idx, w)
                 params, opt_state, loss, aux = tools.step(params, opt_state, batch, payload, ctx)
                 loss_sum = loss_sum + loss
                 for k, v in aux.items():
