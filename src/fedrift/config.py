@@ -84,6 +84,8 @@ class EngineConfig(_Section):
     teacher_cache: bool = True  # distillation teachers' outputs computed once per round
     max_parallel_clients: PositiveInt | None = None  # batched: clients per vmap call (None: from memory)
     threads: PositiveInt | None = None
+    client_state: Literal["memory", "disk", "auto"] = "auto"  # per-client state store; auto: disk above 1 GiB
+    workers: PositiveInt | None = None  # processes: worker processes (None: the CPUs available)
 
 
 class EvalConfig(_Section):

@@ -58,7 +58,8 @@ def run_federation(
     apply = make_apply(model, buffers)
     optimizer = algorithm.optimizer or sgd(tc.lr, tc.momentum, tc.weight_decay, tc.clip_grad_norm)
     tools = RoundTools(algorithm, apply, optimizer, make_step(algorithm, apply, optimizer), fed.x, fed.y)
-    store = ClientStateStore(algorithm.init_client, params)
+    store = ClientStateStore(algorithm.init_client, params, mode=cfg.engine.client_state,
+                             path=writer.dir / "client_state.bin", num_clients=fed.num_clients)
     server = algorithm.init_server(params)
     uniform = algorithm.hparams.aggregation == "uniform"
     probe = probe_indices(len(fed.y_test), cfg.eval.probe_size, cfg.seed).to(device)
@@ -126,17 +127,20 @@ def run_federation(
         writer.write_summary(out.summary)
         err.result = out
         raise
+    else:
+        if cfg.eval.personalize:  # reads the client states: before the store closes
+            heads = getattr(model, "head_prefixes", ("fc",))
+            out.personalization = personalize(cfg, algorithm, tools, executor, server, fed, store, heads)
     finally:
         bar.close()
+        store.close()  # deletes the disk file
     out.global_params = server["params"]
     out.server_state = server
     out.summary = _summary(out, totals, best, tc.rounds, status="completed")
     at = {r["round"]: r["test_accuracy"] for r in out.history}
     if cfg.eval.at_rounds:
         out.summary["accuracy_at"] = {str(r): at.get(r) for r in cfg.eval.at_rounds}
-    if cfg.eval.personalize:
-        heads = getattr(model, "head_prefixes", ("fc",))
-        out.personalization = personalize(cfg, algorithm, tools, executor, server, fed, store, heads)
+    if out.personalization is not None:
         out.summary["personalized_accuracy"] = out.personalization["personalized_accuracy"]
         out.summary["global_local_accuracy"] = out.personalization["global_local_accuracy"]
     return out
