@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 def tiny_config(tmp_path, **sections) -> dict:
@@ -20,6 +21,16 @@ def tiny_config(tmp_path, **sections) -> dict:
         merge = isinstance(value, dict) and "name" not in value  # a new name: new options
         cfg[key] = {**cfg.get(key, {}), **value} if merge else value
     return cfg
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Tests train tiny models: one torch thread is as fast, and immune to a busy machine
+    (two OpenMP threads spin-wait badly when another job holds a core)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -17,15 +17,6 @@ ETA, WD = 0.1, 0.01
 SETUP = Setup(num_classes=3, num_clients=2, feature_dim=5, lr=ETA, momentum=0.9, weight_decay=WD, clip_grad_norm=None, seed=0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared CPU run fastest on one thread (and crawl when cores are busy)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _alg(name, setup=SETUP, **hp):
     entry = ALGORITHMS.get(name)
     return entry.factory(validate_options("algorithm", entry.params, hp), setup)
@@ -42,6 +33,13 @@ def _batches(steps, seed=1):
         {"x": torch.randn(6, 4, generator=g), "y": torch.randint(0, 3, (6,), generator=g), "w": torch.full((6,), 1 / 6)}
         for _ in range(steps)
     ]
+
+
+def _with_teacher(alg, payload, apply, batches):
+    """What the engine adds to each batch for an algorithm with a teacher hook."""
+    if alg.teacher is None:
+        return batches
+    return [{**b, "teacher": alg.teacher(payload, b["x"], apply)} for b in batches]
 
 
 def _momentum(params, seed=2):
@@ -156,10 +154,10 @@ def test_self_confidence_target_by_hand():
 
 def test_fedadc_plus_loss_is_convex_mix_of_ce_and_kl():
     apply, w0 = _model()
-    batch = _batches(1)[0]
     params = {k: v + 0.1 * torch.ones_like(v) for k, v in w0.items()}  # a local model off the global one
     payload = {"params": w0, "momentum": _momentum(w0)}
     alg = _alg("fedadc_plus", lam=0.3, T=2.0)
+    batch = _with_teacher(alg, payload, apply, _batches(1))[0]
     loss, aux = alg.local_loss(params, batch, payload, _ctx(alg, payload, apply, 1), apply)
     logits = apply(params, batch["x"])
     teacher = torch.softmax(apply(w0, batch["x"]) / 2.0, -1)
@@ -181,7 +179,7 @@ def test_local_steps_run_under_vmap_and_match_sequential(name, hp):
     payload = {"params": w0, "momentum": _momentum(w0)}
     steps = (2, 3)  # different H_k: different m_bar
     ctxs = [_ctx(alg, payload, apply, h, counts) for h, counts in zip(steps, [(5.0, 3.0, 1.0), (0.0, 2.0, 6.0)])]
-    data = [_batches(2, seed=10 + k) for k in range(2)]
+    data = [_with_teacher(alg, payload, apply, _batches(2, seed=10 + k)) for k in range(2)]
     seq_step = make_step(alg, apply, alg.optimizer)
     expected = []
     for ctx, batches in zip(ctxs, data):

@@ -38,9 +38,11 @@ def test_prototypes_by_hand_and_server_mean_over_holders_only():
     alg = _alg()
     payload = {"params": {}, "teacher": {}}
     # client A: two samples of class 0, one of class 1, none of class 2
-    a = ClientData(torch.tensor([[2.0, 0, 0], [4, 0, 0], [0, 2, 1]]), torch.tensor([0, 0, 1]))
+    xa, xb = torch.tensor([[2.0, 0, 0], [4, 0, 0], [0, 2, 1]]), torch.tensor([[1.0, 2, 0]])
+    # the engine hands client_summary the teacher's outputs on the client's samples
+    a = ClientData(xa, torch.tensor([0, 0, 1]), alg.teacher(payload, xa, _identity))
     # client B: one sample of class 0 only
-    b = ClientData(torch.tensor([[1.0, 2, 0]]), torch.tensor([0]))
+    b = ClientData(xb, torch.tensor([0]), alg.teacher(payload, xb, _identity))
     sa = alg.client_summary(payload, {}, a, _identity)
     sb = alg.client_summary(payload, {}, b, _identity)
     assert torch.equal(sa["prototypes"], torch.tensor([[3.0, 0, 0], [0, 2, 1], [0, 0, 0]]))
@@ -81,9 +83,14 @@ def _per_sample_csd(z_hat):
     return TAU**2 * (-torch.softmax(z_hat / TAU, -1) * torch.log_softmax(Z_K / TAU, -1)).sum(-1)
 
 
+def _row(v, i):
+    return {k: t[i] for k, t in v.items()} if isinstance(v, dict) else v[i]
+
+
 def _loss(alg, z=Z_K):
     batch = {"x": torch.zeros(3, 1), "y": Y, "w": W}
     payload = {"params": {}, "teacher": {"z": Z_XI}, "prototypes": P_G}
+    batch["teacher"] = alg.teacher(payload, batch["x"], _stored)  # as the engine adds it
     return alg.local_loss({"z": z}, batch, payload, {}, _stored)
 
 
@@ -146,10 +153,10 @@ def test_local_loss_under_vmap_equals_one_client_at_a_time():
         def grad_fn(p, batch):
             return torch.func.grad(lambda q: alg.local_loss(q, batch, payload, {}, apply), has_aux=True)(p)
 
-        batches = {"x": x, "y": y, "w": w}
+        batches = {"x": x, "y": y, "w": w, "teacher": {"logits": torch.stack([apply(teacher, xi) for xi in x])}}
         vg, vaux = torch.func.vmap(grad_fn)(stack(clients), batches)
         for i in range(2):
-            gi, auxi = grad_fn(clients[i], {k: v[i] for k, v in batches.items()})
+            gi, auxi = grad_fn(clients[i], {k: _row(v, i) for k, v in batches.items()})
             for k in gi:
                 torch.testing.assert_close(vg[k][i], gi[k])
             torch.testing.assert_close(vaux["fedcsd_mask_filtered"][i], auxi["fedcsd_mask_filtered"])

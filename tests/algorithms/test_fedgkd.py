@@ -56,19 +56,26 @@ _RUNS: dict = {}  # runs are deterministic: tests share them (read only) to stay
 
 @pytest.fixture
 def run(tiny, tmp_path_factory):
-    """``run(algorithm, rounds=3, model=None)``: a ``tiny`` run, made once per session."""
+    """``run(algorithm, rounds=3, model=None, engine=None)``: a ``tiny`` run, made once per session."""
 
-    def go(algorithm, rounds=3, model=None):
-        key = repr((sorted(algorithm.items()), rounds, model))
+    def go(algorithm, rounds=3, model=None, engine=None):
+        key = repr((sorted(algorithm.items()), rounds, model, engine))
         if key not in _RUNS:
             sections = {"algorithm": algorithm, "train": {"rounds": rounds},
                         "output": {"dir": str(tmp_path_factory.mktemp("fedgkd") / "run")}}
             if model is not None:
                 sections["model"] = model
+            if engine is not None:
+                sections["engine"] = engine
             _RUNS[key] = fedrift.run(tiny(**sections))
         return _RUNS[key]
 
     return go
+
+
+def _with_teacher(alg, payload, batch, apply):
+    """The batch as the engine hands it to a step: plus the ``teacher`` hook's outputs."""
+    return {**batch, "teacher": alg.teacher(payload, batch["x"], apply)}
 
 
 def _assert_same(a, b):
@@ -121,7 +128,10 @@ def test_kd_term_equals_the_formula_by_hand(name):
     zs, zt = _logits(student, batch["x"]), _logits(teacher, batch["x"])
     ce = _alg("fedavg").local_loss(student, batch, payload, {}, apply)[0]
     gamma, T = 0.4, 2.0
-    loss, aux = _alg(name, gamma=gamma, T=T).local_loss(student, batch, payload, {}, apply)
+    alg = _alg(name, gamma=gamma, T=T)
+    batch = _with_teacher(alg, payload, batch, apply)
+    torch.testing.assert_close(batch["teacher"]["logits"], zt)
+    loss, aux = alg.local_loss(student, batch, payload, {}, apply)
     expected = (gamma / 2) * T**2 * _kl_by_hand(zt, zs, T)
     assert abs(float(loss - ce) - expected) < 1e-5 and expected > 1e-3
     torch.testing.assert_close(aux["fedgkd_kd"], loss - ce)
@@ -129,19 +139,22 @@ def test_kd_term_equals_the_formula_by_hand(name):
     loss = _alg(name, gamma=gamma, T=T, kd_loss="mse").local_loss(student, batch, payload, {}, apply)[0]
     torch.testing.assert_close(loss - ce, (gamma / 2) * ((zs - zt) ** 2).mean())
     # round 1 (kd_on = 0): plain CE, exactly
-    off = _alg(name, gamma=gamma, T=T).local_loss(student, batch, {**payload, "kd_on": 0.0}, {}, apply)[0]
+    off = alg.local_loss(student, batch, {**payload, "kd_on": 0.0}, {}, apply)[0]
     assert torch.equal(off, ce)
 
 
-def test_teacher_gets_no_gradient():
+@pytest.mark.parametrize("name", ["fedgkd", "fedgkd_vote"])
+def test_teacher_logits_get_no_gradient(name):
     apply, student, teacher, batch = _logreg_case()
-    alg = _alg("fedgkd", gamma=1.0)
+    alg = _alg(name, **({"gamma": 1.0} if name == "fedgkd" else {"lam": 1.0}))
+    payload = {"params": teacher, "teacher": teacher, "teachers": {"0": teacher}, "kd_on": 1.0}
+    ctx = {"vote_coef": torch.tensor([1.0])}
+    logits = alg.teacher(payload, batch["x"], apply)["logits"]
 
     def loss_of_teacher(t):
-        return alg.local_loss(student, batch, {"params": teacher, "teacher": t, "kd_on": 1.0}, {}, apply)[0]
+        return alg.local_loss(student, {**batch, "teacher": {"logits": t}}, payload, ctx, apply)[0]
 
-    g = grad(loss_of_teacher)(teacher)
-    assert all(torch.equal(v, torch.zeros_like(v)) for v in g.values())
+    assert torch.equal(grad(loss_of_teacher)(logits), torch.zeros_like(logits))
 
 
 def test_vote_coefficients_by_hand():
@@ -161,7 +174,7 @@ def test_vote_client_start_and_loss_by_hand():
     payload = {"params": w_t, "teachers": {"0": w_t, "1": older}, "kd_on": 1.0}
     lam, M, T = 0.1, 5, 1.5
     alg = _alg("fedgkd_vote", lam=lam, M=M, T=T)
-    data = ClientData(batch["x"], batch["y"])
+    data = ClientData(batch["x"], batch["y"], alg.teacher(payload, batch["x"], apply))  # as the engine hands it
     with torch.no_grad():
         ctx = alg.client_start(payload, {}, data, apply)
     L = [float(F.cross_entropy(_logits(m, data.x), data.y)) for m in (w_t, older)]
@@ -172,6 +185,8 @@ def test_vote_client_start_and_loss_by_hand():
         assert abs(c - x) < 1e-6
     # local loss: CE + sum_m (gamma_m/2) T^2 KL_m
     ce = _alg("fedavg").local_loss(student, batch, payload, {}, apply)[0]
+    batch = _with_teacher(alg, payload, batch, apply)
+    assert batch["teacher"]["logits"].shape == (5, 2, 3)  # (samples, buffered models, classes)
     loss = alg.local_loss(student, batch, payload, ctx, apply)[0]
     zs = _logits(student, batch["x"])
     kd = sum(c * T**2 * _kl_by_hand(_logits(m, batch["x"]), zs, T) for c, m in zip(expected, (w_t, older)))
@@ -198,6 +213,8 @@ def test_local_loss_gradient_under_vmap_matches_per_client(name):
         alg = _alg(name, lam=0.5, M=2, T=2.0)
         payload = {"params": w_t, "teachers": {"0": w_t, "1": old}, "kd_on": 1.0}
         ctx = {"vote_coef": torch.tensor([[0.3, 0.2], [0.1, 0.4]])}
+    teacher = alg.teacher(payload, batches["x"].reshape(12, 4), apply)
+    batches["teacher"] = {k: v.reshape(2, 6, *v.shape[1:]) for k, v in teacher.items()}
 
     def loss(p, b, c):
         return alg.local_loss(p, b, payload, c, apply)[0]
@@ -205,7 +222,9 @@ def test_local_loss_gradient_under_vmap_matches_per_client(name):
     batched = vmap(grad(loss), in_dims=(0, 0, 0))(stacked, batches, ctx)
     for i in range(2):
         p = {k: v[i].detach() for k, v in stacked.items()}
-        one = grad(loss)(p, {k: v[i] for k, v in batches.items()}, {k: v[i] for k, v in ctx.items()})
+        b = {"x": batches["x"][i], "y": batches["y"][i], "w": batches["w"][i],
+             "teacher": {"logits": batches["teacher"]["logits"][i]}}
+        one = grad(loss)(p, b, {k: v[i] for k, v in ctx.items()})
         for k in p:
             torch.testing.assert_close(batched[k][i], one[k], rtol=1e-5, atol=1e-6)
 
@@ -239,6 +258,16 @@ def test_zero_weights_give_fedavg_exactly(run):
     # ... and a non-zero weight does move away from FedAvg after round 1
     moved = run({"name": "fedgkd", "M": 3}).global_state
     assert any(not torch.equal(base.global_state[k], moved[k]) for k in moved)
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "fedgkd", "M": 3}, {"name": "fedgkd_vote", "M": 3}])
+def test_teacher_outputs_cached_or_per_batch_agree(run, algorithm):
+    """The ``teacher`` hook is per sample: the engine's once-a-round table gives what computing
+    it on every batch gives (up to float rounding)."""
+    cached = run(algorithm, rounds=4).global_state
+    per_batch = run(algorithm, rounds=4, engine={"teacher_cache": False}).global_state
+    for k in cached:
+        torch.testing.assert_close(cached[k], per_batch[k], rtol=1e-4, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------

@@ -10,15 +10,6 @@ from fedrift.engine.tree import stack
 SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared CPU run fastest on one thread (and crawl when cores are busy)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _alg(name, setup=SETUP, **hp):
     entry = ALGORITHMS.get(name)
     return entry.factory(validate_options("algorithm", entry.params, hp), setup)

@@ -72,8 +72,11 @@ class RoundInfo:
 
 @dataclass(frozen=True)
 class ClientData:
+    """A client's samples, and the teacher hook's outputs on them when the algorithm has one."""
+
     x: torch.Tensor
     y: torch.Tensor
+    teacher: dict[str, Any] | None = None
 
 
 def default_init_server(global_params: Params) -> Tree:

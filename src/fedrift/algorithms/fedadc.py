@@ -122,7 +122,7 @@ def local_momentum(phi: float) -> Transform:
     return Transform(init, update)
 
 
-def _fedadc(name: str, hp: FedADCParams, setup: Setup, base_loss) -> Algorithm:
+def _fedadc(name: str, hp: FedADCParams, setup: Setup, base_loss, teacher=None) -> Algorithm:
     lr, wd = setup.lr, setup.weight_decay
     beta_local = hp.beta if hp.beta_local is None else hp.beta_local
     beta_global = hp.beta if hp.beta_global is None else hp.beta_global
@@ -170,6 +170,7 @@ def _fedadc(name: str, hp: FedADCParams, setup: Setup, base_loss) -> Algorithm:
         name=name,
         hparams=hp,
         local_loss=local_loss,
+        teacher=teacher,
         init_server=init_server,
         broadcast=broadcast,
         client_start=client_start,
@@ -192,9 +193,12 @@ def fedadc_plus(hp: FedADCPlusParams, setup: Setup) -> Algorithm:
         x, y, w = batch["x"], batch["y"], batch["w"]
         logits = apply(params, x)
         ce = weighted_ce(logits, y, w)
-        teacher = F.softmax(apply(payload["params"], x).detach() / T, dim=-1)
+        teacher = F.softmax(batch["teacher"]["logits"].detach() / T, dim=-1)
         target = self_confidence_target(teacher, y, ctx["label_counts"])
         kd = kl_to_target(target, logits, w, T)
         return (1.0 - lam) * ce + lam * kd, {"ce_loss": ce, "kd_loss": kd}
 
-    return _fedadc("fedadc_plus", hp, setup, loss)
+    def teacher(payload, x, apply):  # the round's global model w_t, fixed all round: cacheable
+        return {"logits": apply(payload["params"], x)}
+
+    return _fedadc("fedadc_plus", hp, setup, loss, teacher)

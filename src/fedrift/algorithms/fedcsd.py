@@ -31,7 +31,6 @@ from fedrift.algorithms.terms import soft_cross_entropy, weighted_ce
 from fedrift.engine.tree import tree_map
 from fedrift.params import params
 
-_CHUNK = 1024  # samples per teacher forward pass in the pre-phase
 
 
 def _yaml_switch(value: Any) -> Any:
@@ -152,10 +151,11 @@ def fedcsd(hp: FedCSDParams, setup: Setup) -> Algorithm:
     def broadcast(state, info):
         return {"params": state["params"], "teacher": state["teacher"]}
 
+    def teacher(payload, x, apply):
+        return {"logits": apply(payload["teacher"], x)}
+
     def client_summary(payload, ctx, data: ClientData, apply):
-        teacher = payload["teacher"]
-        logits = torch.cat([apply(teacher, data.x[i : i + _CHUNK]) for i in range(0, len(data.y), _CHUNK)])
-        protos, holds = class_prototypes(logits, data.y, num_classes)
+        protos, holds = class_prototypes(data.teacher["logits"], data.y, num_classes)
         return {"prototypes": protos, "holds": holds}
 
     def pre_combine(payload, summaries, weights):
@@ -164,7 +164,7 @@ def fedcsd(hp: FedCSDParams, setup: Setup) -> Algorithm:
     def local_loss(params, batch, payload, ctx, apply):
         x, y, w = batch["x"], batch["y"], batch["w"]
         z = apply(params, x)
-        z_teacher = apply(payload["teacher"], x).detach()
+        z_teacher = batch["teacher"]["logits"].detach()
         per_sample, keep = csd_terms(
             z, z_teacher, y, payload["prototypes"], hp.tau, similarity, hp.mask, hp.detach_similarity
         )
@@ -187,5 +187,6 @@ def fedcsd(hp: FedCSDParams, setup: Setup) -> Algorithm:
         broadcast=broadcast,
         client_summary=client_summary,
         pre_combine=pre_combine,
+        teacher=teacher,
         aggregate=aggregate,
     )

@@ -5,7 +5,9 @@ Knowledge Distillation"; papers/003, eq. 3-5, Algorithm 1): ``fedgkd``, ``fedgkd
 The server keeps a buffer of the last ``M`` global models ``w_t, ..., w_{t-M+1}``, most
 recent first (fewer at the start: round 1 holds only the initial model). Every variant
 trains locally on ``CE`` plus a distillation term towards teacher logits computed without
-gradient (``.detach()``), and aggregates parameters as FedAvg does.
+gradient, and aggregates parameters as FedAvg does. The teacher logits come from the
+``teacher`` hook (per sample, so the engine computes them once a round and hands them to
+each step as ``batch["teacher"]``; ``.detach()`` keeps them constants either way).
 
 - ``fedgkd`` (eq. 4): teacher ``w_bar = (1/n) sum_m w_{t-m+1}``, the parameter average of the
   ``n <= M`` buffered models; loss ``CE + (gamma/2) T^2 KL(softmax(f(w_bar;x)/T) || softmax(f(w;x)/T))``.
@@ -62,7 +64,6 @@ from fedrift.errors import ConfigError
 from fedrift.models.base import has_projection
 from fedrift.params import params
 
-_CHUNK = 1024  # samples per forward pass when Vote measures the buffered models' losses
 
 
 @params
@@ -135,20 +136,6 @@ def vote_coefficients(losses: torch.Tensor, lam: float, beta: float) -> torch.Te
     return lam * torch.softmax(-losses / beta, dim=-1)
 
 
-def model_losses(models: list[Params], data: ClientData, apply) -> torch.Tensor:
-    """Mean cross-entropy of each model on ``data`` (one entry per model), in chunks."""
-    n = len(data.y)
-    out = []
-    for m in models:
-        total = sum(
-            (F.cross_entropy(apply(m, data.x[i : i + _CHUNK]), data.y[i : i + _CHUNK], reduction="sum")
-             for i in range(0, n, _CHUNK)),
-            data.x.new_zeros(()),
-        )
-        out.append(total / max(n, 1))
-    return torch.stack(out)
-
-
 def kd_switch(info: RoundInfo) -> float:
     """1.0 from round 2 on; 0.0 in round 1, whose teacher would be the untrained initial model."""
     return 0.0 if info.round <= 1 else 1.0
@@ -188,10 +175,13 @@ def _fedgkd(name: str, hp: FedGKDParams, needs_projection: bool) -> Algorithm:
         teacher = state["params"] if len(models) == 1 else average_params(models)
         return {"params": state["params"], "teacher": teacher, "kd_on": kd_switch(info)}
 
+    def teacher(payload, x, apply):
+        return {"logits": apply(payload["teacher"], x)}
+
     def local_loss(params, batch, payload, ctx, apply):
         x, y, w = batch["x"], batch["y"], batch["w"]
         z = apply(params, x)
-        z_teacher = apply(payload["teacher"], x).detach()
+        z_teacher = batch["teacher"]["logits"].detach()
         kd = payload["kd_on"] * weight * distillation(z, z_teacher, w, hp.T, hp.kd_loss)
         return weighted_ce(z, y, w) + kd, {"fedgkd_kd": kd}
 
@@ -201,6 +191,7 @@ def _fedgkd(name: str, hp: FedGKDParams, needs_projection: bool) -> Algorithm:
         local_loss=local_loss,
         init_server=init_server,
         broadcast=broadcast,
+        teacher=teacher,
         aggregate=_aggregate(hp.M),
     )
 
@@ -232,14 +223,23 @@ def fedgkd_vote(hp: FedGKDVoteParams, setup: Setup) -> Algorithm:
         return {"params": state["params"], "teachers": state["buffer"], "kd_on": kd_switch(info)}
 
     def client_start(payload, ctx, data: ClientData, apply):
-        losses = model_losses(buffered(payload["teachers"]), data, apply)
+        # L_m from the round's teacher table, which already holds every buffered model's logits
+        logits = data.teacher["logits"]  # (n, m, C)
+        target = data.y[:, None].expand(-1, logits.shape[1])
+        losses = F.cross_entropy(logits.transpose(1, 2), target, reduction="none").mean(0)
         return {"vote_coef": vote_coefficients(losses, hp.lam, beta)}
+
+    def teacher(payload, x, apply):
+        # (n, m, C): the logits of every buffered model, w_t first
+        return {"logits": torch.stack([apply(m, x) for m in buffered(payload["teachers"])], dim=1)}
 
     def local_loss(params, batch, payload, ctx, apply):
         x, y, w = batch["x"], batch["y"], batch["w"]
         z = apply(params, x)
-        teachers = buffered(payload["teachers"])
-        div = torch.stack([distillation(z, apply(m, x).detach(), w, hp.T, hp.kd_loss) for m in teachers])
+        z_teachers = batch["teacher"]["logits"].detach()
+        div = torch.stack(
+            [distillation(z, z_teachers[:, m], w, hp.T, hp.kd_loss) for m in range(z_teachers.shape[1])]
+        )
         kd = payload["kd_on"] * (ctx["vote_coef"] * div).sum()
         return weighted_ce(z, y, w) + kd, {"fedgkd_kd": kd}
 
@@ -250,5 +250,6 @@ def fedgkd_vote(hp: FedGKDVoteParams, setup: Setup) -> Algorithm:
         init_server=_init_server,
         broadcast=broadcast,
         client_start=client_start,
+        teacher=teacher,
         aggregate=_aggregate(hp.M),
     )

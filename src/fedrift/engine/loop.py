@@ -77,10 +77,11 @@ def run_federation(
             jobs = [client_job(fed, k, store.get(k), cfg.train, cfg.seed, t) for k in sampled]
             down = len(jobs) * tree_bytes(payload)
             up = 0
-            if algorithm.client_summary is not None:
-                payload, pre_down, up = _pre_phase(algorithm, tools, payload, jobs, fed)
-                down += pre_down
+            # the teacher table sees the broadcast payload; the pre-phase may read it
             round_tools = with_teacher(tools, payload, jobs, cfg.eval.batch_size, cfg.engine.teacher_cache)
+            if algorithm.client_summary is not None:
+                payload, pre_down, up = _pre_phase(algorithm, round_tools, payload, jobs, fed)
+                down += pre_down
             outputs = executor.run_round(round_tools, payload, jobs, t)
 
             n = torch.tensor([float(fed.sizes[k]) for k in sampled], dtype=torch.float64)
@@ -160,7 +161,7 @@ def _pre_phase(algorithm: Algorithm, tools: RoundTools, payload: dict, jobs: lis
     """Clients summarise (e.g. class prototypes); the server combines; the result goes down."""
     assert algorithm.client_summary is not None and algorithm.pre_combine is not None
     with torch.no_grad():
-        summaries = [algorithm.client_summary(payload, j.ctx, tools.client_data(j), tools.apply) for j in jobs]
+        summaries = [algorithm.client_summary(payload, j.ctx, tools.client_data(j, payload), tools.apply) for j in jobs]
     up = sum(tree_bytes(s) for s in summaries)
     n = torch.tensor([float(len(j.indices)) for j in jobs], device=fed.device)
     extra = algorithm.pre_combine(payload, stack(summaries), n / n.sum())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fedrift.config import Config
 from fedrift.engine.executors.batched import BatchedExecutor
+from fedrift.engine.executors.processes import ProcessesExecutor
 from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.registry import Registry
 
@@ -23,3 +24,8 @@ def sequential(cfg: Config) -> SequentialExecutor:
 @EXECUTORS.register("batched", "K clients per step in one torch.func.vmap call (engine.max_parallel_clients)")
 def batched(cfg: Config) -> BatchedExecutor:
     return BatchedExecutor(cfg.engine.max_parallel_clients)
+
+
+@EXECUTORS.register("processes", "clients spread over worker processes, one thread each (engine.workers)")
+def processes(cfg: Config) -> ProcessesExecutor:
+    return ProcessesExecutor(cfg)

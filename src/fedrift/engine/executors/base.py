@@ -45,8 +45,17 @@ class RoundTools:
     y: torch.Tensor
     teacher_cache: dict[str, Any] | None = None  # per-sample teacher outputs of this round
 
-    def client_data(self, job: ClientJob) -> ClientData:
-        return ClientData(self.x[job.indices], self.y[job.indices])
+    def client_data(self, job: ClientJob, payload: dict[str, Any]) -> ClientData:
+        """The client's samples, with their rows of the teacher table (cached or computed)."""
+        idx = job.indices
+        teacher = None
+        if self.algorithm.teacher is not None:
+            if self.teacher_cache is not None:
+                teacher = tree_map(lambda t: t[idx], self.teacher_cache)
+            else:
+                with torch.no_grad():
+                    teacher = self.algorithm.teacher(payload, self.x[idx], self.apply)
+        return ClientData(self.x[idx], self.y[idx], teacher)
 
     def batch(self, payload: dict[str, Any], idx: torch.Tensor, w: torch.Tensor) -> dict[str, Any]:
         """A local step's batch: inputs, labels, sample weights and, if any, teacher outputs

@@ -84,7 +84,7 @@ class BatchedExecutor:
             ctx = dict(job.ctx)
             if alg.client_start is not None:
                 with torch.no_grad():
-                    ctx.update(alg.client_start(payload, ctx, tools.client_data(job), tools.apply))
+                    ctx.update(alg.client_start(payload, ctx, tools.client_data(job, payload), tools.apply))
             ctxs.append(ctx)
         ctx = stack(ctxs)
         n = len(jobs)

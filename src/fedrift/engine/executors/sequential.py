@@ -30,7 +30,7 @@ class SequentialExecutor:
             ctx = dict(job.ctx)
             if alg.client_start is not None:
                 with torch.no_grad():
-                    ctx.update(alg.client_start(payload, ctx, tools.client_data(job), tools.apply))
+                    ctx.update(alg.client_start(payload, ctx, tools.client_data(job, payload), tools.apply))
             stage = "local_loss"
             params = payload["params"]
             opt_state = tools.optimizer.init(params)
