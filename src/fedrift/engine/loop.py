@@ -13,8 +13,7 @@ from fedrift.algorithms.base import Algorithm, RoundInfo
 from fedrift.config import Config
 from fedrift.engine.executors.base import ClientJob, Executor, RoundTools
 from fedrift.engine.federation import Federation, client_job
-from fedrift.engine.local import make_apply, make_step
-from fedrift.engine.optim import sgd
+from fedrift.engine.local import make_tools
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.engine.state import ClientStateStore
@@ -54,10 +53,8 @@ def run_federation(
     sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
     model = model.to(device)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    apply = make_apply(model, buffers)
-    optimizer = algorithm.optimizer or sgd(tc.lr, tc.momentum, tc.weight_decay, tc.clip_grad_norm)
-    tools = RoundTools(algorithm, apply, optimizer, make_step(algorithm, apply, optimizer), fed.x, fed.y)
+    tools = make_tools(model, algorithm, tc, fed.x, fed.y)
+    apply = tools.apply
     store = ClientStateStore(algorithm.init_client, params, mode=cfg.engine.client_state,
                              path=writer.dir / "client_state.bin", num_clients=fed.num_clients)
     server = algorithm.init_server(params)

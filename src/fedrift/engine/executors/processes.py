@@ -164,24 +164,16 @@ def _fingerprint(tools: RoundTools) -> dict[str, Any]:
 
 
 def build_run_tools(cfg: Config) -> RoundTools:
-    """The run's training tools rebuilt from its config, as ``api.run_prepared`` and
-    ``engine.loop.run_federation`` build them (keep the three in step)."""
+    """The run's training tools rebuilt from its config, exactly as ``api.run_prepared`` builds them."""
     from fedrift.api import build_algorithm, prepare  # here: fedrift.api imports the executors
-    from fedrift.engine.local import make_apply, make_step
-    from fedrift.engine.optim import sgd
+    from fedrift.engine.local import make_tools
     from fedrift.models import build_model
 
     prep = prepare(cfg)
-    tc = cfg.train
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
-    model = model.to(prep.device)
-    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    apply = make_apply(model, buffers)
-    optimizer = algorithm.optimizer or sgd(tc.lr, tc.momentum, tc.weight_decay, tc.clip_grad_norm)
-    step = make_step(algorithm, apply, optimizer)
     x, y = prep.dataset.x_train.to(prep.device), prep.dataset.y_train.to(prep.device)
-    return RoundTools(algorithm, apply, optimizer, step, x, y)
+    return make_tools(model.to(prep.device), algorithm, cfg.train, x, y)
 
 
 def _describe(err: BaseException) -> dict[str, Any]:
