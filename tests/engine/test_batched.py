@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from algorithm_cases import NAMES, case
 from fedrift.api import prepare, run_prepared
 from fedrift.data.partition_base import Partition
 from fedrift.engine.executors.batched import BatchedExecutor, _select
@@ -60,25 +60,12 @@ def test_auto_parallel_is_bounded():
     assert small == 64 and big == 1
 
 
-# Every registered algorithm, with options that make its extra terms matter.
-OPTIONS = {
-    "fedprox": {"mu": 0.1},
-    "fedgkd": {"gamma": 0.5, "M": 2},
-    "fedgkd_vote": {"M": 2, "lam": 0.5},
-    "fedcsd": {"mu": 0.5},
-    "fedadc_plus": {"lam": 0.5},
-}
-MODEL = {"fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16}}
-
-
-@pytest.mark.parametrize("name", ALGORITHMS.names())
+@pytest.mark.parametrize("name", NAMES)
 def test_every_algorithm_gives_the_same_result_batched(tiny, tmp_path, name):
     results = {}
     for ex in ("sequential", "batched"):
-        cfg = tiny(algorithm={"name": name, **OPTIONS.get(name, {})}, engine={"executor": ex},
-                   train={"rounds": 3, "batch_size": 32}, output={"dir": str(tmp_path / ex)})
-        if name in MODEL:
-            cfg["model"] = MODEL[name]
+        cfg = tiny(engine={"executor": ex}, train={"rounds": 3, "batch_size": 32},
+                   output={"dir": str(tmp_path / ex)}, **case(name))
         results[ex] = fedrift.run(cfg)
     _close(results["sequential"].global_state, results["batched"].global_state)
     for a, b in zip(results["sequential"].history, results["batched"].history):

@@ -10,6 +10,7 @@ import signal
 import shutil
 
 import pytest
+from algorithm_cases import NAMES, case
 import torch
 
 import fedrift
@@ -20,15 +21,6 @@ from fedrift.engine.executors.processes import ProcessesExecutor, WorkerError, W
 from fedrift.engine.executors.sequential import HookError, SequentialExecutor
 from fedrift.errors import ConfigError
 from fedrift.models import build_model
-
-CASES = {
-    "fedavg": {"name": "fedavg"},
-    "fedprox": {"name": "fedprox", "mu": 0.1},
-    "fedadc": {"name": "fedadc"},  # server momentum
-    "fedcsd": {"name": "fedcsd", "mu": 0.5},  # pre-phase prototypes, server teacher
-    "fedgkd": {"name": "fedgkd", "gamma": 0.5, "M": 2},  # the round's teacher table, rows sent to workers
-}
-
 
 def _equal(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
@@ -41,17 +33,17 @@ def _equal(a: dict, b: dict) -> None:
             assert a[k] == b[k], k
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", NAMES)
 def test_processes_equal_sequential_bit_for_bit(tiny, tmp_path, name):
     """One thread per worker and the parent's batch schedule: the same bits as sequential at
     engine.threads=1 (3 clients over 2 workers: one worker trains two)."""
     # fedavg: the FedAvg CNN (convolutions too), and personalisation after training
-    extra = {"model": {"name": "cnn", "hidden": 64}, "eval": {"personalize": True, "personalize_epochs": 1}} \
-        if name == "fedavg" else {}
+    sections = case(name)
+    if name == "fedavg":
+        sections.update(model={"name": "cnn", "hidden": 64}, eval={"personalize": True, "personalize_epochs": 1})
     results = {}
     for ex in ("sequential", "processes"):
-        cfg = tiny(algorithm=CASES[name], engine={"executor": ex, "threads": 1, "workers": 2},
-                   output={"dir": str(tmp_path / ex)}, **extra)
+        cfg = tiny(engine={"executor": ex, "threads": 1, "workers": 2}, output={"dir": str(tmp_path / ex)}, **sections)
         results[ex] = fedrift.run(cfg)
     seq, par = results["sequential"], results["processes"]
     _equal(seq.global_state, par.global_state)

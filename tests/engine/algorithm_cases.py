@@ -1,0 +1,25 @@
+"""Every registered algorithm with options under which its extra terms matter: executors are
+checked against each other on all of them."""
+
+from fedrift.algorithms import ALGORITHMS
+
+OPTIONS = {
+    "fedprox": {"mu": 0.1},
+    "fedgkd": {"gamma": 0.5, "M": 2},
+    "fedgkd_plus": {"gamma": 0.5, "M": 2},
+    "fedgkd_vote": {"M": 2, "lam": 0.5},
+    "fedcsd": {"mu": 0.5},
+    "fedadc_plus": {"lam": 0.5},
+}
+MODELS = {"fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16}}
+
+
+def case(name: str) -> dict:
+    """Config sections for algorithm ``name`` (merge into the tiny config)."""
+    out = {"algorithm": {"name": name, **OPTIONS.get(name, {})}}
+    if name in MODELS:
+        out["model"] = MODELS[name]
+    return out
+
+
+NAMES = ALGORITHMS.names()
