@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,10 +17,10 @@ from fedrift.config import Config, load_config, to_yaml, validate_options
 from fedrift.data import DATASETS, Dataset, load_dataset
 from fedrift.data.partition import PARTITIONS, partition_dataset
 from fedrift.data.partition_base import Partition
-from fedrift.engine.executors import EXECUTORS
+from fedrift.engine.executors import EXECUTORS, choose_executor
 from fedrift.engine.loop import Federation, run_federation
 from fedrift.engine.outputs import RunWriter, auto_dir
-from fedrift.engine.sampling import SAMPLERS
+from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.errors import ConfigError, DivergenceError
 from fedrift.models import MODELS, build_model
 from fedrift.models.base import FedModel
@@ -78,6 +79,18 @@ def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: l
     return Prepared(cfg, options, dataset, partition, device)
 
 
+def resolve_executor(cfg: Config, prep: Prepared, model: FedModel) -> str:
+    """``engine.executor`` with ``auto`` replaced by the rule's choice for this run."""
+    if cfg.engine.executor != "auto":
+        return cfg.engine.executor
+    tc = cfg.train
+    cohort = cohort_size(prep.partition.num_clients, tc.clients_per_round, tc.participation)
+    has_conv = any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d)) for m in model.modules())
+    num_params = sum(p.numel() for p in model.parameters())
+    cpus = cfg.engine.workers or len(os.sched_getaffinity(0))
+    return choose_executor(str(prep.device), cohort, num_params, has_conv, cpus)
+
+
 def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
     tc = prep.config.train
     setup = Setup(
@@ -108,7 +121,8 @@ def run_prepared(prep: Prepared) -> RunResult:
     cfg = prep.config
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
-    executor = EXECUTORS.get(cfg.engine.executor, "engine.executor").factory(cfg)
+    executor_name = resolve_executor(cfg, prep, model)
+    executor = EXECUTORS.get(executor_name, "engine.executor").factory(cfg)
 
     label = f"{cfg.algorithm.name}-{cfg.data.name}-{cfg.partition.name}-s{cfg.seed}"
     out_dir = Path(cfg.output.dir) if cfg.output.dir else auto_dir(Path("runs"), label)
@@ -124,7 +138,7 @@ def run_prepared(prep: Prepared) -> RunResult:
         "seed": cfg.seed,
         "num_clients": prep.partition.num_clients,
         "num_params": sum(p.numel() for p in model.parameters()),
-        "executor": cfg.engine.executor,
+        "executor": executor_name,
         "device": str(prep.device),
         "threads": torch.get_num_threads(),
     }

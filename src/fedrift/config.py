@@ -77,7 +77,7 @@ class TrainConfig(_Section):
 
 
 class EngineConfig(_Section):
-    executor: str = "sequential"
+    executor: str = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     sampling: str = "uniform"
     sampling_retries: PositiveInt = 100

@@ -73,3 +73,22 @@ def test_every_algorithm_gives_the_same_result_batched(tiny, tmp_path, name):
         for key in a:
             if key not in ("seconds", "wall_seconds", "round", "clients", "bytes_down", "bytes_up"):
                 assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-6), key
+
+
+def test_auto_rule():
+    from fedrift.engine.executors import choose_executor
+
+    assert choose_executor("cuda:0", 4, 10, True, 2) == "batched"
+    assert choose_executor("cpu", 4, 1_663_370, True, 2) == "processes"  # the FedAvg CNN
+    assert choose_executor("cpu", 4, 1_663_370, True, 1) == "sequential"
+    assert choose_executor("cpu", 1, 1_663_370, True, 2) == "sequential"
+    assert choose_executor("cpu", 100, 610, False, 2) == "batched"  # S1: logreg, 100 clients
+    assert choose_executor("cpu", 3, 55_210, False, 2) == "sequential"
+
+
+def test_auto_is_the_default_and_the_summary_says_what_ran(tiny):
+    r = fedrift.run(tiny())
+    assert r.config.engine.executor == "auto" and r.summary["executor"] == "sequential"
+    r = fedrift.run(tiny(train={"clients_per_round": 8, "rounds": 1}, partition={"name": "iid", "num_clients": 10},
+                         output={"dir": str(r.output_dir) + "-b"}))
+    assert r.summary["executor"] == "batched"  # a small model, 8 clients a round

@@ -29,3 +29,26 @@ def batched(cfg: Config) -> BatchedExecutor:
 @EXECUTORS.register("processes", "clients spread over worker processes, one thread each (engine.workers)")
 def processes(cfg: Config) -> ProcessesExecutor:
     return ProcessesExecutor(cfg)
+
+
+@EXECUTORS.register("auto", "the default: batched on a GPU; processes for compute-bound models on CPUs; batched for small models with many clients")
+def auto(cfg: Config) -> SequentialExecutor:  # pragma: no cover - api.run resolves auto first
+    raise RuntimeError("engine.executor auto is resolved by fedrift.api before executors are built")
+
+
+def choose_executor(device: str, cohort: int, num_params: int, has_conv: bool, cpus: int) -> str:
+    """What ``engine.executor: auto`` runs (BENCHMARKS.md has the measurements behind it).
+
+    - On a GPU: ``batched``; one vectorised step for many clients keeps the device busy.
+    - On CPUs, compute-bound models (convolutions, or over a million parameters): each
+      client's step already saturates a core, so ``processes`` (one thread per worker) uses
+      the cores better than threads inside one process do; ``sequential`` on one CPU.
+    - On CPUs, small models with many clients a round: per-step overhead dominates and
+      ``batched`` amortises it over up to 64 clients at once.
+    - Otherwise ``sequential``.
+    """
+    if device.startswith("cuda"):
+        return "batched"
+    if has_conv or num_params > 1_000_000:
+        return "processes" if cpus > 1 and cohort > 1 else "sequential"
+    return "batched" if cohort >= 8 else "sequential"

@@ -1,0 +1,245 @@
+"""Speed benchmark (BENCH.md workloads S1-S4 and A): fedrift's executors against the usual
+sequential PyTorch loop and against the machine's compute limit for the model.
+
+Each measurement runs in a fresh child process (one at a time), so peak memory is its own and
+no run warms another's caches. Seconds per round are the median of rounds after the first
+(the first pays start-up: workers, vmap tracing); end-to-end time is reported beside them.
+
+    .venv/bin/python benchmarks/speed.py --workloads S1 A --out runs/speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    # 1,000 small clients, 100 per round, 20 local steps of batch 10
+    "S1": {
+        "data": {"name": "synthetic", "alpha": 1.0, "beta": 1.0, "num_devices": 1000},
+        "partition": {"name": "natural"},
+        "model": {"name": "logreg"},
+        "algorithm": {"name": "fedavg"},
+        "train": {"rounds": 20, "clients_per_round": 100, "local_steps": 20, "batch_size": 10},
+    },
+    # 500 clients of mnist5k, 50 per round, the FedAvg CNN, 1 epoch of batch 8
+    "S2": {
+        "data": {"name": "mnist5k"},
+        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 500, "min_size": 2},
+        "model": {"name": "cnn"},
+        "algorithm": {"name": "fedavg"},
+        "train": {"rounds": 10, "clients_per_round": 50, "local_epochs": 1, "batch_size": 8},
+    },
+    # workload A at alpha 0.1 (S3 runs it for fedavg, fedgkd and fedgkd_vote)
+    "A": {
+        "data": {"name": "mnist5k"},
+        "partition": {"name": "dirichlet", "alpha": 0.1, "num_clients": 20},
+        "model": {"name": "cnn"},
+        "algorithm": {"name": "fedavg"},
+        "train": {"rounds": 6, "clients_per_round": 4, "local_epochs": 5, "batch_size": 32},
+    },
+}
+S3 = {"fedavg": {}, "fedgkd": {"gamma": 0.2, "M": 5}, "fedgkd_vote": {"M": 5, "lam": 0.1}}
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def fedrift_case(cfg: dict[str, Any], out: str) -> dict[str, Any]:
+    import fedrift
+
+    cfg = copy.deepcopy(cfg)
+    cfg.setdefault("output", {}).update(dir=out, overwrite=True, progress=False, save_model=False)
+    start = time.perf_counter()
+    result = fedrift.run(cfg)
+    wall = time.perf_counter() - start
+    secs = [r["seconds"] for r in result.history]
+    steady = statistics.median(secs[1:]) if len(secs) > 1 else secs[0]
+    return {"s_per_round": steady, "first_round_s": secs[0], "end_to_end_s": wall,
+            "final_accuracy": result.summary["final_accuracy"], "peak_mb": _peak_mb()}
+
+
+def usual_case(cfg: dict[str, Any]) -> dict[str, Any]:
+    """FedAvg written the usual way: deepcopy of the global model per client, a DataLoader per
+    client, torch.optim.SGD, state_dict averaging. Same data, partition, sampling and
+    hyper-parameters as fedrift's config (batch order differs: DataLoader's own shuffle)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fedrift.api import prepare
+    from fedrift.engine.sampling import cohort_size, uniform
+    from fedrift.models import build_model
+
+    prep = prepare(cfg)
+    c, ds, part = prep.config, prep.dataset, prep.partition
+    tc = c.train
+    model = build_model(c.model.name, prep.options["model"], ds.input_shape, ds.num_classes, c.seed)
+    m = cohort_size(part.num_clients, tc.clients_per_round, tc.participation)
+    secs = []
+    start = time.perf_counter()
+    for t in range(1, tc.rounds + 1):
+        t0 = time.perf_counter()
+        states, sizes = [], []
+        for k in uniform(part.num_clients, m, c.seed, t, None):
+            local = copy.deepcopy(model)
+            opt = torch.optim.SGD(local.parameters(), lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
+            ix = torch.as_tensor(part.train[k])
+            loader = DataLoader(TensorDataset(ds.x_train[ix], ds.y_train[ix]), batch_size=tc.batch_size, shuffle=True)
+            steps, done = tc.local_steps, 0
+            for _ in range(tc.local_epochs if steps is None else 10**9):
+                for x, y in loader:
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(local(x), y).backward()
+                    opt.step()
+                    done += 1
+                    if steps is not None and done >= steps:
+                        break
+                if steps is not None and done >= steps:
+                    break
+            states.append(local.state_dict())
+            sizes.append(len(ix))
+        total = sum(sizes)
+        avg = {key: sum(s[key] * (n / total) for s, n in zip(states, sizes)) for key in states[0]}
+        model.load_state_dict(avg)
+        with torch.no_grad():
+            acc = (model(ds.x_test).argmax(1) == ds.y_test).float().mean().item()
+        secs.append(time.perf_counter() - t0)
+    return {"s_per_round": statistics.median(secs[1:]) if len(secs) > 1 else secs[0], "first_round_s": secs[0],
+            "end_to_end_s": time.perf_counter() - start, "final_accuracy": acc, "peak_mb": _peak_mb()}
+
+
+def compute_limit(cfg: dict[str, Any], seconds: float = 4.0) -> dict[str, Any]:
+    """Samples per second one single-threaded process trains the model at the batch size,
+    times the cores: what the machine can do for this model at best."""
+    import torch
+
+    from fedrift.api import prepare
+    from fedrift.models import build_model
+
+    torch.set_num_threads(1)
+    prep = prepare(cfg)
+    ds, tc = prep.dataset, prep.config.train
+    model = build_model(prep.config.model.name, prep.options["model"], ds.input_shape, ds.num_classes, 0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    n, start, seen = 0, time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        ix = torch.randint(0, ds.num_train, (tc.batch_size,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(ds.x_train[ix]), ds.y_train[ix]).backward()
+        opt.step()
+        seen += tc.batch_size
+        n += 1
+    one = seen / (time.perf_counter() - start)
+    cores = len(os.sched_getaffinity(0))
+    return {"samples_per_s_one_thread": one, "cores": cores, "limit_samples_per_s": one * cores, "peak_mb": _peak_mb()}
+
+
+def samples_per_round(cfg: dict[str, Any]) -> float:
+    """Training samples one round processes (the mean over the rounds' sampled clients)."""
+    from fedrift.api import prepare
+    from fedrift.engine.batches import num_steps
+    from fedrift.engine.sampling import cohort_size, uniform
+
+    prep = prepare(cfg)
+    c, part, tc = prep.config, prep.partition, prep.config.train
+    m = cohort_size(part.num_clients, tc.clients_per_round, tc.participation)
+    totals = []
+    for t in range(1, tc.rounds + 1):
+        total = 0
+        for k in uniform(part.num_clients, m, c.seed, t, None):
+            n = len(part.train[k])
+            steps = num_steps(n, tc.batch_size, tc.local_epochs, tc.local_steps)
+            total += n * tc.local_epochs if tc.local_steps is None else steps * min(tc.batch_size, n)
+        totals.append(total)
+    return statistics.mean(totals)
+
+
+def _child(kind: str, cfg: dict[str, Any], out: str, threads: int | None, queue: Any) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        fn = {"fedrift": lambda: fedrift_case(cfg, out), "usual": lambda: usual_case(cfg), "limit": lambda: compute_limit(cfg)}
+        queue.put(fn[kind]())
+    except Exception as err:  # report, don't hang the parent
+        queue.put({"error": f"{type(err).__name__}: {err}"})
+
+
+def isolated(kind: str, cfg: dict[str, Any], out: str = "", threads: int | None = None) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(kind, cfg, out, threads, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="+", default=["S1", "A", "S3"])
+    ap.add_argument("--executors", nargs="+", default=["sequential", "batched", "processes"])
+    ap.add_argument("--rounds", type=int, default=None, help="override the workload's rounds")
+    ap.add_argument("--out", default="runs/speed")
+    args = ap.parse_args()
+    root = Path(args.out)
+    root.mkdir(parents=True, exist_ok=True)
+    cores = len(os.sched_getaffinity(0))
+    rows = []
+    for name in args.workloads:
+        variants = {f"{name}:{a}": {**WORKLOADS["A"], "algorithm": {"name": a, **o}} for a, o in S3.items()} \
+            if name == "S3" else {name: WORKLOADS[name]}
+        for label, cfg in variants.items():
+            cfg = copy.deepcopy(cfg)
+            if args.rounds:
+                cfg["train"]["rounds"] = args.rounds
+            per_round = samples_per_round(cfg)
+            limit = isolated("limit", cfg)
+            base = isolated("usual", cfg, threads=cores)
+            row = {"workload": label, "samples_per_round": per_round, "cores": cores, "limit": limit,
+                   "usual_loop": base, "executors": {}}
+            for ex in args.executors:
+                c = copy.deepcopy(cfg)
+                c["engine"] = {"executor": ex, "threads": 1 if ex == "processes" else cores}
+                row["executors"][ex] = isolated("fedrift", c, str(root / f"{label.replace(':', '-')}-{ex}"), threads=cores)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (root / "speed.json").write_text(json.dumps(rows, indent=1))
+    print(render(rows))
+    return 0
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    out = ["| workload | runner | s/round | samples/s | x usual loop | % of compute limit | first round s | end-to-end s | peak MB | final acc |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        limit = row["limit"].get("limit_samples_per_s", float("nan"))
+        base = row["usual_loop"]
+        runners = {"usual loop": base, **{f"fedrift {k}": v for k, v in row["executors"].items()}}
+        for label, r in runners.items():
+            if "error" in r:
+                out.append(f"| {row['workload']} | {label} | error: {r['error']} |||||||")
+                continue
+            sps = row["samples_per_round"] / r["s_per_round"]
+            out.append(
+                f"| {row['workload']} | {label} | {r['s_per_round']:.3f} | {sps:,.0f} | "
+                f"{base['s_per_round'] / r['s_per_round']:.2f} | {100 * sps / limit:.0f}% | {r['first_round_s']:.2f} | "
+                f"{r['end_to_end_s']:.1f} | {r['peak_mb']:.0f} | {r['final_accuracy']:.3f} |"
+            )
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
