@@ -28,6 +28,7 @@ from typing import Any
 # Read at import time by flwr and at ray.init by Ray: set them before either is imported.
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a FutureWarning; no GPU here
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
@@ -151,35 +152,54 @@ def _server_main(grid: Grid, context: Context) -> None:
 
 class _RaySampler(threading.Thread):
     """Samples the summed RSS of this process's descendants (Ray's GCS, raylet, workers and
-    the ClientApp actors) every `every` seconds. A sum of RSS counts shared pages (libraries,
-    Ray's object store) once per process, so it over-states what the machine pays."""
+    the ClientApp actors) every `every` seconds, from /proc (Linux; psutil is not installed:
+    Ray only vendors it). A sum of RSS counts shared pages (libraries, Ray's object store)
+    once per process, so it over-states what the machine pays."""
 
     def __init__(self, every: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.every, self.stop = every, threading.Event()
         self.peak_total = self.peak_actors = 0.0
         self.max_actors = 0
+        self.page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def _sample(self) -> None:
+        parent: dict[int, int] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat", "rb") as f:
+                        parent[int(d)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+        children: dict[int, list[int]] = {}
+        for pid, ppid in parent.items():
+            children.setdefault(ppid, []).append(pid)
+        todo, total, actors, count = list(children.get(os.getpid(), [])), 0.0, 0.0, 0
+        while todo:
+            pid = todo.pop()
+            todo.extend(children.get(pid, []))
+            try:
+                with open(f"/proc/{pid}/statm", "rb") as f:
+                    rss = int(f.read().split()[1]) * self.page_mb
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read(200)
+            except (OSError, IndexError, ValueError):
+                continue
+            total += rss
+            if b"ClientAppActor" in cmd:
+                actors += rss
+                count += 1
+        self.peak_total = max(self.peak_total, total)
+        self.peak_actors = max(self.peak_actors, actors)
+        self.max_actors = max(self.max_actors, count)
 
     def run(self) -> None:
-        import psutil
-
-        me = psutil.Process()
+        if not os.path.isdir("/proc"):
+            self.peak_total = self.peak_actors = float("nan")
+            return
         while not self.stop.is_set():
-            total = actors = 0.0
-            count = 0
-            for p in me.children(recursive=True):
-                try:
-                    rss = p.memory_info().rss / 2**20
-                    name = " ".join(p.cmdline()[:1]) or p.name()
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    continue
-                total += rss
-                if "ClientAppActor" in name:
-                    actors += rss
-                    count += 1
-            self.peak_total = max(self.peak_total, total)
-            self.peak_actors = max(self.peak_actors, actors)
-            self.max_actors = max(self.max_actors, count)
+            self._sample()
             self.stop.wait(self.every)
 
 

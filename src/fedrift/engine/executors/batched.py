@@ -43,9 +43,9 @@ def _row(tree: Any, i: int) -> Any:
 
 def auto_parallel(params: dict[str, torch.Tensor], batch_size: int, sample_numel: int) -> int:
     """How many clients to vectorise: bounded by a memory budget for parameters, gradients,
-    optimiser state and activations (a rough 256 MB per group on the CPU), at most 64."""
+    optimiser state and activations (a rough 256 MB per group on the CPU), at most 256."""
     per_client = 4 * (4 * sum(p.numel() for p in params.values()) + 32 * batch_size * sample_numel)
-    return int(max(1, min(64, (256 * 2**20) // max(per_client, 1))))
+    return int(max(1, min(256, (256 * 2**20) // max(per_client, 1))))
 
 
 class BatchedExecutor:
@@ -72,7 +72,7 @@ class BatchedExecutor:
 
     def _vstep(self, tools: RoundTools) -> Any:
         key = (id(tools.algorithm), id(tools.optimizer))
-        if key not in self._steps:  # one vmapped step per (algorithm, optimiser): training, personalisation
+        if key not in self._steps:  # one batched step per (algorithm, optimiser): training, personalisation
             step = make_step(tools.algorithm, tools.apply, tools.optimizer, functional=True)
             self._steps = {key: (tools.algorithm, tools.optimizer, vmap(step, in_dims=(0, 0, 0, None, 0)))}
         return self._steps[key][2]
