@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch.func import vmap
+from torch.nn.utils.rnn import pad_sequence
 
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.local import make_step
@@ -39,6 +40,22 @@ def _row(tree: Any, i: int) -> Any:
     if isinstance(tree, (tuple, list)):
         return type(tree)(_row(v, i) for v in tree)
     return tree
+
+
+def _index_table(jobs: list[ClientJob], steps: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``idx[s, k, :]``: client k's batch at step s, padded with its first sample; ``w``: the
+    sample weights, 1/len for real rows and 0 for padding and for steps past the client's end."""
+    dev = jobs[0].indices.device
+    idx = torch.empty(steps, len(jobs), batch_size, dtype=torch.int64, device=dev)
+    w = torch.zeros(steps, len(jobs), batch_size, device=dev)
+    for k, job in enumerate(jobs):
+        h = len(job.schedule)
+        padded = pad_sequence(job.schedule, batch_first=True, padding_value=-1)  # (h, <=batch)
+        real = padded >= 0
+        idx[:, k, :] = job.indices[0]
+        idx[:h, k, : padded.shape[1]] = torch.where(real, padded, job.indices[0])
+        w[:h, k, : padded.shape[1]] = real / real.sum(1, keepdim=True)
+    return idx, w
 
 
 def auto_parallel(params: dict[str, torch.Tensor], batch_size: int, sample_numel: int) -> int:
@@ -92,21 +109,13 @@ class BatchedExecutor:
         opt_state = vmap(tools.optimizer.init)(params)
         vstep = self._vstep(tools)
         steps = [len(j.schedule) for j in jobs]
+        idx_all, w_all = _index_table(jobs, max(steps), batch_size)
+        active_all = torch.arange(max(steps), device=dev)[:, None] < torch.tensor(steps, device=dev)[None, :]
         loss_sum = torch.zeros(n, device=dev)
         aux_sum: dict[str, torch.Tensor] = {}
         for s in range(max(steps)):
-            idx = torch.zeros(n, batch_size, dtype=torch.int64, device=dev)
-            w = torch.zeros(n, batch_size, device=dev)
-            active = torch.tensor([s < h for h in steps], device=dev)
-            for i, job in enumerate(jobs):
-                if s < steps[i]:
-                    b = job.schedule[s]
-                    idx[i, : b.numel()] = b
-                    idx[i, b.numel() :] = b[0]
-                    w[i, : b.numel()] = 1.0 / b.numel()
-                else:
-                    idx[i] = job.indices[0]
-            batch = tools.batch(payload, idx, w)
+            active = active_all[s]
+            batch = tools.batch(payload, idx_all[s], w_all[s])
             new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
             params = _select(active, new_params, params)
             opt_state = _select(active, new_state, opt_state)
