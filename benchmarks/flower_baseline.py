@@ -6,8 +6,9 @@ Flower's Message API: a ``ServerApp`` whose main runs ``flwr.serverapp.strategy.
 ``ClientApp`` whose train function runs the usual local loop (``torch.optim.SGD``, a shuffled
 ``DataLoader``) on client ``partition-id``, launched by ``flwr.simulation.run_simulation`` on a
 local Ray cluster with one CPU per actor (as many actors as cores run at once). Flower samples
-the clients itself (``random.sample``, seeded with the config's seed), so the cohorts differ
-from fedrift's; the global model is evaluated on fedrift's test set after the last round.
+the clients itself (``random.sample`` over node ids that are random per run), so the cohorts
+differ from fedrift's and between runs; the global model is evaluated on fedrift's test set
+after the last round only (the usual loop evaluates every round: cheap next to training).
 
 Nothing reaches the network: Flower's telemetry and Ray's usage stats are off, Ray binds to
 the loopback address and starts no dashboard.
@@ -19,7 +20,6 @@ import json
 import logging
 import os
 import random
-import resource
 import statistics
 import threading
 import time
@@ -45,7 +45,7 @@ _CACHE: dict[str, Any] = {}
 _RUN: dict[str, Any] = {}
 
 
-def _setup(cfg_json: str, threads: int | None) -> dict[str, Any]:
+def _setup(cfg_json: str, threads: int | None, prep: Any = None) -> dict[str, Any]:
     if _CACHE.get("key") != cfg_json:
         import torch
 
@@ -54,7 +54,7 @@ def _setup(cfg_json: str, threads: int | None) -> dict[str, Any]:
 
         if threads:
             torch.set_num_threads(threads)
-        prep = prepare(json.loads(cfg_json))
+        prep = prep if prep is not None else prepare(json.loads(cfg_json))
         c, ds = prep.config, prep.dataset
         model = build_model(c.model.name, prep.options["model"], ds.input_shape, ds.num_classes, c.seed)
         _CACHE.clear()
@@ -207,8 +207,9 @@ class _RaySampler(threading.Thread):
 
 
 def flower_case(cfg: dict[str, Any], cores: int | None = None, verbose: bool = False) -> dict[str, Any]:
-    """One FedAvg run of `cfg` on Flower's simulation engine; the keys of speed.usual_case plus
-    Flower's start-up and the Ray processes' memory.
+    """One FedAvg run of `cfg` on Flower's simulation engine (FedAvg whatever cfg's algorithm,
+    like speed.usual_case); the keys of speed.usual_case plus Flower's start-up and the Ray
+    processes' memory.
 
     s_per_round: median of rounds 2.. (strategy round marks, server side); first_round_s: round
     1, which overlaps Ray's start-up (the ServerApp thread starts before the Ray backend);
@@ -222,6 +223,7 @@ def flower_case(cfg: dict[str, Any], cores: int | None = None, verbose: bool = F
     _RUN.clear()
     _RUN.update(cfg_json=cfg_json, rounds=prep.config.train.rounds, marks=[], client_spans=[], accuracy=float("nan"))
     _CACHE.clear()
+    _setup(cfg_json, threads=None, prep=prep)  # the server's data and initial model, as usual_case's
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     backend_config = {
@@ -248,9 +250,15 @@ def flower_case(cfg: dict[str, Any], cores: int | None = None, verbose: bool = F
         "startup_s": spans[0][0] - t0_wall,
         "strategy_start_s": marks[0] - t0_wall,
         "final_accuracy": _RUN["accuracy"],
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mb": _own_peak_mb(),
         "ray_peak_rss_mb": sampler.peak_total,
         "ray_actors_peak_rss_mb": sampler.peak_actors,
         "ray_actors": sampler.max_actors,
         "clients_per_round": spans[0][2],
     }
+
+
+def _own_peak_mb() -> float:
+    from speed import _peak_mb  # one definition: VmHWM, not the inherited ru_maxrss
+
+    return _peak_mb()

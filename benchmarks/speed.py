@@ -1,5 +1,6 @@
 """Speed benchmark (BENCH.md workloads S1-S4 and A): fedrift's executors against the usual
-sequential PyTorch loop and against the machine's compute limit for the model.
+sequential PyTorch loop, Flower's simulation engine (when the `bench` extra is installed;
+benchmarks/flower_baseline.py) and the machine's compute limit for the model.
 
 Each measurement runs in a fresh child process (one at a time), so peak memory is its own and
 no run warms another's caches. Seconds per round are the median of rounds after the first
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -52,6 +54,11 @@ S3 = {"fedavg": {}, "fedgkd": {"gamma": 0.2, "M": 5}, "fedgkd_vote": {"M": 5, "l
 
 
 def _peak_mb() -> float:
+    """This process's own peak resident memory (VmHWM). Not ru_maxrss: a spawned child
+    inherits its parent's peak as a floor there."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -171,7 +178,8 @@ def _child(kind: str, cfg: dict[str, Any], out: str, threads: int | None, queue:
 
         torch.set_num_threads(threads)
     try:
-        fn = {"fedrift": lambda: fedrift_case(cfg, out), "usual": lambda: usual_case(cfg), "limit": lambda: compute_limit(cfg)}
+        fn = {"fedrift": lambda: fedrift_case(cfg, out), "usual": lambda: usual_case(cfg), "limit": lambda: compute_limit(cfg),
+              "flower": lambda: __import__("flower_baseline").flower_case(cfg)}
         queue.put(fn[kind]())
     except Exception as err:  # report, don't hang the parent
         queue.put({"error": f"{type(err).__name__}: {err}"})
@@ -197,6 +205,10 @@ def main() -> int:
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     cores = len(os.sched_getaffinity(0))
+    # Flower's simulation engine (the optional `bench` extra) is a baseline when installed.
+    flower = all(importlib.util.find_spec(m) is not None for m in ("flwr", "ray"))
+    if not flower:
+        print("flwr[simulation] is not installed (pip install -e '.[bench]'): the Flower column is skipped", flush=True)
     rows = []
     for name in args.workloads:
         variants = {f"{name}:{a}": {**WORKLOADS["A"], "algorithm": {"name": a, **o}} for a, o in S3.items()} \
@@ -210,6 +222,8 @@ def main() -> int:
             base = isolated("usual", cfg, threads=cores)
             row = {"workload": label, "samples_per_round": per_round, "cores": cores, "limit": limit,
                    "usual_loop": base, "executors": {}}
+            if flower:
+                row["flower"] = isolated("flower", cfg)
             for ex in args.executors:
                 c = copy.deepcopy(cfg)
                 c["engine"] = {"executor": ex, "threads": 1 if ex == "processes" else cores}
@@ -222,23 +236,35 @@ def main() -> int:
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    out = ["| workload | runner | s/round | samples/s | x usual loop | % of compute limit | first round s | end-to-end s | peak MB | final acc |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    """Markdown table; "x usual loop" and "x flower" are the baseline's s/round over the runner's
+    (above 1: the runner is faster)."""
+    head = ["workload", "runner", "s/round", "samples/s", "x usual loop", "x flower", "% of compute limit",
+            "first round s", "end-to-end s", "peak MB", "final acc"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
     for row in rows:
         limit = row["limit"].get("limit_samples_per_s", float("nan"))
-        base = row["usual_loop"]
-        runners = {"usual loop": base, **{f"fedrift {k}": v for k, v in row["executors"].items()}}
+        base, fl = row["usual_loop"], row.get("flower")
+        runners = {"usual loop": base, **({"flower simulation": fl} if fl is not None else {}),
+                   **{f"fedrift {k}": v for k, v in row["executors"].items()}}
         for label, r in runners.items():
             if "error" in r:
-                out.append(f"| {row['workload']} | {label} | error: {r['error']} |||||||")
+                out.append(f"| {row['workload']} | {label} | error: {r['error']} |" + "|" * (len(head) - 3))
                 continue
             sps = row["samples_per_round"] / r["s_per_round"]
+            x_base = f"{base['s_per_round'] / r['s_per_round']:.2f}" if "error" not in base else "-"
+            x_flower = f"{fl['s_per_round'] / r['s_per_round']:.2f}" if fl is not None and "error" not in fl else "-"
+            peak = f"{r['peak_mb']:.0f}" + (f" + {r['ray_peak_rss_mb']:.0f} Ray" if "ray_peak_rss_mb" in r else "")
             out.append(
-                f"| {row['workload']} | {label} | {r['s_per_round']:.3f} | {sps:,.0f} | "
-                f"{base['s_per_round'] / r['s_per_round']:.2f} | {100 * sps / limit:.0f}% | {r['first_round_s']:.2f} | "
-                f"{r['end_to_end_s']:.1f} | {r['peak_mb']:.0f} | {r['final_accuracy']:.3f} |"
+                f"| {row['workload']} | {label} | {r['s_per_round']:.3f} | {sps:,.0f} | {x_base} | {x_flower} | "
+                f"{100 * sps / limit:.0f}% | {r['first_round_s']:.2f} | {r['end_to_end_s']:.1f} | {peak} | "
+                f"{r['final_accuracy']:.3f} |"
             )
-    return "\n".join(out)
+        if fl is not None and "error" not in fl:
+            notes.append(f"- {row['workload']}: Flower start-up {fl['startup_s']:.1f} s (run_simulation to the first "
+                         f"client's training), {fl['ray_actors']} Ray actors, Ray processes' summed peak RSS "
+                         f"{fl['ray_peak_rss_mb']:.0f} MB (actors {fl['ray_actors_peak_rss_mb']:.0f} MB)")
+    return "\n".join(out + ([""] + notes if notes else []))
 
 
 if __name__ == "__main__":
