@@ -218,12 +218,12 @@ def main() -> int:
             if args.rounds:
                 cfg["train"]["rounds"] = args.rounds
             per_round = samples_per_round(cfg)
-            limit = isolated("limit", cfg)
-            base = isolated("usual", cfg, threads=cores)
-            row = {"workload": label, "samples_per_round": per_round, "cores": cores, "limit": limit,
-                   "usual_loop": base, "executors": {}}
-            if flower:
-                row["flower"] = isolated("flower", cfg)
+            if not rows or rows[-1]["workload"].split(":")[0] != name:
+                # the baselines train plain FedAvg: measured once per workload (S3 reuses them)
+                baselines = {"limit": isolated("limit", cfg), "usual_loop": isolated("usual", cfg, threads=cores)}
+                if flower:
+                    baselines["flower"] = isolated("flower", cfg)
+            row = {"workload": label, "samples_per_round": per_round, "cores": cores, **baselines, "executors": {}}
             for ex in args.executors:
                 c = copy.deepcopy(cfg)
                 c["engine"] = {"executor": ex, "threads": 1 if ex == "processes" else cores}
