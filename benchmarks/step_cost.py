@@ -1,0 +1,75 @@
+"""Cost of one local step per client, single-threaded, for the ways fedrift can take it.
+
+- plain: an nn.Module, loss.backward(), torch.optim.SGD (the usual loop without its
+  DataLoader and deepcopy);
+- sequential: fedrift's step (functional_call + autograd + functional SGD);
+- func.grad: the same step with torch.func.grad_and_value (what vmap needs);
+- batched K: fedrift's vmapped step over K clients, per client.
+
+    .venv/bin/python benchmarks/step_cost.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch.func import vmap
+
+from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms.base import Setup
+from fedrift.engine.local import make_apply, make_step
+from fedrift.engine.optim import sgd
+from fedrift.models import MODELS, build_model
+
+CASES = [("logreg", (60,), None, 10), ("mlp", (60,), {"hidden": [200, 200]}, 10), ("cnn", (1, 28, 28), {}, 32)]
+
+
+def timed(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    print("| model | batch | plain ms | sequential ms | func.grad ms | batched K=16 ms/client | batched K=64 ms/client |")
+    print("|---|---|---|---|---|---|---|")
+    for name, shape, opts, batch in CASES:
+        entry = MODELS.get(name)
+        model = build_model(name, entry.params(**opts) if entry.params else None, shape, 10, 0)
+        apply = make_apply(model, {})
+        fedavg = ALGORITHMS.get("fedavg")
+        alg = fedavg.factory(fedavg.params(), Setup(10, 100, 1, 0.05, 0.9, 1e-5, None, 0))
+        opt = sgd(0.05, 0.9, 1e-5)
+        x, y = torch.randn(batch, *shape), torch.randint(0, 10, (batch,))
+        b = {"x": x, "y": y, "w": torch.full((batch,), 1.0 / batch)}
+        p0 = {k: v.detach() for k, v in model.named_parameters()}
+        reps = 20 if name == "cnn" else 300
+
+        torch_opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-5)
+
+        def plain() -> None:
+            torch_opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            torch_opt.step()
+
+        seq, fun = make_step(alg, apply, opt), make_step(alg, apply, opt, functional=True)
+        state = opt.init(p0)
+        row = [timed(plain, reps), timed(lambda: seq(p0, state, b, {"params": p0}, {}), reps),
+               timed(lambda: fun(p0, state, b, {"params": p0}, {}), reps)]
+        vstep = vmap(fun, in_dims=(0, 0, 0, None, 0))
+        for k in (16, 64):
+            ps = {n: v.unsqueeze(0).expand(k, *v.shape).clone() for n, v in p0.items()}
+            st = vmap(opt.init)(ps)
+            bk = {n: v.unsqueeze(0).expand(k, *v.shape).clone() for n, v in b.items()}
+            ctx = {"num_samples": torch.ones(k)}
+            row.append(timed(lambda: vstep(ps, st, bk, {"params": p0}, ctx), max(3, reps // k)) / k)
+        print(f"| {name} | {batch} | " + " | ".join(f"{1000 * v:.3f}" for v in row) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
