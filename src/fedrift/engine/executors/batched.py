@@ -117,8 +117,11 @@ class BatchedExecutor:
             active = active_all[s]
             batch = tools.batch(payload, idx_all[s], w_all[s])
             new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
-            params = _select(active, new_params, params)
-            opt_state = _select(active, new_state, opt_state)
+            if s < min(steps):  # every client still training: nothing to mask (and no pass over the stack)
+                params, opt_state = new_params, new_state
+            else:
+                params = _select(active, new_params, params)
+                opt_state = _select(active, new_state, opt_state)
             loss_sum = loss_sum + torch.where(active, loss, torch.zeros_like(loss))
             for key, v in aux.items():
                 aux_sum[key] = aux_sum.get(key, 0.0) + torch.where(active, v, torch.zeros_like(v))
