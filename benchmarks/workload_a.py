@@ -69,7 +69,7 @@ def run_one(args: tuple[str, float, int, int, str]) -> str:
 
 
 def table(root: Path, labels: list[str], alphas: list[float], seeds: list[int]) -> str:
-    lines = ["| algorithm | alpha | best acc | final acc | acc@10 | acc@20 | s/round | MB down/round | runs |",
+    lines = ["| algorithm | alpha | best acc | final acc | final per seed | acc@10 | acc@20 | MB down/round | runs |",
              "|---|---|---|---|---|---|---|---|---|"]
     for alpha in alphas:
         for label in labels:
@@ -91,10 +91,10 @@ def table(root: Path, labels: list[str], alphas: list[float], seeds: list[int]) 
                 return f"{statistics.mean(vals):.1f} +- {sd:.1f}"
 
             mb = statistics.mean(r["bytes_down_total"] / r["rounds"] / 1e6 for r in done)
-            spr = statistics.mean(r["seconds_per_round"] for r in done)
+            seeds_final = " / ".join(f"{100 * r['final_accuracy']:.1f}" for r in done)
             lines.append(
-                f"| {label} | {alpha} | {ms('best_accuracy')} | {ms('final_accuracy')} | "
-                f"{ms('accuracy_at', '10')} | {ms('accuracy_at', '20')} | {spr:.2f} | {mb:.1f} | {len(done)}/{len(rows) or len(done)} |"
+                f"| {label} | {alpha} | {ms('best_accuracy')} | {ms('final_accuracy')} | {seeds_final} | "
+                f"{ms('accuracy_at', '10')} | {ms('accuracy_at', '20')} | {mb:.1f} | {len(done)}/{len(rows) or len(done)} |"
             )
     return "\n".join(lines)
 
