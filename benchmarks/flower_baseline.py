@@ -72,7 +72,6 @@ client_app = ClientApp()
 def _train(msg: Message, context: Context) -> Message:
     t_start = time.time()
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
 
     st = _setup(str(msg.content["config"][CFG_KEY]), threads=1)  # one CPU per actor
     prep, model = st["prep"], st["model"]
@@ -80,20 +79,10 @@ def _train(msg: Message, context: Context) -> Message:
     k = int(context.node_config["partition-id"])
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
     ix = torch.as_tensor(part.train[k])
-    loader = DataLoader(TensorDataset(ds.x_train[ix], ds.y_train[ix]), batch_size=tc.batch_size, shuffle=True)
-    steps, done = tc.local_steps, 0
-    for _ in range(tc.local_epochs if steps is None else 10**9):
-        for x, y in loader:
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            done += 1
-            if steps is not None and done >= steps:
-                break
-        if steps is not None and done >= steps:
-            break
+    from speed import usual_local_training  # the same local loop as the usual-loop baseline
+
+    usual_local_training(model, ds.x_train[ix], ds.y_train[ix], tc)
     metrics = MetricRecord({"num-examples": len(ix), "t-start": t_start, "t-end": time.time()})
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
     return Message(content=content, reply_to=msg)

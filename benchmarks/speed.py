@@ -76,12 +76,30 @@ def fedrift_case(cfg: dict[str, Any], out: str) -> dict[str, Any]:
             "final_accuracy": result.summary["final_accuracy"], "peak_mb": _peak_mb()}
 
 
+def usual_local_training(model: Any, x: Any, y: Any, tc: Any) -> None:
+    """A client's local training written the common way: torch.optim.SGD over a shuffling
+    DataLoader, for the train section's epochs or steps (the usual loop and Flower's clients)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    opt = torch.optim.SGD(model.parameters(), lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
+    loader = DataLoader(TensorDataset(x, y), batch_size=tc.batch_size, shuffle=True)
+    steps, done = tc.local_steps, 0
+    for _ in range(tc.local_epochs if steps is None else 10**9):
+        for xb, yb in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+            done += 1
+            if steps is not None and done >= steps:
+                return
+
+
 def usual_case(cfg: dict[str, Any]) -> dict[str, Any]:
     """FedAvg written the usual way: deepcopy of the global model per client, a DataLoader per
     client, torch.optim.SGD, state_dict averaging. Same data, partition, sampling and
     hyper-parameters as fedrift's config (batch order differs: DataLoader's own shuffle)."""
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
 
     from fedrift.api import prepare
     from fedrift.engine.sampling import cohort_size, uniform
@@ -99,20 +117,8 @@ def usual_case(cfg: dict[str, Any]) -> dict[str, Any]:
         states, sizes = [], []
         for k in uniform(part.num_clients, m, c.seed, t, None):
             local = copy.deepcopy(model)
-            opt = torch.optim.SGD(local.parameters(), lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay)
             ix = torch.as_tensor(part.train[k])
-            loader = DataLoader(TensorDataset(ds.x_train[ix], ds.y_train[ix]), batch_size=tc.batch_size, shuffle=True)
-            steps, done = tc.local_steps, 0
-            for _ in range(tc.local_epochs if steps is None else 10**9):
-                for x, y in loader:
-                    opt.zero_grad()
-                    torch.nn.functional.cross_entropy(local(x), y).backward()
-                    opt.step()
-                    done += 1
-                    if steps is not None and done >= steps:
-                        break
-                if steps is not None and done >= steps:
-                    break
+            usual_local_training(local, ds.x_train[ix], ds.y_train[ix], tc)
             states.append(local.state_dict())
             sizes.append(len(ix))
         total = sum(sizes)
