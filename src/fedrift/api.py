@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,7 +17,9 @@ from fedrift.data import DATASETS, Dataset, load_dataset
 from fedrift.data.partition import PARTITIONS, partition_dataset
 from fedrift.data.partition_base import Partition
 from fedrift.engine.executors import EXECUTORS, choose_executor
-from fedrift.engine.loop import Federation, run_federation
+from fedrift.engine.executors.processes import available_cpus
+from fedrift.engine.federation import Federation
+from fedrift.engine.loop import run_federation
 from fedrift.engine.outputs import RunWriter, auto_dir
 from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.errors import ConfigError, DivergenceError
@@ -87,7 +88,7 @@ def resolve_executor(cfg: Config, prep: Prepared, model: FedModel) -> str:
     cohort = cohort_size(prep.partition.num_clients, tc.clients_per_round, tc.participation)
     has_conv = any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d)) for m in model.modules())
     num_params = sum(p.numel() for p in model.parameters())
-    cpus = cfg.engine.workers or len(os.sched_getaffinity(0))
+    cpus = cfg.engine.workers or available_cpus()
     return choose_executor(str(prep.device), cohort, num_params, has_conv, cpus)
 
 
@@ -140,12 +141,11 @@ def run_prepared(prep: Prepared) -> RunResult:
         "num_params": sum(p.numel() for p in model.parameters()),
         "executor": executor_name,
         "device": str(prep.device),
-        "threads": torch.get_num_threads(),
     }
-    threads = torch.get_num_threads()
+    threads = torch.get_num_threads()  # restored after the run
     if cfg.engine.threads is not None:
         torch.set_num_threads(cfg.engine.threads)
-        facts["threads"] = cfg.engine.threads
+    facts["threads"] = torch.get_num_threads()
     try:
         loop = run_federation(cfg, fed, model, algorithm, executor, writer)
     except DivergenceError as err:

@@ -19,7 +19,3 @@ def params(cls: type[T]) -> type[T]:
     """Decorate an options class: frozen, typed, unknown keys refused."""
     return _pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))(cls)
 
-
-@params
-class NoParams:
-    """For registry entries that take no options."""

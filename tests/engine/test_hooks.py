@@ -77,3 +77,10 @@ def test_state_prephase_and_corrections_flow_through_the_engine(tiny, toy):
     row = result.history[-1]
     assert row["bytes_down"] == 3 * pbytes + 3 * C * 4
     assert row["bytes_up"] == 3 * (pbytes + 4) + 3 * C * 4
+
+
+def test_a_pre_phase_needs_both_of_its_hooks():
+    with pytest.raises(ValueError, match="client_summary and pre_combine"):
+        Algorithm(name="half", hparams=None, local_loss=ce_loss, client_summary=lambda *a: {})
+    with pytest.raises(ValueError, match="client_summary and pre_combine"):
+        Algorithm(name="half", hparams=None, local_loss=ce_loss, pre_combine=lambda *a: {})

@@ -114,3 +114,7 @@ class Algorithm:
     optimizer: Transform | None = None  # None: SGD from the train section
     client_result: Callable[[Tree, Params, Tree], tuple[Tree, Tree]] = default_client_result
     aggregate: Callable[[Tree, Tree, torch.Tensor, RoundInfo], Tree] = fedavg_aggregate
+
+    def __post_init__(self) -> None:
+        if (self.client_summary is None) != (self.pre_combine is None):
+            raise ValueError(f"algorithm {self.name}: client_summary and pre_combine make one pre-phase; give both or neither")

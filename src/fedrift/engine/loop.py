@@ -74,15 +74,15 @@ def run_federation(
             jobs = [client_job(fed, k, store.get(k), cfg.train, cfg.seed, t) for k in sampled]
             down = len(jobs) * tree_bytes(payload)
             up = 0
+            n = torch.tensor([float(fed.sizes[k]) for k in sampled], dtype=torch.float64)
+            weights = torch.full_like(n, 1.0 / len(n)) if uniform else n / n.sum()
             # the teacher table sees the broadcast payload; the pre-phase may read it
             round_tools = with_teacher(tools, payload, jobs, cfg.eval.batch_size, cfg.engine.teacher_cache)
             if algorithm.client_summary is not None:
-                payload, pre_down, up = _pre_phase(algorithm, round_tools, payload, jobs, fed)
+                payload, pre_down, up = _pre_phase(algorithm, round_tools, payload, jobs, weights.to(device))
                 down += pre_down
             outputs = executor.run_round(round_tools, payload, jobs, t)
 
-            n = torch.tensor([float(fed.sizes[k]) for k in sampled], dtype=torch.float64)
-            weights = torch.full_like(n, 1.0 / len(n)) if uniform else n / n.sum()
             losses = torch.stack([o.loss.double().cpu() for o in outputs])
             bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
             if bad:
@@ -122,8 +122,7 @@ def run_federation(
             bar.update(1)
     except DivergenceError as err:
         out.summary = _summary(out, totals, best, tc.rounds, status="diverged", message=str(err))
-        writer.write_summary(out.summary)
-        err.result = out
+        err.result = out  # fedrift.api writes summary.json, with the run's facts
         raise
     else:
         if cfg.eval.personalize:  # reads the client states: before the store closes
@@ -135,8 +134,8 @@ def run_federation(
     out.global_params = server["params"]
     out.server_state = server
     out.summary = _summary(out, totals, best, tc.rounds, status="completed")
-    at = {r["round"]: r["test_accuracy"] for r in out.history}
     if cfg.eval.at_rounds:
+        at = {r["round"]: r["test_accuracy"] for r in out.history}
         out.summary["accuracy_at"] = {str(r): at.get(r) for r in cfg.eval.at_rounds}
     if out.personalization is not None:
         out.summary["personalized_accuracy"] = out.personalization["personalized_accuracy"]
@@ -154,14 +153,13 @@ def _aux_metrics(outputs: list, weights: torch.Tensor) -> dict[str, float]:
     return out
 
 
-def _pre_phase(algorithm: Algorithm, tools: RoundTools, payload: dict, jobs: list[ClientJob], fed: Federation):
-    """Clients summarise (e.g. class prototypes); the server combines; the result goes down."""
-    assert algorithm.client_summary is not None and algorithm.pre_combine is not None
+def _pre_phase(algorithm: Algorithm, tools: RoundTools, payload: dict, jobs: list[ClientJob], weights: torch.Tensor):
+    """Clients summarise (e.g. class prototypes); the server combines, with the round's
+    aggregation weights; the result goes down."""
     with torch.no_grad():
         summaries = [algorithm.client_summary(payload, j.ctx, tools.client_data(j, payload), tools.apply) for j in jobs]
     up = sum(tree_bytes(s) for s in summaries)
-    n = torch.tensor([float(len(j.indices)) for j in jobs], device=fed.device)
-    extra = algorithm.pre_combine(payload, stack(summaries), n / n.sum())
+    extra = algorithm.pre_combine(payload, stack(summaries), weights)
     return {**payload, **extra}, len(jobs) * tree_bytes(extra), up
 
 

@@ -25,10 +25,6 @@ class Transform:
     update: Callable[[Params, State, Params], tuple[Params, State]]
 
 
-def identity() -> Transform:
-    return Transform(lambda p: (), lambda g, s, p: (g, s))
-
-
 def clip_by_global_norm(max_norm: float) -> Transform:
     """Scale the whole gradient down to ``max_norm`` (torch's clip_grad_norm_ rule)."""
 

@@ -32,16 +32,6 @@ def _select(mask: torch.Tensor, new: Any, old: Any) -> Any:
     return new
 
 
-def _row(tree: Any, i: int) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree[i]
-    if isinstance(tree, dict):
-        return {k: _row(v, i) for k, v in tree.items()}
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(_row(v, i) for v in tree)
-    return tree
-
-
 def _index_table(jobs: list[ClientJob], steps: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``idx[s, k, :]``: client k's batch at step s, padded with its first sample; ``w``: the
     sample weights, 1/len for real rows and 0 for padding and for steps past the client's end."""
