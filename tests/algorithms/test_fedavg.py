@@ -4,7 +4,6 @@ import torch.nn.functional as F
 import fedrift
 from fedrift.algorithms.base import RoundInfo, fedavg_aggregate
 from fedrift.data import load_dataset
-from fedrift.data.partition import PARTITIONS
 from fedrift.engine.batches import schedule
 from fedrift.models import MODELS, build_model
 from fedrift.engine.tree import stack

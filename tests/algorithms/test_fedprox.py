@@ -5,7 +5,7 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Setup
 from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
-from fedrift.models import MODELS, build_model
+from fedrift.models import build_model
 
 SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
 

@@ -27,7 +27,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Setup, fedavg_aggregate
-from fedrift.algorithms.terms import soft_cross_entropy, weighted_ce
+from fedrift.algorithms.terms import weighted_ce
 from fedrift.engine.tree import tree_map
 from fedrift.params import params
 

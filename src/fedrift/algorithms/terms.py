@@ -31,11 +31,6 @@ def kl_to_target(target: torch.Tensor, logits: torch.Tensor, w: torch.Tensor, T:
     return (per_sample * w).sum()
 
 
-def soft_cross_entropy(target: torch.Tensor, logits: torch.Tensor, w: torch.Tensor, T: float = 1.0) -> torch.Tensor:
-    """``sum_i w_i sum_c -target_ic log softmax(logits_i / T)_c`` (KL without the entropy of the target)."""
-    return ((-target * F.log_softmax(logits / T, dim=-1)).sum(-1) * w).sum()
-
-
 def logit_mse(student: torch.Tensor, teacher: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``sum_i w_i mean_c (student_ic - teacher_ic)^2``: the MSE form of logit distillation."""
     return ((student - teacher).pow(2).mean(-1) * w).sum()

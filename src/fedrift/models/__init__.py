@@ -28,10 +28,24 @@ _SHAPE_CHECKS: dict[str, ShapeCheck] = {}
 def register_model(
     name: str, doc: str, params: type | None = None, check: ShapeCheck | None = None
 ) -> Callable[[Callable[..., FedModel]], Callable[..., FedModel]]:
-    """Register a model factory; ``check`` says which input shapes it takes (default: all)."""
+    """Register a model factory; ``check`` says which input shapes it takes (default: all).
+
+    The registered factory refuses a shape its check rejects, naming the models that take it.
+    """
 
     def add(factory: Callable[..., FedModel]) -> Callable[..., FedModel]:
-        MODELS.register(name, doc, params)(factory)
+        def checked(options: Any, input_shape: tuple[int, ...], num_classes: int) -> FedModel:
+            shape = tuple(int(s) for s in input_shape)
+            problem = shape_problem(name, shape)
+            if problem is not None:
+                takers = models_for_shape(shape)
+                raise ConfigError(
+                    f"model.name: {name} cannot take input shape {shape} ({problem}); "
+                    f"models that take {shape}: {', '.join(takers) if takers else 'none'}"
+                )
+            return factory(options, shape, num_classes)
+
+        MODELS.register(name, doc, params)(checked)
         if check is not None:
             _SHAPE_CHECKS[name] = check
         return factory
@@ -79,13 +93,6 @@ def build_model(
     """
     entry = MODELS.get(name, "model.name")
     shape = tuple(int(s) for s in input_shape)
-    problem = shape_problem(name, shape)
-    if problem is not None:
-        takers = models_for_shape(shape)
-        raise ConfigError(
-            f"model.name: {name} cannot take input shape {shape} ({problem}); "
-            f"models that take {shape}: {', '.join(takers) if takers else 'none'}"
-        )
     if num_classes < 1:
         raise ConfigError(f"model: num_classes must be at least 1 (got {num_classes})")
     if options is None and entry.params is not None:

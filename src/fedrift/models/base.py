@@ -49,8 +49,15 @@ class FedModel(nn.Module):
     def features(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.fc(h)
+
+    def _classifier(self, width: int, num_classes: int, projection_dim: int | None) -> None:
+        """The tail every model shares: the optional projection head ``proj``, then ``fc``."""
+        self.proj = nn.Identity() if projection_dim is None else projection_head(width, projection_dim)
+        self.projection_dim = projection_dim
+        self.feature_dim = width if projection_dim is None else projection_dim
+        self.fc = nn.Linear(self.feature_dim, num_classes)
 
     def forward(self, x: torch.Tensor, mode: str = "logits"):
         if mode == "logits":

@@ -16,9 +16,8 @@ from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
-from fedrift.errors import ConfigError
 from fedrift.models import needs_image, register_model
-from fedrift.models.base import FedModel, projection_head
+from fedrift.models.base import FedModel
 from fedrift.params import params
 
 _check = needs_image(4)  # two 2x2 poolings must leave at least one pixel
@@ -52,18 +51,12 @@ class CNN(FedModel):
         flat = 64 * (height // 2 // 2) * (width // 2 // 2)
         # Not named fc*: parameter names starting with "fc" are the classifier's.
         self.dense = nn.Linear(flat, hidden)
-        self.proj = nn.Identity() if projection_dim is None else projection_head(hidden, projection_dim)
-        self.projection_dim = projection_dim
-        self.feature_dim = hidden if projection_dim is None else projection_dim
-        self.fc = nn.Linear(self.feature_dim, num_classes)
+        self._classifier(hidden, num_classes, projection_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.proj(F.relu(self.dense(x.flatten(-3))))
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.fc(h)
 
 
 @register_model(
@@ -73,7 +66,4 @@ class CNN(FedModel):
     _check,
 )
 def build_cnn(options: CNNParams, input_shape: tuple[int, ...], num_classes: int) -> CNN:
-    problem = _check(tuple(input_shape))
-    if problem is not None:
-        raise ConfigError(f"model.name: cnn cannot take input shape {tuple(input_shape)} ({problem})")
     return CNN(tuple(input_shape), num_classes, hidden=options.hidden, projection_dim=options.projection_dim)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedrift.models import register_model
-from fedrift.models.base import FedModel, projection_head
+from fedrift.models.base import FedModel
 from fedrift.params import params
 
 
@@ -61,19 +61,13 @@ class MLP(_Flat):
             width = h
         # Not named fc*: parameter names starting with "fc" are the classifier's.
         self.layers = nn.ModuleList(layers)
-        self.proj = nn.Identity() if projection_dim is None else projection_head(width, projection_dim)
-        self.projection_dim = projection_dim
-        self.feature_dim = width if projection_dim is None else projection_dim
-        self.fc = nn.Linear(self.feature_dim, num_classes)
+        self._classifier(width, num_classes, projection_dim)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         h = self._flatten(x)
         for layer in self.layers:
             h = F.relu(layer(h))
         return self.proj(h)
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.fc(h)
 
 
 class LogReg(_Flat):
@@ -82,14 +76,10 @@ class LogReg(_Flat):
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
         width = self._setup(input_shape, num_classes)
-        self.fc = nn.Linear(width, num_classes)
-        self.feature_dim = width
+        self._classifier(width, num_classes, None)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self._flatten(x)
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.fc(h)
 
 
 @register_model("mlp", "fully connected ReLU network (hidden widths option); any input shape", MLPParams)

@@ -18,9 +18,8 @@ from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
-from fedrift.errors import ConfigError
 from fedrift.models import needs_image, register_model
-from fedrift.models.base import FedModel, projection_head
+from fedrift.models.base import FedModel
 from fedrift.params import params
 
 _check = needs_image(8)
@@ -99,10 +98,7 @@ class ResNet8(FedModel):
         self.stage1 = BasicBlock(width, width, 1, group_channels)
         self.stage2 = BasicBlock(width, 2 * width, 2, group_channels)
         self.stage3 = BasicBlock(2 * width, 4 * width, 2, group_channels)
-        self.proj = nn.Identity() if projection_dim is None else projection_head(4 * width, projection_dim)
-        self.projection_dim = projection_dim
-        self.feature_dim = 4 * width if projection_dim is None else projection_dim
-        self.fc = nn.Linear(self.feature_dim, num_classes)
+        self._classifier(4 * width, num_classes, projection_dim)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -112,9 +108,6 @@ class ResNet8(FedModel):
         x = self.stage3(self.stage2(self.stage1(x)))
         return self.proj(x.mean(dim=(-2, -1)))
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.fc(h)
-
 
 @register_model(
     "resnet8",
@@ -123,7 +116,4 @@ class ResNet8(FedModel):
     _check,
 )
 def build_resnet8(options: ResNetParams, input_shape: tuple[int, ...], num_classes: int) -> ResNet8:
-    problem = _check(tuple(input_shape))
-    if problem is not None:
-        raise ConfigError(f"model.name: resnet8 cannot take input shape {tuple(input_shape)} ({problem})")
     return ResNet8(tuple(input_shape), num_classes, options.width, options.group_channels, options.projection_dim)
