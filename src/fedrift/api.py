@@ -19,6 +19,7 @@ from fedrift.data.partition_base import Partition
 from fedrift.engine.executors import EXECUTORS, choose_executor
 from fedrift.engine.executors.processes import available_cpus
 from fedrift.engine.federation import Federation
+from fedrift.engine.local import make_apply
 from fedrift.engine.loop import run_federation
 from fedrift.engine.outputs import RunWriter, auto_dir
 from fedrift.engine.sampling import SAMPLERS, cohort_size
@@ -76,7 +77,7 @@ def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: l
     device = resolve_device(cfg.engine.device)
     root = Path(cfg.data.root).expanduser() if cfg.data.root else None
     dataset = load_dataset(cfg.data.name, root, options["data"])
-    partition = partition_dataset(dataset, cfg.partition.name, options["partition"], cfg.seed)
+    partition = partition_dataset(dataset, cfg.partition.name, options["partition"], cfg.seed, cfg.partition.holdout)
     return Prepared(cfg, options, dataset, partition, device)
 
 
@@ -94,6 +95,8 @@ def resolve_executor(cfg: Config, prep: Prepared, model: FedModel) -> str:
 
 def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
     tc = prep.config.train
+    held = torch.as_tensor(prep.partition.holdout, dtype=torch.int64)
+    buffers = {k: v.detach().to(prep.device) for k, v in model.named_buffers()}
     setup = Setup(
         num_classes=prep.dataset.num_classes,
         num_clients=prep.partition.num_clients,
@@ -103,6 +106,11 @@ def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
         weight_decay=tc.weight_decay,
         clip_grad_norm=tc.clip_grad_norm,
         seed=prep.config.seed,
+        projection_dim=model.projection_dim,
+        batch_size=tc.batch_size,
+        apply=make_apply(model.to(prep.device), buffers),
+        holdout_x=prep.dataset.x_train[held].to(prep.device) if len(held) else None,
+        holdout_y=prep.dataset.y_train[held].to(prep.device) if len(held) else None,
     )
     entry = ALGORITHMS.get(prep.config.algorithm.name, "algorithm.name")
     return entry.factory(prep.options["algorithm"], setup)

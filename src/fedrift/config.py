@@ -42,6 +42,8 @@ class DataConfig(NamedSection):
 
 class PartitionConfig(NamedSection):
     name: str = "dirichlet"
+    # share of the training set the server keeps out of every client's data (FedDF's proxy)
+    holdout: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
 
 class ModelConfig(NamedSection):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Literal
 import torch
 
 from fedrift.engine.optim import Transform
+from fedrift.errors import ConfigError
 from fedrift.engine.tree import weighted_sum
 from fedrift.params import params
 
@@ -61,6 +62,20 @@ class Setup:
     weight_decay: float
     clip_grad_norm: float | None
     seed: int
+    projection_dim: int | None = None  # the model's projection head width (MOON, FedGKD+), None: no head
+    batch_size: int = 32  # train.batch_size
+    apply: Apply | None = None  # the model, called functionally: for server-side training (FedGen, FedDF)
+    holdout_x: torch.Tensor | None = None  # training samples the server holds (partition.holdout), never a client's
+    holdout_y: torch.Tensor | None = None
+
+
+def require_projection(name: str, setup: Setup) -> None:
+    """Refuse, before anything is written, a model without the projection head ``name`` needs."""
+    if setup.projection_dim is None:
+        raise ConfigError(
+            f"model.projection_dim: algorithm {name} needs a model with a projection head and this "
+            "model has none; set model.projection_dim (256 in the paper, as MOON's) on cnn, mlp or resnet8"
+        )
 
 
 @dataclass(frozen=True)

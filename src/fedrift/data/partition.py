@@ -494,11 +494,15 @@ def natural_partition(dataset: Dataset, options: NaturalParams, seed: int) -> Pa
     return Partition(name="natural", train=train, test=test, options=dataclasses.asdict(options))
 
 
-def partition_dataset(dataset: Dataset, name: str, options: Any = None, seed: int = 0) -> Partition:
+def partition_dataset(
+    dataset: Dataset, name: str, options: Any = None, seed: int = 0, holdout: float = 0.0
+) -> Partition:
     """Partition ``dataset`` with registry entry ``name``.
 
     ``options`` is an instance of the entry's params class (None: its defaults; a mapping
-    is validated as a config section would be).
+    is validated as a config section would be). ``holdout``: the share of the training set
+    the server keeps (stratified by class, seeded); the partition splits the rest, so no
+    client ever holds a held-out sample.
     """
     entry = PARTITIONS.get(name, "partition.name")
     if options is None:
@@ -509,7 +513,25 @@ def partition_dataset(dataset: Dataset, name: str, options: Any = None, seed: in
         options = validate_options("partition", entry.params, dict(options))
     elif not isinstance(options, entry.params):
         raise TypeError(f"partition {name!r} takes {entry.params.__name__}, got {type(options).__name__}")
-    return entry.factory(dataset, options, seed)
+    if holdout <= 0:
+        return entry.factory(dataset, options, seed)
+    held = split_holdout(_labels_of(dataset.y_train), holdout, _rng(seed, "holdout", "server"))
+    keep = np.setdiff1d(np.arange(dataset.num_train), held)
+    groups = None if dataset.train_groups is None else dataset.train_groups[keep]
+    rest = dataclasses.replace(dataset, x_train=dataset.x_train[keep], y_train=dataset.y_train[keep], train_groups=groups)
+    part = entry.factory(rest, options, seed)
+    return dataclasses.replace(part, train=[keep[ix] for ix in part.train], holdout=held)
+
+
+def split_holdout(labels: np.ndarray, share: float, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices of ``round(share * n_c)`` samples of every class c (at least one of a
+    class with two or more samples), drawn without replacement."""
+    out = []
+    for c in np.unique(labels):
+        ix = np.flatnonzero(labels == c)
+        take = min(len(ix) - 1, max(1, round(share * len(ix)))) if len(ix) > 1 else 0
+        out.append(rng.choice(ix, size=take, replace=False))
+    return np.sort(np.concatenate(out)).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
 
 
 __all__ = [
@@ -523,6 +545,7 @@ __all__ = [
     "local_test_splits",
     "partition_dataset",
     "split_dirichlet",
+    "split_holdout",
     "split_iid",
     "split_natural",
     "split_quantity",

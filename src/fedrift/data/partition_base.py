@@ -16,12 +16,15 @@ class Partition:
 
     ``test[k]`` is client k's local test split, drawn from the global test set with k's
     label proportions (for personalisation); splits of different clients may overlap.
+    ``holdout``: training samples kept by the server (``partition.holdout``), in no client's
+    ``train``; FedDF's proxy and validation data come from it.
     """
 
     name: str
     train: list[np.ndarray]
     test: list[np.ndarray]
     options: dict[str, Any] = field(default_factory=dict)
+    holdout: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def num_clients(self) -> int:
@@ -44,6 +47,7 @@ class Partition:
             "num_clients": self.num_clients,
             "train": [ix.tolist() for ix in self.train],
             "test": [ix.tolist() for ix in self.test],
+            "holdout": self.holdout.tolist(),
         }
         path.write_text(json.dumps(doc))
 
@@ -55,4 +59,5 @@ class Partition:
             train=[np.asarray(ix, dtype=np.int64) for ix in doc["train"]],
             test=[np.asarray(ix, dtype=np.int64) for ix in doc["test"]],
             options=doc.get("options", {}),
+            holdout=np.asarray(doc.get("holdout", []), dtype=np.int64),
         )
