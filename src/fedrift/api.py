@@ -130,6 +130,12 @@ def run_prepared(prep: Prepared) -> RunResult:
     cfg = prep.config
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
+    if algorithm.personal and (cfg.eval.drift or cfg.eval.personalize):
+        key = "eval.drift" if cfg.eval.drift else "eval.personalize"
+        raise ConfigError(
+            f"{key}: {cfg.algorithm.name} trains personal models (there is no one global model to "
+            f"compare or calibrate); allowed: false with {cfg.algorithm.name}"
+        )
     executor_name = resolve_executor(cfg, prep, model)
     executor = EXECUTORS.get(executor_name, "engine.executor").factory(cfg)
 

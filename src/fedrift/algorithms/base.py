@@ -12,8 +12,19 @@ with ``torch.func.vmap``, processes, Ray, Flower) runs the same ones. A round is
         for each step: grads = grad(local_loss)(params, batch, payload, ctx, apply)
                        grads = grad_correction(grads, params, payload, ctx)
                        params, opt = optimizer.update(...)     # functional SGD by default
+        ctx  |= client_end(payload, params, ctx, data_k, apply)  # once, after training
         upload, state_k = client_result(payload, params, ctx)
     server_state = aggregate(server_state, stacked uploads, p, info)
+
+Personal models (``personal=True``, FedProto): a client starts from its own model,
+``ctx["state"]["params"]``, not from the payload (which then need not carry parameters),
+and evaluation reports the mean over clients of their own models' accuracy, on the global
+test set and on each client's local split, plus any extra predictions ``predict`` names
+(FedProto's nearest prototype).
+
+Randomness inside training (FedGen's generator noise): an algorithm with ``noise_dim``
+finds ``batch["noise"]``, standard normal of shape (batch rows, noise_dim), a pure function
+of (seed, round, client, step), the same rows under every executor.
 
 Rules for ``local_loss``, ``grad_correction``, the optimiser and ``client_result`` (they run
 under ``vmap`` in the batched executor): tensors in, tensors out; no ``.item()``, no Python
@@ -127,9 +138,15 @@ class Algorithm:
     teacher: Callable[[Tree, torch.Tensor, Apply], Tree] | None = None  # per-sample, cacheable
     grad_correction: Callable[[Params, Params, Tree, Tree], Params] | None = None
     optimizer: Transform | None = None  # None: SGD from the train section
+    client_end: Callable[[Tree, Params, Tree, ClientData, Apply], Tree] | None = None
     client_result: Callable[[Tree, Params, Tree], tuple[Tree, Tree]] = default_client_result
     aggregate: Callable[[Tree, Tree, torch.Tensor, RoundInfo], Tree] = fedavg_aggregate
+    noise_dim: int | None = None  # batch["noise"]: (rows, noise_dim) standard normal, per step
+    personal: bool = False  # clients train and keep their own model, state["params"]
+    predict: Callable[[Tree, Params, torch.Tensor, Apply], dict[str, torch.Tensor]] | None = None
 
     def __post_init__(self) -> None:
         if (self.client_summary is None) != (self.pre_combine is None):
             raise ValueError(f"algorithm {self.name}: client_summary and pre_combine make one pre-phase; give both or neither")
+        if self.personal and self.init_client is None:
+            raise ValueError(f"algorithm {self.name}: personal models live in the client state; give init_client")

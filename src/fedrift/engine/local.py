@@ -66,7 +66,7 @@ def make_step(algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transf
     return step
 
 
-def make_tools(model: nn.Module, algorithm: Algorithm, train: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
+def make_tools(model: nn.Module, algorithm: Algorithm, train: Any, x: torch.Tensor, y: torch.Tensor, seed: int) -> Any:
     """The run's ``RoundTools``: apply, the local optimiser (the algorithm's own, else SGD from
     the train section) and the step; one place, for the loop and for worker processes."""
     from fedrift.engine.executors.base import RoundTools  # executors import this module
@@ -75,4 +75,4 @@ def make_tools(model: nn.Module, algorithm: Algorithm, train: Any, x: torch.Tens
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     apply = make_apply(model, buffers)
     optimizer = algorithm.optimizer or sgd(train.lr, train.momentum, train.weight_decay, train.clip_grad_norm)
-    return RoundTools(algorithm, apply, optimizer, make_step(algorithm, apply, optimizer), x, y)
+    return RoundTools(algorithm, apply, optimizer, make_step(algorithm, apply, optimizer), x, y, seed=seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from fedrift.engine.state import ClientStateStore
 from fedrift.engine.tree import all_finite, stack, tree_bytes
 from fedrift.errors import ConfigError, DivergenceError
 from fedrift.metrics.drift import drift_metrics, probe_indices
-from fedrift.metrics.evaluate import evaluate
+from fedrift.metrics.evaluate import evaluate, evaluate_personal
 from fedrift.engine.personalize import personalize
 from fedrift.engine.teacher import with_teacher
 from fedrift.models.base import FedModel
@@ -53,7 +54,7 @@ def run_federation(
     sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
     model = model.to(device)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    tools = make_tools(model, algorithm, tc, fed.x, fed.y)
+    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed)
     apply = tools.apply
     store = ClientStateStore(algorithm.init_client, params, mode=cfg.engine.client_state,
                              path=writer.dir / "client_state.bin", num_clients=fed.num_clients)
@@ -101,7 +102,14 @@ def run_federation(
 
             if t % cfg.eval.every == 0 or t == tc.rounds:
                 row = {"round": t}
-                row.update(evaluate(apply, server["params"], fed.x_test, fed.y_test, cfg.eval.batch_size))
+                predict = None
+                if algorithm.predict is not None:
+                    predict = partial(algorithm.predict, server, apply=apply)
+                if algorithm.personal:  # every client's own model, as the store holds it now
+                    models = [store.get(k)["params"] for k in range(fed.num_clients)]
+                    row.update(evaluate_personal(apply, models, fed.test_indices, fed.x_test, fed.y_test, cfg.eval.batch_size, predict))
+                else:
+                    row.update(evaluate(apply, server["params"], fed.x_test, fed.y_test, cfg.eval.batch_size, predict))
                 row.update(_aux_metrics(outputs, weights))
                 if cfg.eval.drift:
                     local = [o.end_params for o in outputs]

@@ -7,18 +7,60 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+# extra predictors: (params, x) -> {name: predicted classes}, e.g. FedProto's nearest prototype
+Predict = Callable[[dict[str, torch.Tensor], torch.Tensor], dict[str, torch.Tensor]]
+
 
 @torch.no_grad()
-def evaluate(
-    apply: Callable[..., Any], params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, batch_size: int
-) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of ``params`` on (x, y)."""
-    correct = torch.zeros((), dtype=torch.int64, device=y.device)
-    loss = torch.zeros((), dtype=torch.float64, device=y.device)
+def outcomes(
+    apply: Callable[..., Any], params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+    batch_size: int, predict: Predict | None = None,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per sample: whether each predictor is right (``""``: the logits' argmax, else
+    ``predict``'s names) and the cross-entropy of the logits (float64)."""
+    right: dict[str, list[torch.Tensor]] = {"": []}
+    losses = []
     for i in range(0, len(y), batch_size):
-        logits = apply(params, x[i : i + batch_size])
-        target = y[i : i + batch_size]
-        correct += (logits.argmax(1) == target).sum()
-        loss += F.cross_entropy(logits.double(), target, reduction="sum")
-    n = max(len(y), 1)
-    return {"test_accuracy": correct.item() / n, "test_loss": loss.item() / n}
+        xb, target = x[i : i + batch_size], y[i : i + batch_size]
+        logits = apply(params, xb)
+        right[""].append(logits.argmax(1) == target)
+        losses.append(F.cross_entropy(logits.double(), target, reduction="none"))
+        for name, pred in (predict(params, xb) if predict else {}).items():
+            right.setdefault(name, []).append(pred == target)
+    empty = torch.zeros(0, dtype=torch.bool, device=y.device)
+    return ({k: torch.cat(v) if v else empty for k, v in right.items()},
+            torch.cat(losses) if losses else empty.double())
+
+
+def _rates(right: dict[str, torch.Tensor], prefix: str, select: torch.Tensor | None = None) -> dict[str, float]:
+    out = {}
+    for name, r in right.items():
+        r = r if select is None else r[select]
+        out[prefix + (f"_{name}" if name else "")] = r.double().mean().item() if len(r) else 0.0
+    return out
+
+
+def evaluate(
+    apply: Callable[..., Any], params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+    batch_size: int, predict: Predict | None = None,
+) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``params`` on (x, y); ``test_accuracy_<name>`` for
+    each extra predictor."""
+    right, loss = outcomes(apply, params, x, y, batch_size, predict)
+    return {**_rates(right, "test_accuracy"), "test_loss": loss.mean().item() if len(loss) else 0.0}
+
+
+def evaluate_personal(
+    apply: Callable[..., Any], models: list[dict[str, torch.Tensor]], local: list[torch.Tensor],
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, predict: Predict | None = None,
+) -> dict[str, float]:
+    """Personal models (FedProto): the mean over clients of each client's own model's
+    accuracy on the global test set (``test_accuracy``) and on its local split
+    (``local_accuracy``, ``local[k]`` indexes the test set), and of each extra predictor."""
+    sums: dict[str, float] = {}
+    for params, ix in zip(models, local):
+        right, loss = outcomes(apply, params, x, y, batch_size, predict)
+        row = {**_rates(right, "test_accuracy"), **_rates(right, "local_accuracy", ix), "test_loss": loss.mean().item()}
+        for k, v in row.items():
+            sums[k] = sums.get(k, 0.0) + v
+    return {k: v / max(len(models), 1) for k, v in sums.items()}

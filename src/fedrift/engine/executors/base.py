@@ -10,6 +10,7 @@ import torch
 from fedrift.algorithms.base import Algorithm, ClientData
 from fedrift.engine.local import StepFn
 from fedrift.engine.optim import Transform
+from fedrift.engine.rng import step_noise
 from fedrift.engine.tree import tree_map
 
 
@@ -44,6 +45,7 @@ class RoundTools:
     x: torch.Tensor  # whole training set, on the device
     y: torch.Tensor
     teacher_cache: dict[str, Any] | None = None  # per-sample teacher outputs of this round
+    seed: int = 0  # the run's seed: per-step noise (``Algorithm.noise_dim``)
 
     def client_data(self, job: ClientJob, payload: dict[str, Any]) -> ClientData:
         """The client's samples, with their rows of the teacher table (cached or computed)."""
@@ -57,10 +59,24 @@ class RoundTools:
                     teacher = self.algorithm.teacher(payload, self.x[idx], self.apply)
         return ClientData(self.x[idx], self.y[idx], teacher)
 
-    def batch(self, payload: dict[str, Any], idx: torch.Tensor, w: torch.Tensor) -> dict[str, Any]:
-        """A local step's batch: inputs, labels, sample weights and, if any, teacher outputs
-        (rows of the round's cached table, or computed on the batch when caching is off)."""
+    def start_params(self, payload: dict[str, Any], ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Where local training starts: the broadcast model, or the client's own (personal)."""
+        return ctx["state"]["params"] if self.algorithm.personal else payload["params"]
+
+    def noise(self, round_: int, client: int, step: int, rows: int) -> torch.Tensor | None:
+        """The step's ``batch["noise"]`` when the algorithm asks for one (see ``rng.step_noise``)."""
+        dim = self.algorithm.noise_dim
+        return None if dim is None else step_noise(self.seed, round_, client, step, rows, dim, self.x.device)
+
+    def batch(
+        self, payload: dict[str, Any], idx: torch.Tensor, w: torch.Tensor, noise: torch.Tensor | None = None
+    ) -> dict[str, Any]:
+        """A local step's batch: inputs, labels, sample weights, the step's noise if any, and
+        teacher outputs if any (rows of the round's cached table, or computed on the batch
+        when caching is off)."""
         out = {"x": self.x[idx], "y": self.y[idx], "w": w}
+        if noise is not None:
+            out["noise"] = noise
         if self.algorithm.teacher is None:
             return out
         if self.teacher_cache is not None:

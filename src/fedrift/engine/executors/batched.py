@@ -66,14 +66,14 @@ class BatchedExecutor:
     def run_round(
         self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
     ) -> list[ClientOutput]:
-        params = payload["params"]
+        params = tools.start_params(payload, jobs[0].ctx) if jobs else payload["params"]
         batch_size = max((int(ix.numel()) for j in jobs for ix in j.schedule), default=1)
         k = self.max_parallel or auto_parallel(params, batch_size, int(tools.x[0].numel()))
         order = sorted(range(len(jobs)), key=lambda i: (-len(jobs[i].schedule), jobs[i].client_id))
         outputs: dict[int, ClientOutput] = {}
         for start in range(0, len(order), k):
             group = [jobs[i] for i in order[start : start + k]]
-            for job, out in zip(group, self._group(tools, payload, group, batch_size)):
+            for job, out in zip(group, self._group(tools, payload, group, batch_size, round_)):
                 outputs[job.client_id] = out
         return [outputs[j.client_id] for j in jobs]
 
@@ -84,7 +84,9 @@ class BatchedExecutor:
             self._steps = {key: (tools.algorithm, tools.optimizer, vmap(step, in_dims=(0, 0, 0, None, 0)))}
         return self._steps[key][2]
 
-    def _group(self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], batch_size: int) -> list[ClientOutput]:
+    def _group(
+        self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], batch_size: int, round_: int
+    ) -> list[ClientOutput]:
         alg, dev = tools.algorithm, tools.x.device
         ctxs = []
         for job in jobs:
@@ -95,7 +97,10 @@ class BatchedExecutor:
             ctxs.append(ctx)
         ctx = stack(ctxs)
         n = len(jobs)
-        params = {name: p.unsqueeze(0).expand(n, *p.shape) for name, p in payload["params"].items()}
+        if alg.personal:
+            params = tools.start_params(payload, ctx)  # the clients' own models, stacked with ctx
+        else:
+            params = {name: p.unsqueeze(0).expand(n, *p.shape) for name, p in payload["params"].items()}
         opt_state = vmap(tools.optimizer.init)(params)
         vstep = self._vstep(tools)
         steps = [len(j.schedule) for j in jobs]
@@ -105,7 +110,10 @@ class BatchedExecutor:
         aux_sum: dict[str, torch.Tensor] = {}
         for s in range(max(steps)):
             active = active_all[s]
-            batch = tools.batch(payload, idx_all[s], w_all[s])
+            noise = None
+            if alg.noise_dim is not None:
+                noise = torch.stack([tools.noise(round_, j.client_id, s, batch_size) for j in jobs])
+            batch = tools.batch(payload, idx_all[s], w_all[s], noise)
             new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
             if s < min(steps):  # every client still training: nothing to mask (and no pass over the stack)
                 params, opt_state = new_params, new_state
@@ -118,6 +126,9 @@ class BatchedExecutor:
         outs = []
         for i, job in enumerate(jobs):
             end = {name: p[i].clone() for name, p in params.items()}
+            if alg.client_end is not None:
+                with torch.no_grad():
+                    ctxs[i].update(alg.client_end(payload, end, ctxs[i], tools.client_data(job, payload), tools.apply))
             upload, state = alg.client_result(payload, end, ctxs[i])
             h = max(steps[i], 1)
             aux_i = {key: v[i] / h for key, v in aux_sum.items()}

@@ -32,17 +32,21 @@ class SequentialExecutor:
                 with torch.no_grad():
                     ctx.update(alg.client_start(payload, ctx, tools.client_data(job, payload), tools.apply))
             stage = "local_loss"
-            params = payload["params"]
+            params = tools.start_params(payload, ctx)
             opt_state = tools.optimizer.init(params)
             loss_sum = torch.zeros((), device=params[next(iter(params))].device)
             aux_sum: dict[str, torch.Tensor] = {}
-            for idx in job.schedule:
+            for s, idx in enumerate(job.schedule):
                 w = torch.full((idx.numel(),), 1.0 / idx.numel(), device=idx.device)
-                batch = tools.batch(payload, idx, w)
+                batch = tools.batch(payload, idx, w, tools.noise(round_, job.client_id, s, idx.numel()))
                 params, opt_state, loss, aux = tools.step(params, opt_state, batch, payload, ctx)
                 loss_sum = loss_sum + loss
                 for k, v in aux.items():
                     aux_sum[k] = aux_sum.get(k, 0.0) + v
+            if alg.client_end is not None:
+                stage = "client_end"
+                with torch.no_grad():
+                    ctx.update(alg.client_end(payload, params, ctx, tools.client_data(job, payload), tools.apply))
             stage = "client_result"
             upload, state = alg.client_result(payload, params, ctx)
         except FedriftError:
