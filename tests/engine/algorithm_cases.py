@@ -10,8 +10,19 @@ OPTIONS = {
     "fedgkd_vote": {"M": 2, "lam": 0.5},
     "fedcsd": {"mu": 0.5},
     "fedadc_plus": {"lam": 0.5},
+    "fedavgm": {"beta": 0.5},
+    "fednova": {"eta_s": 1.5},
+    "feddyn": {"alpha": 0.1},
+    "fedntd": {"beta": 1.0, "T": 2.0},
+    "fedrs": {"alpha": 0.3},
+    "moon": {"mu": 1.0},
+    "feddistill_plus": {"lam": 0.5},
+    "fedproto": {"lam": 1.0},
 }
-MODELS = {"fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16}}
+MODELS = {
+    "fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16},
+    "moon": {"name": "mlp", "hidden": [32], "projection_dim": 16},
+}
 
 
 def case(name: str) -> dict:

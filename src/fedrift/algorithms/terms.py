@@ -34,3 +34,34 @@ def kl_to_target(target: torch.Tensor, logits: torch.Tensor, w: torch.Tensor, T:
 def logit_mse(student: torch.Tensor, teacher: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``sum_i w_i mean_c (student_ic - teacher_ic)^2``: the MSE form of logit distillation."""
     return ((student - teacher).pow(2).mean(-1) * w).sum()
+
+
+def class_means(values: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(means, counts)``: row ``c`` of ``means`` is the mean of the rows of ``values`` whose
+    label is ``c`` (zero where there are none); ``counts[c]`` how many there are."""
+    onehot = F.one_hot(y, num_classes).to(values.dtype)  # (n, C)
+    counts = onehot.sum(0)
+    return (onehot.T @ values) / counts.clamp(min=1).unsqueeze(-1), counts
+
+
+def combine_class_means(means: torch.Tensor, counts: torch.Tensor, old: torch.Tensor, old_has: torch.Tensor):
+    """Per class, the count-weighted mean of the clients' rows ``means`` (K, C, D) with
+    ``counts`` (K, C); a class no client holds keeps its ``old`` row. Returns (table, has)."""
+    c = counts.to(means.dtype)
+    total = c.sum(0)
+    held = total > 0
+    new = (means * c.unsqueeze(-1)).sum(0) / total.clamp(min=1).unsqueeze(-1)
+    return torch.where(held.unsqueeze(-1), new, old), old_has | held
+
+
+def rows_for_labels(table: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``table[y]`` as a one-hot product (vmap-safe for labels batched per client)."""
+    onehot = (y.unsqueeze(-1) == torch.arange(table.shape[0], device=y.device)).to(table.dtype)
+    return onehot @ table
+
+
+def model_class_means(apply, params: Params, x: torch.Tensor, y: torch.Tensor, num_classes: int, mode: str):
+    """``class_means`` of the model's outputs (``mode``: logits or features) on a client's
+    data, in chunks of 1024 samples (no gradient: called after training)."""
+    outs = torch.cat([apply(params, x[i : i + 1024], mode=mode) for i in range(0, len(y), 1024)])
+    return class_means(outs, y, num_classes)
