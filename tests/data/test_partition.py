@@ -456,3 +456,22 @@ def test_bubble_plot_writes_png_and_svg(tmp_path: Path) -> None:
     bubble_plot(counts, tmp_path / "q.svg", "svg too")
     assert (tmp_path / "q.png").stat().st_size > 1000
     assert b"<svg" in (tmp_path / "q.svg").read_bytes()[:2000]
+
+
+@pytest.mark.parametrize("name", ["iid", "dirichlet", "shards", "natural"])
+def test_holdout_is_stratified_and_in_no_clients_data(name: str, tmp_path: Path) -> None:
+    data = make_dataset(groups=6 if name == "natural" else None)
+    options = {"num_clients": 6} if name != "natural" else {}
+    p = partition_dataset(data, name, options, seed=3, holdout=0.2)
+    held = set(p.holdout.tolist())
+    owned = np.concatenate(p.train)
+    assert not held & set(owned.tolist())  # never a client's
+    assert sorted(held | set(owned.tolist())) == list(range(data.num_train))  # the rest is all given out
+    y = data.y_train.numpy()
+    for c in range(10):  # round(0.2 n_c) of every class
+        assert int((y[p.holdout] == c).sum()) == round(0.2 * int((y == c).sum()))
+    p.save(tmp_path / "p.json")
+    assert np.array_equal(Partition.load(tmp_path / "p.json").holdout, p.holdout)
+    again = partition_dataset(data, name, options, seed=3, holdout=0.2)
+    assert np.array_equal(again.holdout, p.holdout)
+    assert len(partition_dataset(data, name, options, seed=3).holdout) == 0

@@ -84,3 +84,14 @@ def test_a_pre_phase_needs_both_of_its_hooks():
         Algorithm(name="half", hparams=None, local_loss=ce_loss, client_summary=lambda *a: {})
     with pytest.raises(ValueError, match="client_summary and pre_combine"):
         Algorithm(name="half", hparams=None, local_loss=ce_loss, pre_combine=lambda *a: {})
+
+
+def test_step_noise_is_a_pure_function_whose_rows_ignore_padding():
+    from fedrift.engine.rng import step_noise
+
+    a = step_noise(0, 2, 5, 3, rows=4, dim=8, device=torch.device("cpu"))
+    assert torch.equal(a, step_noise(0, 2, 5, 3, rows=4, dim=8, device=torch.device("cpu")))
+    assert torch.equal(a, step_noise(0, 2, 5, 3, rows=10, dim=8, device=torch.device("cpu"))[:4])
+    for other in [(1, 2, 5, 3), (0, 3, 5, 3), (0, 2, 6, 3), (0, 2, 5, 4)]:
+        assert not torch.equal(a, step_noise(*other, rows=4, dim=8, device=torch.device("cpu")))
+    assert a.dtype == torch.float32 and abs(float(step_noise(0, 1, 1, 1, 4000, 8, torch.device("cpu")).std()) - 1) < 0.05

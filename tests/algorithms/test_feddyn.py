@@ -1,0 +1,113 @@
+import torch
+
+import fedrift
+from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms.base import RoundInfo, Setup
+from fedrift.config import validate_options
+from fedrift.engine.state import ClientStateStore
+from fedrift.engine.tree import stack
+
+SETUP = Setup(num_classes=3, num_clients=4, feature_dim=4, lr=0.1, momentum=0.9, weight_decay=0.0, clip_grad_norm=None, seed=0)
+
+
+def _alg(name, setup=SETUP, **hp):
+    entry = ALGORITHMS.get(name)
+    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+
+
+def apply(params, x, mode="logits"):  # a linear model: logits = x W + b
+    return x @ params["w"] + params["b"]
+
+
+def _rand(seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return {"w": scale * torch.randn(4, 3, generator=g), "b": scale * torch.randn(3, generator=g)}
+
+
+def test_local_loss_adds_minus_gr_dot_w_and_the_proximal_term():
+    alpha = 0.5
+    alg, base = _alg("feddyn", alpha=alpha), _alg("fedavg")
+    w, w_t, gr = _rand(0), _rand(1), _rand(2, 0.3)
+    g = torch.Generator().manual_seed(3)
+    batch = {"x": torch.randn(5, 4, generator=g), "y": torch.tensor([0, 1, 2, 0, 1]), "w": torch.full((5,), 0.2)}
+    payload, ctx = {"params": w_t}, {"state": {"grad": gr}}
+
+    def loss_and_grad(a):
+        return torch.func.grad_and_value(lambda p: a.local_loss(p, batch, payload, ctx, apply), has_aux=True)(w)
+
+    (g1, (l1, aux)), (g0, (l0, _)) = loss_and_grad(alg), loss_and_grad(base)
+    for k in w:  # gradient: grad CE - gr_k + alpha (w - w_t)
+        torch.testing.assert_close(g1[k] - g0[k], -gr[k] + alpha * (w[k] - w_t[k]))
+    dot = sum((gr[k] * w[k]).sum() for k in w)
+    d2 = sum(((w[k] - w_t[k]) ** 2).sum() for k in w)
+    torch.testing.assert_close(l1, l0 - dot + 0.5 * alpha * d2)
+    torch.testing.assert_close(aux["ce_loss"], l0)
+
+
+def test_client_gradient_state_update_by_hand():
+    alg = _alg("feddyn", alpha=0.5)
+    fresh = alg.init_client({"w": torch.ones(2)})  # a client never sampled: gr_k = 0
+    assert list(fresh) == ["grad"] and torch.equal(fresh["grad"]["w"], torch.zeros(2))
+    payload = {"params": {"w": torch.tensor([1.0, 1.0])}}
+    ctx = {"state": {"grad": {"w": torch.tensor([1.0, 2.0])}}, "num_steps": torch.tensor(3.0)}
+    upload, state = alg.client_result(payload, {"w": torch.tensor([1.5, 0.0])}, ctx)
+    # gr_k - alpha (w_k - w_t) = [1, 2] - 0.5 [0.5, -1]
+    torch.testing.assert_close(state["grad"]["w"], torch.tensor([0.75, 2.5]))
+    assert list(upload) == ["params"] and torch.equal(upload["params"]["w"], torch.tensor([1.5, 0.0]))
+
+
+def test_server_h_and_model_by_hand():
+    alg = _alg("feddyn", alpha=0.5)
+    state = alg.init_server({"w": torch.tensor([1.0, 1.0])})
+    assert torch.equal(state["h"]["w"], torch.zeros(2))
+    state = {**state, "h": {"w": torch.tensor([0.5, 0.25])}}
+    uploads = stack([{"params": {"w": torch.tensor([2.0, 0.0])}}, {"params": {"w": torch.tensor([0.0, 4.0])}}])
+    p = torch.tensor([0.75, 0.25], dtype=torch.float64)
+    out = alg.aggregate(state, uploads, p, RoundInfo(round=2, num_clients=4, sampled=(1, 3)))
+    # sum_k (w_k - w_t) = [0, 2]; h = h - (0.5 / 4) [0, 2] = [0.5, 0]
+    torch.testing.assert_close(out["h"]["w"], torch.tensor([0.5, 0.0]))
+    # avg = [1.5, 1.0]; w = avg - h / alpha = [0.5, 1.0]
+    torch.testing.assert_close(out["params"]["w"], torch.tensor([0.5, 1.0]))
+
+
+def test_feddyn_alpha_zero_is_exactly_fedavg(tiny, tmp_path):
+    train = {"rounds": 3}
+    a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train=train, output={"dir": str(tmp_path / "a")}))
+    b = fedrift.run(tiny(algorithm={"name": "feddyn", "alpha": 0.0}, train=train, output={"dir": str(tmp_path / "b")}))
+    for k in a.global_state:
+        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    assert [r["train_loss"] for r in a.history] == [r["train_loss"] for r in b.history]
+    assert [r["bytes_up"] for r in a.history] == [r["bytes_up"] for r in b.history]  # w_k only
+    c = fedrift.run(tiny(algorithm={"name": "feddyn", "alpha": 0.1}, train=train, output={"dir": str(tmp_path / "c")}))
+    assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
+    assert any(v.abs().max() > 0 for v in c.server_state["h"].values())
+
+
+def test_disk_client_state_gives_the_same_run_as_memory(tiny, tmp_path, monkeypatch):
+    opened, real_open = [], ClientStateStore._open
+    monkeypatch.setattr(ClientStateStore, "_open", lambda self, layout: (opened.append(self._path), real_open(self, layout)))
+    runs = {}
+    for mode in ("memory", "disk"):
+        cfg = tiny(algorithm={"name": "feddyn", "alpha": 0.1}, engine={"client_state": mode},
+                   train={"rounds": 4, "clients_per_round": 3}, output={"dir": str(tmp_path / mode)})
+        runs[mode] = fedrift.run(cfg)
+    assert opened == [tmp_path / "disk" / "client_state.bin"]  # the disk run kept gr_k in the file
+    mem, disk = runs["memory"], runs["disk"]
+    for k in mem.global_state:
+        assert torch.equal(mem.global_state[k], disk.global_state[k]), k
+        assert torch.equal(mem.server_state["h"][k], disk.server_state["h"][k]), k
+    for a, b in zip(mem.history, disk.history, strict=True):
+        assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
+
+
+def test_feddyn_learns_on_mnist5k_with_label_skew(tmp_path):
+    cfg = {
+        "data": {"name": "mnist5k"},
+        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 10},
+        "model": {"name": "mlp", "hidden": [64]},
+        "algorithm": {"name": "feddyn"},
+        "train": {"rounds": 5, "clients_per_round": 4, "local_epochs": 1, "batch_size": 32, "lr": 0.05},
+        "output": {"dir": str(tmp_path / "r"), "progress": False},
+    }
+    result = fedrift.run(cfg)
+    assert result.summary["final_accuracy"] > 0.6  # chance is 0.1
