@@ -18,11 +18,14 @@ OPTIONS = {
     "moon": {"mu": 1.0},
     "feddistill_plus": {"lam": 0.5},
     "fedproto": {"lam": 1.0},
+    "fedgen": {"alpha": 1.0, "gen_steps": 2},
+    "feddf": {"steps": 10, "eval_every": 5},
 }
 MODELS = {
     "fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16},
     "moon": {"name": "mlp", "hidden": [32], "projection_dim": 16},
 }
+PARTITIONS = {"feddf": {"holdout": 0.1}}  # merged into the partition section (FedDF's proxy data)
 
 
 def case(name: str) -> dict:
@@ -30,6 +33,8 @@ def case(name: str) -> dict:
     out = {"algorithm": {"name": name, **OPTIONS.get(name, {})}}
     if name in MODELS:
         out["model"] = MODELS[name]
+    if name in PARTITIONS:
+        out["partition"] = PARTITIONS[name]
     return out
 
 
