@@ -47,3 +47,22 @@ def test_sgd_step_by_hand():
     u, s = opt.update({"w": torch.tensor([0.0])}, s, p)
     p = apply_updates(p, u)
     assert torch.allclose(p["w"], torch.tensor([0.4875]))
+
+
+def test_adam_is_torch_adam():
+    from fedrift.engine.optim import adam
+
+    p0 = {"w": torch.tensor([1.0, -2.0, 0.5])}
+    opt = adam(0.1)
+    state = opt.init(p0)
+    p = p0
+    ref = p0["w"].clone().requires_grad_(True)
+    torch_opt = torch.optim.Adam([ref], lr=0.1)
+    for t in range(5):
+        g = {"w": torch.tensor([0.3, -1.0, 2.0]) * (t + 1) + p["w"]}
+        updates, state = opt.update(g, state, p)
+        p = {"w": p["w"] + updates["w"]}
+        ref.grad = g["w"].clone()
+        torch_opt.step()
+        torch.testing.assert_close(p["w"], ref.detach(), rtol=1e-6, atol=1e-7)
+    assert state["count"] == 5

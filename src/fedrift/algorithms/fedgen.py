@@ -88,9 +88,9 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import weighted_ce
-from fedrift.engine.optim import Transform, apply_updates
+from fedrift.engine.optim import Transform, adam, apply_updates
 from fedrift.engine.rng import generator
-from fedrift.engine.tree import tree_map, weighted_sum
+from fedrift.engine.tree import weighted_sum
 from fedrift.params import params
 
 SERVER_RNG = 101  # purpose tag of FedGen's server-side draws (generator init, training batches)
@@ -208,25 +208,6 @@ def generator_draws(
         eps = rng.standard_normal((batch, noise_dim), dtype=np.float32)
         out.append((torch.from_numpy(eps).to(device), torch.from_numpy(y).to(device)))
     return out
-
-
-def adam(lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Transform:
-    """Adam as a functional transform (torch.optim.Adam's rule, no weight decay); state
-    ``{"count", "m", "v"}``, kept in the server state between rounds."""
-
-    def init(params_: Params) -> dict:
-        return {"count": 0, "m": tree_map(torch.zeros_like, params_), "v": tree_map(torch.zeros_like, params_)}
-
-    def update(grads: Params, state: dict, params_: Params) -> tuple[Params, dict]:
-        t = state["count"] + 1
-        m = tree_map(lambda m_, g: b1 * m_ + (1 - b1) * g, state["m"], grads)
-        v = tree_map(lambda v_, g: b2 * v_ + (1 - b2) * g * g, state["v"], grads)
-        step = lr / (1 - b1**t)
-        root = math.sqrt(1 - b2**t)
-        updates = tree_map(lambda m_, v_: -step * m_ / (v_.sqrt() / root + eps), m, v)
-        return updates, {"count": t, "m": m, "v": v}
-
-    return Transform(init, update)
 
 
 def train_generator(

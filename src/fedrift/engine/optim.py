@@ -89,5 +89,26 @@ def sgd(
     return chain(*parts)
 
 
+def adam(lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Transform:
+    """Adam as torch.optim.Adam computes it (no weight decay); state ``{"count", "m", "v"}``
+    with the step count a tensor, so the transform also runs under ``vmap``."""
+
+    def init(params: Params) -> State:
+        first = next(iter(params.values()))
+        return {"count": torch.zeros((), dtype=torch.float64, device=first.device), "m": tree_map(torch.zeros_like, params),
+                "v": tree_map(torch.zeros_like, params)}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        t = state["count"] + 1
+        m = tree_map(lambda m_, g: b1 * m_ + (1 - b1) * g, state["m"], grads)
+        v = tree_map(lambda v_, g: b2 * v_ + (1 - b2) * g * g, state["v"], grads)
+        step = lr / (1 - b1**t)
+        root = torch.sqrt(1 - b2**t)
+        updates = tree_map(lambda m_, v_: -step * m_ / (v_.sqrt() / root + eps), m, v)
+        return updates, {"count": t, "m": m, "v": v}
+
+    return Transform(init, update)
+
+
 def apply_updates(params: Params, updates: Params) -> Params:
     return tree_map(lambda p, u: p + u, params, updates)
