@@ -77,8 +77,10 @@ def run_federation(
             up = 0
             n = torch.tensor([float(fed.sizes[k]) for k in sampled], dtype=torch.float64)
             weights = torch.full_like(n, 1.0 / len(n)) if uniform else n / n.sum()
-            # the teacher table sees the broadcast payload; the pre-phase may read it
-            round_tools = with_teacher(tools, payload, jobs, cfg.eval.batch_size, cfg.engine.teacher_cache)
+            # the teacher table sees the broadcast payload; the pre-phase may read it. An
+            # executor that builds it where the clients train does so when no pre-phase reads it.
+            own = getattr(executor, "builds_teacher", False) and algorithm.client_summary is None
+            round_tools = tools if own else with_teacher(tools, payload, jobs, cfg.eval.batch_size, cfg.engine.teacher_cache)
             if algorithm.client_summary is not None:
                 payload, pre_down, up = _pre_phase(algorithm, round_tools, payload, jobs, weights.to(device))
                 down += pre_down

@@ -48,6 +48,7 @@ import torch
 from fedrift.config import Config
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.executors.sequential import SequentialExecutor
+from fedrift.engine.teacher import with_teacher
 from fedrift.engine.tree import tree_map
 from fedrift.errors import ConfigError
 
@@ -241,7 +242,10 @@ def _worker_main(conn: Connection, lifeline: Connection, doc: dict[str, Any]) ->
             return  # the parent is gone
         if device.type != "cpu":
             payload, jobs = _portable(payload, device), [_portable(j, device) for j in jobs]
-        round_tools = _with_teacher_rows(tools, teacher)
+        if teacher == "build":  # no pre-phase read the table: the worker makes its own rows
+            round_tools = with_teacher(tools, payload, jobs, doc["eval"]["batch_size"], True)
+        else:
+            round_tools = _with_teacher_rows(tools, teacher)
         outputs: list[ClientOutput] = []
         reply: tuple | None = None
         for pos, job in enumerate(jobs):  # one at a time, to know which client failed
@@ -302,6 +306,9 @@ class ProcessesExecutor:
         self._busy = False  # a round is in flight: close() must not wait for it
         self._lifeline: tuple[Connection, Connection] | None = None  # (workers' end, ours)
         self._local = SequentialExecutor()
+        self._cache = cfg.engine.teacher_cache
+
+    builds_teacher = True  # the loop need not build the round's teacher table (see run_round)
 
     # -- the contract ------------------------------------------------------------------
 
@@ -314,6 +321,9 @@ class ProcessesExecutor:
             self._tools, self._expect = replace(tools, teacher_cache=None), _fingerprint(tools)
         if not _same_run(tools, self._tools):  # tools the workers do not hold (personalisation)
             return self._local.run_round(tools, payload, jobs, round_)
+        # a teacher table the loop left to us (``builds_teacher``) is built by each worker on
+        # its own clients' rows, in parallel; one the loop built (a pre-phase read it) is sent
+        teacher = "build" if self._cache and tools.algorithm.teacher is not None and tools.teacher_cache is None else None
         buckets = split_jobs(jobs, min(self.workers, len(jobs)))
         self._start(len(buckets))
         blob = pickle.dumps(_portable(payload), _PROTOCOL)
@@ -321,7 +331,7 @@ class ProcessesExecutor:
         self._busy = True
         for w, bucket in zip(used, buckets):
             mine = [jobs[i] for i in bucket]
-            head = ("round", round_, [_portable(j) for j in mine], _teacher_rows(tools, mine))
+            head = ("round", round_, [_portable(j) for j in mine], teacher or _teacher_rows(tools, mine))
             try:
                 w.conn.send_bytes(pickle.dumps(head, _PROTOCOL))
                 w.conn.send_bytes(blob)
