@@ -1,8 +1,10 @@
 """fedrift: federated learning under client drift, every remedy under one fast engine."""
 
 from fedrift.api import RunResult, run
+from fedrift.grid import compare, write_report
 from fedrift.config import Config, load_config
 from fedrift.errors import ConfigError, DivergenceError, FedriftError
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "DivergenceError", "FedriftError", "RunResult", "load_config", "run", "__version__"]
+__all__ = ["Config", "ConfigError", "DivergenceError", "FedriftError", "RunResult", "compare", "load_config", "run",
+           "write_report", "__version__"]

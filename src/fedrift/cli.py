@@ -1,4 +1,4 @@
-"""``fedrift run | list | partition``: user mistakes get one line and exit 2, never a traceback."""
+"""``fedrift run | compare | report | list | partition``: user mistakes get one line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -6,16 +6,47 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedrift.errors import FedriftError
+from fedrift.errors import ConfigError, FedriftError
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedrift", description="Federated learning under client drift.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{run,list,partition}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{run,compare,report,list,partition}")
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.rounds=10")
+
+    comp = sub.add_parser(
+        "compare",
+        help="run a grid (algorithms x sweep values x seeds, resumable), then the table and report.html",
+        description="Run every combination of algorithms=, sweep.KEY= values and seeds=, each run in "
+        "OUT/<setting>/seed<k>; finished runs are reused when run again. Then print the table of mean +- std "
+        "over seeds and write results.csv, results.md, figures/ and report.html in OUT.",
+    )
+    comp.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
+    comp.add_argument("--out", default=None, help="root folder of the grid (default: runs/compare-<config name>)")
+    comp.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (default 1)")
+    comp.add_argument("--no-report", action="store_true", help="write the tables only, no figures or report.html")
+    comp.add_argument(
+        "grid",
+        nargs="*",
+        metavar="key=value",
+        help="algorithms=fedavg,fedprox:mu=0.1  seeds=0,1,2  sweep.partition.alpha=0.1,0.5  "
+        "report.at_rounds=10,20 report.target=fedavg:0.9 report.tsne=fedavg,fedprox  and overrides for every run",
+    )
+
+    rep = sub.add_parser(
+        "report",
+        help="tables, figures and one self-contained report.html for a folder of runs",
+        description="Build results.csv, results.md, figures/ and report.html for a compare root, or for any "
+        "folder of run folders (grouped by config minus seed).",
+    )
+    rep.add_argument("runs_dir", help="a compare root or any folder holding run folders")
+    rep.add_argument("--out", default=None, help="the HTML file (default: RUNS_DIR/report.html)")
+    rep.add_argument("options", nargs="*", metavar="report.key=value",
+                     help="report.at_rounds=10,20,50 report.target=0.9|fedavg:0.9|none report.tsne=fedavg|none "
+                     "report.tsne_points=1000 report.band=minmax|std report.plots=false report.title=...")
 
     sub.add_parser("list", help="algorithms, datasets, models, partitions, executors, samplers")
 
@@ -28,10 +59,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # compare and report take key=value tokens before and after their --options
+    tail = {"compare": "grid", "report": "options"}.get(args.command)
+    if extra and (tail is None or any(x.startswith("-") or "=" not in x for x in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if tail:
+        setattr(args, tail, [*getattr(args, tail), *extra])
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "compare":
+            return _compare(args)
+        if args.command == "report":
+            return _report(args)
         if args.command == "list":
             return _list()
         return _partition(args)
@@ -54,6 +96,37 @@ def _run(args: argparse.Namespace) -> int:
         f"{s['wall_seconds']:.1f} s"
     )
     print(f"results in {result.output_dir}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from fedrift.grid import compare, parse_grid_tokens
+
+    grid = parse_grid_tokens(args.grid)
+    compare(
+        args.config,
+        algorithms=grid["algorithms"],
+        seeds=grid["seeds"],
+        sweep=grid["sweep"],
+        overrides=grid["overrides"],
+        out=args.out,
+        jobs=args.jobs,
+        report=not args.no_report,
+        report_options=grid["report"],
+    )
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from fedrift.grid import write_report
+
+    options = {}
+    for item in args.options:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.startswith("report.") or key == "report.":
+            raise ConfigError(f"{item!r}: report options are report.key=value, e.g. report.at_rounds=10,20")
+        options[key[len("report."):]] = raw
+    write_report(args.runs_dir, out=args.out, **options)
     return 0
 
 

@@ -1,0 +1,312 @@
+"""The comparison report: tables (terminal, CSV, Markdown), figures, and one ``report.html``.
+
+``report.html`` is self-contained: styles inline, figures embedded as base64 PNG
+(``data:`` URLs), no script, no external URL, so it opens offline and can be mailed as one
+file. It holds the grid, the results table (``<table id="results">``), the figures, and the
+resolved config of one run per setting in collapsible ``<details>``.
+
+Options (``report.*`` on the command line, keyword arguments in Python):
+
+- ``at_rounds``: accuracy at these rounds (default: the runs' ``eval.at_rounds`` if any set,
+  else 10, 20, 50; rounds past every run's end are dropped);
+- ``target``: rounds-to-target rule: an accuracy (``0.9``), ``ALG:FRACTION`` (``fedavg:0.9``),
+  or ``none``; default ``fedavg:0.9`` when fedavg is in the grid (BENCH.md), else none;
+- ``tsne``: algorithms whose final global model's features get a t-SNE panel (default: the
+  first two of the grid; ``none`` for no t-SNE); ``tsne_points`` (1000) test samples;
+- ``band``: ``minmax`` (default) or ``std``, the learning curves' band over seeds;
+- ``plots``: false writes the tables and a report without figures;
+- ``title``: the report's title.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import json
+from pathlib import Path
+from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fedrift.errors import ConfigError, FedriftError
+from fedrift.report.table import (
+    Group,
+    default_target,
+    display_table,
+    load_groups,
+    parse_target,
+    print_table,
+    summarize,
+    to_csv,
+    to_markdown,
+)
+
+Echo = Callable[[str], None]
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class ReportOptions(BaseModel):
+    """The ``report.*`` options (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    at_rounds: list[PositiveInt] | None = None
+    target: float | str | None = "auto"
+    tsne: list[str] | None = None
+    tsne_points: Annotated[int, Field(ge=10)] = 1000
+    band: Literal["minmax", "std"] = "minmax"
+    plots: bool = True
+    title: str | None = None
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any] | "ReportOptions" | None) -> "ReportOptions":
+        """From ``report.*`` values: CLI strings (``"10,20,50"``, ``"fedavg:0.9"``) or Python values."""
+        if isinstance(raw, ReportOptions):
+            return raw
+        from fedrift.grid import parse_value, split_list
+
+        doc: dict[str, Any] = {}
+        for key, value in (raw or {}).items():
+            if isinstance(value, str) and key in ("at_rounds", "tsne"):
+                items = split_list(value)
+                if key == "tsne" and [i.lower() for i in items] in ([], ["none"], ["off"]):
+                    value = []
+                else:
+                    value = [parse_value(i) if key == "at_rounds" else i for i in items]
+            elif isinstance(value, str) and key not in ("title", "target"):
+                value = parse_value(value)
+            elif isinstance(value, str) and key == "target":
+                parsed = parse_value(value)
+                value = parsed if isinstance(parsed, (int, float)) and not isinstance(parsed, bool) else value
+            doc[key] = value
+        try:
+            opts = cls.model_validate(doc)
+        except ValidationError as err:
+            first = err.errors()[0]
+            key = "report." + ".".join(str(p) for p in first["loc"][:1])
+            if first["type"] == "extra_forbidden":
+                raise ConfigError(f"{key}: unknown key; allowed: {', '.join(sorted(cls.model_fields))}") from None
+            got = first.get("input")
+            raise ConfigError(f"{key}: {first['msg'].lower()} (got {got!r})") from None
+        if opts.target != "auto":
+            parse_target(opts.target)  # refuses a bad rule now
+        return opts
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if k in self.model_fields_set}
+
+
+# ---------------------------------------------------------------------------------------
+# Building the report
+
+
+def resolve_at_rounds(opts: ReportOptions, groups: Sequence[Group]) -> list[int]:
+    runs = [r for g in groups for r in g.runs]
+    last = max((int(r.metrics[-1].get("round", 0)) for r in runs if r.metrics), default=0)
+    if opts.at_rounds is not None:
+        wanted = list(dict.fromkeys(opts.at_rounds))
+    else:
+        wanted = sorted({int(t) for r in runs for t in ((r.config.get("eval") or {}).get("at_rounds") or [])}) or [10, 20, 50]
+    return [t for t in wanted if t <= last] if last else []
+
+
+def _target(opts: ReportOptions, groups: Sequence[Group]) -> Any:
+    return default_target(groups) if opts.target == "auto" else opts.target
+
+
+def write_tables(root: Path, raw: Mapping[str, Any] | ReportOptions | None = None, echo: Echo = print,
+                 quiet_table: bool = False) -> list[dict[str, Any]]:
+    """``results.csv`` and ``results.md`` under ``root``; prints the table; returns the rows."""
+    groups, grid = load_groups(Path(root))
+    opts = _merged_options(grid, raw)
+    rows, _ = _tables(Path(root), groups, opts, echo, quiet_table)
+    return rows
+
+
+def _merged_options(grid: dict[str, Any] | None, raw: Mapping[str, Any] | ReportOptions | None) -> ReportOptions:
+    if isinstance(raw, ReportOptions):
+        return raw
+    stored = dict((grid or {}).get("report") or {})
+    return ReportOptions.parse({**stored, **dict(raw or {})})
+
+
+def _tables(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo, quiet: bool = False):
+    at_rounds = resolve_at_rounds(opts, groups)
+    rows = summarize(groups, at_rounds, _target(opts, groups))
+    (root / "results.csv").write_text(to_csv(rows))
+    (root / "results.md").write_text(to_markdown(rows, at_rounds))
+    if not quiet and echo is print:
+        print_table(rows, at_rounds, title=opts.title or f"fedrift comparison: {root.resolve().name}")
+    elif not quiet:
+        echo(to_markdown(rows, at_rounds))
+    return rows, at_rounds
+
+
+def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo = print) -> list[Any]:
+    from fedrift.report.plots import drift_curves, learning_curves, partition_plots
+    from fedrift.report.tsne import choose_runs, tsne_plot
+
+    folder = root / "figures"
+    for pattern in ("learning_curves.*", "drift.*", "partition-*.*", "tsne.*"):  # this report's own files
+        for old in folder.glob(pattern):
+            if old.suffix in (".png", ".svg"):
+                old.unlink()
+    plots = []
+    lc = learning_curves(groups, folder / "learning_curves", opts.band)
+    if lc:
+        plots.append(lc)
+    dc = drift_curves(groups, folder / "drift", opts.band)
+    if dc:
+        plots.append(dc)
+    plots += partition_plots(groups, folder, warn=echo)
+    chosen = choose_runs(groups, opts.tsne)
+    if chosen:
+        try:
+            ts = tsne_plot(chosen, folder / "tsne", opts.tsne_points)
+        except (FedriftError, OSError, RuntimeError, KeyError) as err:
+            echo(f"t-SNE skipped: {err}")
+            ts = None
+        if ts:
+            plots.append(ts)
+    elif opts.tsne != []:
+        echo("t-SNE skipped: no completed run with final_model.pt among the chosen algorithms")
+    return plots
+
+
+def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = None, html_path: str | Path | None = None,
+                 echo: Echo = print) -> tuple[list[dict[str, Any]], Path]:
+    """Tables, figures and ``report.html`` for the runs under ``root``; returns (rows, html path)."""
+    from fedrift.grid import check_report_names
+
+    root = Path(root)
+    groups, grid = load_groups(root)
+    opts = _merged_options(grid, raw)
+    check_report_names(opts, list(dict.fromkeys(g.algorithm for g in groups)))
+    rows, at_rounds = _tables(root, groups, opts, echo)
+    plots = make_figures(root, groups, opts, echo) if opts.plots else []
+    out = Path(html_path) if html_path is not None else root / "report.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(root, groups, grid, rows, at_rounds, plots, opts))
+    return rows, out
+
+
+# ---------------------------------------------------------------------------------------
+# HTML
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",Arial,sans-serif;margin:2em auto;
+max-width:1400px;padding:0 1em;color:#222;line-height:1.4}
+h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+.meta{color:#666;font-size:.9em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right;white-space:nowrap}
+th{background:#f1f3f6;white-space:normal;vertical-align:bottom}td:first-child,th:first-child{text-align:left}
+tbody tr:nth-child(even){background:#fafbfc}
+table.kv td{text-align:left;white-space:normal}table.kv td:first-child{font-weight:600;background:#f7f7f7}
+figure{margin:1.2em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{color:#555;font-size:.9em}
+details{margin:.3em 0}summary{cursor:pointer;font-weight:600}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.85em}
+.note{color:#555;font-size:.9em}.scroll{overflow-x:auto}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _img(png: Path, alt: str) -> str:
+    data = base64.b64encode(Path(png).read_bytes()).decode("ascii")
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _grid_rows(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None) -> list[tuple[str, str]]:
+    runs = [r for g in groups for r in g.runs]
+    count = {s: sum(r.status == s for r in runs) for s in ("completed", "diverged", "interrupted", "missing")}
+    status = ", ".join(f"{v} {k}" for k, v in count.items() if v)
+    rows = [("runs folder", str(root.resolve()))]
+    if grid:
+        if grid.get("config"):
+            rows.append(("config file", str(grid["config"])))
+        rows.append(("algorithms", ", ".join(grid.get("algorithms", []))))
+        rows.append(("seeds", ", ".join(str(s) for s in grid.get("seeds", []))))
+        for k, vals in (grid.get("sweep") or {}).items():
+            rows.append((f"sweep {k}", ", ".join(json.dumps(v) if not isinstance(v, str) else v for v in vals)))
+        if grid.get("overrides"):
+            rows.append(("overrides (every run)", " ".join(grid["overrides"])))
+    else:
+        rows.append(("settings", f"{len(groups)} (runs grouped by config minus seed)"))
+    rows.append(("runs", f"{len(runs)}: {status}"))
+    return rows
+
+
+def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None, rows: Sequence[dict[str, Any]],
+                at_rounds: Sequence[int], plots: Sequence[Any], opts: ReportOptions) -> str:
+    from fedrift import __version__
+
+    title = opts.title or f"fedrift comparison: {root.resolve().name}"
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    headers, cells = display_table(rows, at_rounds, pm="±")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(title)}</title>",
+        f"<style>{CSS}</style>",
+        "</head>",
+        "<body>",
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="meta">fedrift {_e(__version__)}, generated {_e(now)}</p>',
+        "<h2>Grid</h2>",
+        '<table class="kv" id="grid"><tbody>',
+        *(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in _grid_rows(root, groups, grid)),
+        "</tbody></table>",
+        "<h2>Results</h2>",
+        '<div class="scroll">',
+        '<table id="results">',
+        "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr></thead>",
+        "<tbody>",
+        *("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in cells),
+        "</tbody>",
+        "</table>",
+        "</div>",
+        '<p class="note">Accuracies in percent: mean ± sample standard deviation (ddof=1; 0 for one seed) over the '
+        "runs that completed; diverged runs are counted, not averaged. acc@r: the last evaluation at or before round r. "
+        "Rounds to target: mean over the runs that reached it (how many in brackets)"
+        + (f"; target rule {_e(_target(opts, groups))}" if _target(opts, groups) else "")
+        + ". s/round: training seconds per round; down/up: bytes per round. The same table is in "
+        "results.csv (raw numbers) and results.md.</p>",
+    ]
+    if plots:
+        parts.append("<h2>Figures</h2>")
+        for p in plots:
+            parts += [
+                "<figure>",
+                f"<h3>{_e(p.title)}</h3>",
+                _img(p.png, p.title),
+                f"<figcaption>{_e(p.caption)} (files: figures/{_e(Path(p.png).name)}, figures/{_e(Path(p.svg).name)})"
+                "</figcaption>",
+                "</figure>",
+            ]
+    parts.append("<h2>Configurations</h2>")
+    parts.append('<p class="note">The resolved config.yaml of the first run of each setting (the other seeds differ '
+                 "only in seed and output.dir).</p>")
+    for g in groups:
+        first = next((r for r in g.runs if (r.dir / "config.yaml").is_file()), None)
+        text = (first.dir / "config.yaml").read_text() if first else "(no run of this setting on disk yet)"
+        parts += [
+            "<details>",
+            f"<summary>{_e(g.label)}</summary>",
+            f"<pre>{_e(text)}</pre>",
+            "</details>",
+        ]
+    parts += ["</body>", "</html>", ""]
+    return "\n".join(parts)
+
+
+__all__ = ["ReportOptions", "build_report", "make_figures", "render_html", "resolve_at_rounds", "write_tables"]

@@ -1,0 +1,239 @@
+"""Figures of a comparison, each written as PNG and SVG.
+
+- ``learning_curves``: global test accuracy per round, one panel per swept value, one line
+  per algorithm: the mean over seeds, with a band (min to max over seeds, or mean +- std).
+- ``drift_curves``: when the runs logged drift diagnostics (``eval.drift``), the logit KL and
+  feature L2 distance of the local models to the global model per round (FedCSD Fig. 1).
+- ``partition_plots``: the client x class bubble plot (``partition_plot.bubble_plot``) of
+  each distinct partition, from the first seed's run.
+- t-SNE of the final global model's features: :mod:`fedrift.report.tsne`.
+
+Everything draws on bare :class:`~matplotlib.figure.Figure` objects with the Agg canvas,
+never pyplot: no window, no global figure registry, the caller's backend untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from fedrift.report.table import Group, Run, short_names
+
+DRIFT_KEYS = {"drift_logit_kl": "logit KL(global || local)", "drift_feature_l2": "feature L2 ||h_local - h_global||"}
+
+
+@dataclass
+class Plot:
+    """A written figure: what the report shows and where its files are."""
+
+    title: str
+    caption: str
+    png: Path
+    svg: Path
+
+
+def new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, base: Path) -> tuple[Path, Path]:
+    """``base.png`` and ``base.svg``."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    png, svg = base.with_suffix(".png"), base.with_suffix(".svg")
+    fig.savefig(png, format="png")
+    fig.savefig(svg, format="svg")
+    return png, svg
+
+
+def panels_of(groups: Sequence[Group]) -> list[tuple[str, list[Group]]]:
+    """Groups split by their swept values, in the grid's order; titles from the swept keys."""
+    keys = list(dict.fromkeys(k for g in groups for k in g.sweep))
+    short = short_names(keys)
+    out: dict[str, list[Group]] = {}
+    titles: dict[str, str] = {}
+    for g in groups:
+        k = json.dumps(g.sweep, sort_keys=True, default=str)
+        out.setdefault(k, []).append(g)
+        titles[k] = ", ".join(f"{short[a]}={_fmt(v)}" for a, v in g.sweep.items())
+    return [(titles[k], out[k]) for k in out]
+
+
+def _fmt(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+
+
+def _colours(groups: Sequence[Group]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    algs = list(dict.fromkeys(g.algorithm for g in groups))
+    cmap = colormaps["tab10" if len(algs) <= 10 else "tab20"]
+    return {a: cmap(i % cmap.N) for i, a in enumerate(algs)}
+
+
+def _plotted_runs(g: Group) -> list[Run]:
+    return [r for r in g.runs if r.status in ("completed", "diverged") and r.metrics]
+
+
+def curve_stats(curves: Sequence[Sequence[tuple[int, float]]], band: str = "minmax") -> tuple[np.ndarray, ...]:
+    """Rounds, mean, low, high over the curves (each round over the curves that have it)."""
+    by_round: dict[int, list[float]] = {}
+    for c in curves:
+        for t, v in c:
+            if v is not None and np.isfinite(v):
+                by_round.setdefault(int(t), []).append(float(v))
+    rounds = np.array(sorted(by_round), dtype=float)
+    vals = [np.array(by_round[int(t)]) for t in rounds]
+    mean = np.array([v.mean() for v in vals])
+    if band == "std":
+        sd = np.array([v.std(ddof=1) if len(v) > 1 else 0.0 for v in vals])
+        low, high = mean - sd, mean + sd
+    else:
+        low, high = np.array([v.min() for v in vals]), np.array([v.max() for v in vals])
+    return rounds, mean, low, high
+
+
+def _grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:
+    cols = min(n, max_cols)
+    return (n + cols - 1) // cols, cols
+
+
+def learning_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -> Plot | None:
+    panels = [(t, gs) for t, gs in panels_of(groups) if any(_plotted_runs(g) for g in gs)]
+    if not panels:
+        return None
+    colours = _colours(groups)
+    rows, cols = _grid_shape(len(panels))
+    fig = new_figure(max(6.0, 4.6 * cols), 3.6 * rows + 0.4)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, gs) in zip(axes.flat, panels):
+        for g in gs:
+            runs = _plotted_runs(g)
+            if not runs:
+                continue
+            rounds, mean, low, high = curve_stats([r.accuracy_curve() for r in runs], band)
+            c = colours[g.algorithm]
+            ax.plot(rounds, 100 * mean, color=c, lw=1.6, label=f"{g.algorithm} (n={len(runs)})",
+                    marker="o" if len(rounds) <= 12 else None, ms=3)
+            if len(runs) > 1:
+                ax.fill_between(rounds, 100 * low, 100 * high, color=c, alpha=0.18, lw=0)
+        ax.set_title(title)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    what = "min to max" if band == "minmax" else "mean +- std"
+    fig.suptitle(f"Global test accuracy: mean over seeds, band {what}", fontsize=11)
+    fig.tight_layout()
+    png, svg = save(fig, base)
+    return Plot("Learning curves", f"Global test accuracy per round; line: mean over seeds, band: {what} over seeds.",
+                png, svg)
+
+
+def has_drift(groups: Sequence[Group]) -> bool:
+    return any(k in m for g in groups for r in g.runs for m in r.metrics for k in DRIFT_KEYS)
+
+
+def drift_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -> Plot | None:
+    if not has_drift(groups):
+        return None
+    panels = [(t, gs) for t, gs in panels_of(groups) if any(_plotted_runs(g) for g in gs)]
+    colours = _colours(groups)
+    cols = len(panels)
+    fig = new_figure(max(6.0, 4.6 * cols), 3.3 * len(DRIFT_KEYS) + 0.4)
+    axes = fig.subplots(len(DRIFT_KEYS), cols, squeeze=False)
+    for j, (title, gs) in enumerate(panels):
+        for i, (key, name) in enumerate(DRIFT_KEYS.items()):
+            ax = axes[i, j]
+            for g in gs:
+                runs = [r for r in _plotted_runs(g) if any(key in m for m in r.metrics)]
+                if not runs:
+                    continue
+                curves = [[(m["round"], m[key]) for m in r.metrics if m.get(key) is not None] for r in runs]
+                rounds, mean, low, high = curve_stats(curves, band)
+                c = colours[g.algorithm]
+                ax.plot(rounds, mean, color=c, lw=1.6, label=g.algorithm, marker="o" if len(rounds) <= 12 else None, ms=3)
+                if len(runs) > 1:
+                    ax.fill_between(rounds, low, high, color=c, alpha=0.18, lw=0)
+            ax.set_title(title if i == 0 else "")
+            ax.set_xlabel("round")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylabel(name, fontsize=9)
+            ax.grid(True, alpha=0.3)
+            if i == 0:
+                ax.legend(fontsize=8)
+    fig.suptitle("Client drift: local models vs the global model they started from", fontsize=11)
+    fig.tight_layout()
+    png, svg = save(fig, base)
+    return Plot("Client drift", "Per round, averaged over the round's clients and a fixed probe batch of the test set: "
+                "KL(softmax(z_global) || softmax(z_local)) and ||h_local - h_global||; mean over seeds.", png, svg)
+
+
+@lru_cache(maxsize=4)
+def _dataset(data_json: str) -> Any:
+    from fedrift.config import load_config, validate_options
+    from fedrift.data import DATASETS, load_dataset
+
+    data = json.loads(data_json)
+    cfg = load_config({"data": data})
+    options = validate_options("data", DATASETS.get(cfg.data.name, "data.name").params, cfg.data.options_dict)
+    root = Path(cfg.data.root).expanduser() if cfg.data.root else None
+    return load_dataset(cfg.data.name, root, options)
+
+
+def run_dataset(config: dict[str, Any]) -> Any:
+    """The dataset a run used, rebuilt from its config.yaml's ``data`` section (cached)."""
+    return _dataset(json.dumps(config.get("data") or {}, sort_keys=True))
+
+
+def partition_plots(groups: Sequence[Group], folder: Path, warn: Any = print) -> list[Plot]:
+    """One bubble plot per distinct (data, partition) of the grid, from its first run on disk."""
+    from fedrift.data.partition_base import Partition
+    from fedrift.errors import FedriftError
+    from fedrift.report.partition_plot import bubble_plot, heterogeneity
+
+    seen: dict[str, Run] = {}
+    for g in groups:
+        for r in g.runs:
+            if (r.dir / "partition.json").is_file() and r.config:
+                key = json.dumps([r.config.get("data"), r.config.get("partition")], sort_keys=True, default=str)
+                seen.setdefault(key, r)
+                break
+    plots = []
+    for i, run in enumerate(seen.values()):
+        try:
+            ds = run_dataset(run.config)
+            part = Partition.load(run.dir / "partition.json")
+        except (FedriftError, OSError, ValueError, KeyError) as err:
+            warn(f"partition plot of {run.dir} skipped: {err}")
+            continue
+        counts = part.counts(ds.y_train.numpy(), ds.num_classes)
+        shown = {k: v for k, v in part.options.items() if k in ("alpha", "classes_per_client")}
+        detail = ", ".join(f"{k}={v}" for k, v in shown.items())
+        title = f"{ds.name}: {part.name}({detail}), {part.num_clients} clients, seed {run.seed}"
+        name = f"partition-{i + 1}"
+        base = folder / name
+        base.parent.mkdir(parents=True, exist_ok=True)
+        bubble_plot(counts, base.with_suffix(".svg"), title)
+        stats = heterogeneity(counts)
+        plots.append(Plot(f"Partition: {part.name}({detail})",
+                          f"Client x class training samples (bubble area ~ count). Mean total-variation distance "
+                          f"of client label distributions to the global one: {stats['mean_tv']:.3f}; client sizes "
+                          f"{stats['min_size']} to {stats['max_size']}.",
+                          base.with_suffix(".png"), base.with_suffix(".svg")))
+    return plots
+
+
+__all__ = ["Plot", "curve_stats", "drift_curves", "has_drift", "learning_curves", "partition_plots", "run_dataset"]

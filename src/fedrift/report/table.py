@@ -1,0 +1,459 @@
+"""The results table of a comparison: one row per setting, mean and std over its seeds.
+
+Runs are read from their folders (``config.yaml``, ``summary.json``, ``metrics.jsonl``) and
+grouped into settings: by a compare root's ``compare.json`` when there is one, else by
+config minus seed (and minus how the run executed), the setting named by the keys in which
+the groups differ.
+
+Statistics, per setting, over its runs:
+
+- ``*_mean`` is the mean; ``*_std`` the sample standard deviation (ddof=1, ``statistics.stdev``),
+  0 for a single run; None (shown ``-``) when no run has the value.
+- Accuracy statistics (best, final, at rounds) are over the runs that *completed*; diverged
+  runs are counted in ``diverged`` and left out of them.
+- Accuracy at round r: the global test accuracy at the last evaluated round <= r, for runs
+  that reached round r.
+- Rounds to target: the first evaluated round whose test accuracy is >= the target; the mean
+  is over the runs that reached it, ``rounds_to_target_reached`` counts them. The target is
+  an accuracy (``0.9``), or ``ALG:FRACTION`` (``fedavg:0.9``: 90% of the best-accuracy mean of
+  the ``fedavg`` setting with the same swept values), or none.
+- Seconds per round (training, no evaluation) and wall seconds are from ``summary.json``; bytes
+  down and up per round are the summary's totals over its rounds, averaged over runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import yaml
+
+from fedrift.errors import ConfigError
+
+EXECUTION_KEYS = (
+    "engine.executor",
+    "engine.workers",
+    "engine.threads",
+    "engine.max_parallel_clients",
+    "engine.teacher_cache",
+    "engine.client_state",
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading runs
+
+
+@dataclass
+class Run:
+    dir: Path
+    config: dict[str, Any] = field(default_factory=dict)  # config.yaml, parsed
+    summary: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    seed: int | None = None
+
+    @property
+    def status(self) -> str:
+        """completed | diverged | interrupted (metrics, no summary) | missing."""
+        if self.summary.get("status"):
+            return str(self.summary["status"])
+        return "interrupted" if self.metrics or self.config else "missing"
+
+    def accuracy_curve(self) -> list[tuple[int, float]]:
+        return [(int(m["round"]), float(m["test_accuracy"])) for m in self.metrics
+                if m.get("test_accuracy") is not None and m.get("round") is not None]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl rows; a torn last line (a run killed mid-write) is skipped."""
+    rows = []
+    if not path.is_file():
+        return rows
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def load_run(d: Path) -> Run:
+    d = Path(d)
+    run = Run(d)
+    try:
+        if (d / "config.yaml").is_file():
+            run.config = yaml.safe_load((d / "config.yaml").read_text()) or {}
+    except yaml.YAMLError:
+        run.config = {}
+    try:
+        if (d / "summary.json").is_file():
+            run.summary = json.loads((d / "summary.json").read_text())
+    except ValueError:
+        run.summary = {}
+    run.metrics = read_metrics(d / "metrics.jsonl")
+    seed = run.summary.get("seed", run.config.get("seed"))
+    run.seed = int(seed) if isinstance(seed, int) else None
+    return run
+
+
+def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+@dataclass
+class Group:
+    """A setting: its runs over seeds."""
+
+    label: str  # "fedprox:mu=0.1 alpha=0.5"
+    algorithm: str  # "fedprox:mu=0.1"
+    sweep: dict[str, Any]  # dotted key -> value
+    runs: list[Run]
+    dir: str = ""
+
+    def done(self) -> list[Run]:
+        return [r for r in self.runs if r.status == "completed"]
+
+
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+    last = [k.split(".")[-1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def _fmt_value(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+
+
+def load_groups(root: Path) -> tuple[list[Group], dict[str, Any] | None]:
+    """The settings under ``root`` and the grid description (None without compare.json)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"runs folder {str(root)!r} does not exist")
+    grid_file = root / "compare.json"
+    if grid_file.is_file():
+        try:
+            grid = json.loads(grid_file.read_text())
+        except ValueError:
+            raise ConfigError(f"{grid_file}: not valid JSON; delete it to group the runs by their configs") from None
+        groups = []
+        for s in grid["settings"]:
+            runs = []
+            for seed in grid["seeds"]:
+                run = load_run(root / s["dir"] / f"seed{seed}")
+                run.seed = seed
+                runs.append(run)
+            groups.append(Group(s["label"], s["algorithm"], dict(s["sweep"]), runs, s["dir"]))
+        return groups, grid
+    return discover_groups(root), None
+
+
+def discover_groups(root: Path) -> list[Group]:
+    """Group every run folder under ``root`` (one with config.yaml) by config minus seed."""
+    runs = [load_run(p.parent) for p in sorted(Path(root).rglob("config.yaml"))]
+    runs = [r for r in runs if r.config]
+    if not runs:
+        raise ConfigError(f"no runs under {str(root)!r} (no folder with config.yaml and summary.json)")
+    keyed: dict[str, list[Run]] = {}
+    flat: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        f = {k: v for k, v in flatten(r.config).items()
+             if k != "seed" and not k.startswith("output.") and k not in EXECUTION_KEYS}
+        key = json.dumps(f, sort_keys=True, default=str)
+        keyed.setdefault(key, []).append(r)
+        flat[key] = f
+    keys = list(keyed)
+    all_keys = sorted({k for f in flat.values() for k in f})
+
+    def differs(k: str, among: Iterable[str]) -> bool:
+        return len({json.dumps(flat[g].get(k, "<absent>"), default=str) for g in among}) > 1
+
+    sweep_keys = [k for k in all_keys if not k.startswith("algorithm.") and differs(k, keys)]
+    by_name: dict[Any, list[str]] = {}
+    for g in keys:
+        by_name.setdefault(flat[g].get("algorithm.name"), []).append(g)
+    short = short_names(sweep_keys)
+    groups = []
+    for g in keys:
+        f = flat[g]
+        name = str(f.get("algorithm.name", "?"))
+        same = by_name[f.get("algorithm.name")]
+        opts = [k for k in all_keys if k.startswith("algorithm.") and k != "algorithm.name" and differs(k, same) and k in f]
+        algorithm = ":".join([name, *(f"{k.split('.', 1)[1]}={_fmt_value(f[k])}" for k in opts)])
+        sweep = {k: f.get(k) for k in sweep_keys}
+        label = " ".join([algorithm, *(f"{short[k]}={_fmt_value(v)}" for k, v in sweep.items())])
+        members = sorted(keyed[g], key=lambda r: (r.seed is None, r.seed or 0, str(r.dir)))
+        common = Path(*_common_parts([m.dir for m in members]))
+        groups.append(Group(label, algorithm, sweep, members, str(common)))
+    groups.sort(key=lambda grp: (json.dumps(list(grp.sweep.values()), default=str), grp.algorithm))
+    return groups
+
+
+def _common_parts(paths: list[Path]) -> list[str]:
+    parts = [p.parts for p in paths]
+    out = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        out.append(level[0])
+    return out or ["."]
+
+
+# ---------------------------------------------------------------------------------------
+# Statistics
+
+
+def mean_std(values: Iterable[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample std (ddof=1; 0 for one value) of the values that are not None/NaN."""
+    vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def accuracy_at(run: Run, r: int) -> float | None:
+    """Test accuracy at the last evaluated round <= r, if the run reached round r."""
+    curve = run.accuracy_curve()
+    if not curve or curve[-1][0] < r:
+        return None
+    before = [acc for t, acc in curve if t <= r]
+    return before[-1] if before else None
+
+
+def rounds_to(run: Run, target: float) -> int | None:
+    for t, acc in run.accuracy_curve():
+        if acc >= target:
+            return t
+    return None
+
+
+def parse_target(spec: Any) -> tuple[str, float | str | None, float | None]:
+    """``("none"|"absolute"|"relative", value or algorithm, fraction)`` from a target option."""
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("none", "off", "")):
+        return ("none", None, None)
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        if not 0 < float(spec) <= 1:
+            raise ConfigError(f"report.target: {spec} is not an accuracy in (0, 1]; or give ALG:FRACTION, e.g. fedavg:0.9")
+        return ("absolute", float(spec), None)
+    text = str(spec).strip()
+    alg, sep, frac = text.rpartition(":")
+    if sep and alg:
+        try:
+            f = float(frac)
+        except ValueError:
+            f = -1.0
+        if not 0 < f <= 2:
+            raise ConfigError(f"report.target: fraction {frac!r} in {text!r} must be a number in (0, 2], e.g. fedavg:0.9")
+        return ("relative", alg, f)
+    try:
+        return parse_target(float(text))
+    except ValueError:
+        raise ConfigError(f"report.target: {text!r}; allowed: an accuracy (0.9), ALG:FRACTION (fedavg:0.9) or none") from None
+
+
+def default_target(groups: Sequence[Group]) -> str | None:
+    """90% of FedAvg's best when FedAvg is in the grid (BENCH.md's rule), else no target."""
+    return "fedavg:0.9" if any(g.algorithm == "fedavg" for g in groups) else None
+
+
+def summarize(groups: Sequence[Group], at_rounds: Sequence[int] = (), target: Any = None) -> list[dict[str, Any]]:
+    """One dict per setting (see the module docstring for every statistic)."""
+    kind, tval, frac = parse_target(target)
+    rows: list[dict[str, Any]] = []
+    for g in groups:
+        done = g.done()
+        row: dict[str, Any] = {"setting": g.label, "algorithm": g.algorithm, **g.sweep}
+        row["runs"] = len(g.runs)
+        row["completed"] = len(done)
+        row["diverged"] = sum(r.status == "diverged" for r in g.runs)
+        row["seeds"] = ",".join(str(r.seed) for r in done if r.seed is not None)
+        for key in ("best_accuracy", "final_accuracy"):
+            row[f"{key}_mean"], row[f"{key}_std"] = mean_std(r.summary.get(key) for r in done)
+        for t in at_rounds:
+            row[f"accuracy_at_{t}_mean"], row[f"accuracy_at_{t}_std"] = mean_std(accuracy_at(r, t) for r in done)
+        row["rounds_mean"], _ = mean_std(r.summary.get("rounds") for r in done)
+        row["seconds_per_round_mean"], _ = mean_std(r.summary.get("seconds_per_round") for r in done)
+        row["wall_seconds_mean"], row["wall_seconds_std"] = mean_std(r.summary.get("wall_seconds") for r in done)
+        row["bytes_down_per_round"], _ = mean_std(_per_round(r, "bytes_down_total") for r in done)
+        row["bytes_up_per_round"], _ = mean_std(_per_round(r, "bytes_up_total") for r in done)
+        rows.append(row)
+
+    for g, row in zip(groups, rows):
+        goal: float | None = None
+        if kind == "absolute":
+            goal = float(tval)  # type: ignore[arg-type]
+        elif kind == "relative":
+            ref = [r for g2, r in zip(groups, rows) if g2.algorithm == tval and g2.sweep == g.sweep]
+            if ref and ref[0]["best_accuracy_mean"] is not None:
+                goal = float(frac) * ref[0]["best_accuracy_mean"]  # type: ignore[arg-type]
+        row["target"] = goal
+        if goal is None:
+            row["rounds_to_target_mean"], row["rounds_to_target_std"], row["rounds_to_target_reached"] = None, None, None
+        else:
+            hits = [rounds_to(r, goal) for r in g.done()]
+            row["rounds_to_target_mean"], row["rounds_to_target_std"] = mean_std(hits)
+            row["rounds_to_target_reached"] = sum(h is not None for h in hits)
+    return rows
+
+
+def _per_round(run: Run, key: str) -> float | None:
+    total, rounds = run.summary.get(key), run.summary.get("rounds")
+    if total is None or not rounds:
+        return None
+    return float(total) / float(rounds)
+
+
+# ---------------------------------------------------------------------------------------
+# Formatting: CSV, Markdown, terminal
+
+
+def fmt_acc(mean: float | None, std: float | None, pm: str = "+-") -> str:
+    if mean is None:
+        return "-"
+    return f"{100 * mean:.1f} {pm} {100 * (std or 0.0):.1f}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fmt_num(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (), pm: str = "+-") -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted cells (accuracies in percent) for the terminal, Markdown and HTML."""
+    targets = {r["target"] for r in rows if r.get("target") is not None}
+    several = len(targets) > 1
+    headers = ["setting", "runs", "best acc %", "final acc %", *(f"acc@{t} %" for t in at_rounds)]
+    if several:
+        headers.append("target %")
+    headers += [f"rounds to {100 * next(iter(targets)):.1f}%" if len(targets) == 1 else "rounds to target",
+                "s/round", "wall s", "down/round", "up/round"]
+    cells = []
+    for r in rows:
+        runs = f"{r['completed']}/{r['runs']}" + (f" ({r['diverged']} diverged)" if r["diverged"] else "")
+        if r.get("target") is None:
+            reach = "-"
+        elif r["rounds_to_target_reached"]:
+            reach = f"{r['rounds_to_target_mean']:.1f} ({r['rounds_to_target_reached']}/{r['completed']})"
+        else:
+            reach = f"never (0/{r['completed']})"
+        cells.append([
+            r["setting"],
+            runs,
+            fmt_acc(r["best_accuracy_mean"], r["best_accuracy_std"], pm),
+            fmt_acc(r["final_accuracy_mean"], r["final_accuracy_std"], pm),
+            *(fmt_acc(r[f"accuracy_at_{t}_mean"], r[f"accuracy_at_{t}_std"], pm) for t in at_rounds),
+            *([_fmt_num(None if r.get("target") is None else 100 * r["target"], 1)] if several else []),
+            reach,
+            _fmt_num(r["seconds_per_round_mean"]),
+            _fmt_num(r["wall_seconds_mean"], 1),
+            fmt_bytes(r["bytes_down_per_round"]),
+            fmt_bytes(r["bytes_up_per_round"]),
+        ])
+    return headers, cells
+
+
+def to_markdown(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = ()) -> str:
+    headers, cells = display_table(rows, at_rounds)
+
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in cells]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    """Every key of every row as a column (raw numbers: accuracies as fractions, bytes)."""
+    columns: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in columns:
+                columns.append(k)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else (json.dumps(r[k]) if isinstance(r[k], (list, dict)) else r[k]))
+                    for k in columns})
+    return buf.getvalue()
+
+
+def to_text(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = ()) -> str:
+    """Plain aligned columns (the terminal fallback when ``rich`` is not installed)."""
+    headers, cells = display_table(rows, at_rounds)
+    width = [max(len(x) for x in col) for col in zip(headers, *cells)]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, width))).rstrip()
+
+    return "\n".join([line(headers), "  ".join("-" * w for w in width), *(line(r) for r in cells)])
+
+
+def print_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (), title: str | None = None) -> None:
+    """Print the table: with ``rich`` on a terminal wide enough for it, else as plain text
+    (also what goes to a log file or pipe)."""
+    import shutil
+    import sys
+
+    text = to_text(rows, at_rounds)
+    width = max(len(line) for line in text.splitlines())
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # pragma: no cover - rich is optional
+        Console = None  # type: ignore[assignment]
+    cols = len(display_table(rows, at_rounds)[0])
+    if Console is None or not sys.stdout.isatty() or width + 3 * cols + 1 > shutil.get_terminal_size().columns:
+        if title:
+            print(title)
+        print(text)
+        return
+    headers, cells = display_table(rows, at_rounds, pm="±")
+    table = Table(title=title)
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in cells:
+        table.add_row(*row)
+    Console().print(table)
+
+
+__all__ = [
+    "Group",
+    "Run",
+    "accuracy_at",
+    "default_target",
+    "display_table",
+    "load_groups",
+    "load_run",
+    "mean_std",
+    "parse_target",
+    "print_table",
+    "rounds_to",
+    "summarize",
+    "to_csv",
+    "to_markdown",
+    "to_text",
+]

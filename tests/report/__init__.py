@@ -1,0 +1,1 @@
+"""Tests of fedrift compare and the report (tables, figures, report.html)."""

@@ -1,0 +1,230 @@
+"""fedrift compare: grid expansion, validation before running, resumption, parallel jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+import fedrift
+from fedrift.cli import main
+from fedrift.grid import build_grid, parse_grid_tokens, split_list
+from fedrift.errors import ConfigError
+
+from .conftest import grid_config
+
+import fedrift.grid as compare_mod
+
+
+def test_split_list_respects_brackets():
+    assert split_list("0.1,0.5,1") == ["0.1", "0.5", "1"]
+    assert split_list("[64,64],[32]") == ["[64,64]", "[32]"]
+    assert split_list("[0.1, 0.5]") == ["0.1", "0.5"]
+    tokens = parse_grid_tokens(["algorithms=fedavg,fedprox:mu=0.1", "seeds=0,1", "sweep.model.hidden=[64,64],[32]",
+                                "report.at_rounds=1,2", "train.rounds=2"])
+    assert tokens["algorithms"] == ["fedavg", "fedprox:mu=0.1"] and tokens["seeds"] == [0, 1]
+    assert tokens["sweep"] == {"model.hidden": ["[64,64]", "[32]"]}
+    assert tokens["report"] == {"at_rounds": "1,2"} and tokens["overrides"] == ["train.rounds=2"]
+
+
+def test_grid_expansion(tmp_path):
+    grid = build_grid(grid_config(tmp_path), algorithms=["fedavg", "fedprox:mu=0.1"], seeds=[0, 1],
+                      sweep={"partition.alpha": ["0.1", "1.0"]}, overrides=["train.rounds=1"], out=tmp_path / "g")
+    assert not (tmp_path / "g").exists()  # expanding and validating writes nothing
+    assert [s.label for s in grid.settings] == ["fedavg alpha=0.1", "fedprox:mu=0.1 alpha=0.1",
+                                                "fedavg alpha=1.0", "fedprox:mu=0.1 alpha=1.0"]
+    assert len(grid.runs) == 8 and len({r.dir for r in grid.runs}) == 8
+    run = next(r for r in grid.runs if r.setting.algorithm == "fedprox:mu=0.1" and r.seed == 1
+               and dict(r.setting.sweep) == {"partition.alpha": 1.0})
+    assert run.dir == tmp_path / "g" / "fedprox-mu=0.1_alpha=1.0" / "seed1"
+    assert run.doc["algorithm"] == {"name": "fedprox", "mu": 0.1}
+    assert run.doc["seed"] == 1 and run.doc["partition"]["alpha"] == 1.0 and run.doc["train"]["rounds"] == 1
+    assert run.doc["output"] == {"dir": str(run.dir), "overwrite": True, "progress": False}
+    assert run.expected["algorithm.mu"] == 0.1 and run.expected["algorithm.aggregation"] == "samples"
+
+
+def test_config_files_algorithm_options_stay_with_that_algorithm(tmp_path):
+    cfg = grid_config(tmp_path, algorithm={"name": "fedprox", "mu": 0.05})
+    grid = build_grid(cfg, algorithms=["fedavg", "fedprox"], seeds=[0], overrides=["algorithm.aggregation=uniform"],
+                      out=tmp_path / "g")
+    docs = {r.setting.algorithm: r.doc["algorithm"] for r in grid.runs}
+    assert docs["fedavg"] == {"name": "fedavg", "aggregation": "uniform"}
+    assert docs["fedprox"] == {"name": "fedprox", "mu": 0.05, "aggregation": "uniform"}
+
+
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["train.colour=red"], "train.colour"),
+        (["algorithms=fedavg,fedsomething"], "algorithm.name"),
+        (["sweep.partition.alpha=0.5,0"], "partition.alpha"),
+        (["sweep.partition.num_clients=6,5000"], "partition.num_clients"),
+        (["seeds=0,x"], "seeds"),
+        (["algorithms=fedavg,fedavg"], "algorithms"),
+        (["report.colour=red"], "report.colour"),
+        (["report.target=fedavg:lots"], "report.target"),
+        (["output.dir=elsewhere"], "output.dir"),
+        (["algorithms=fedprox:mu"], "algorithms"),
+        (["report.tsne=fedgkd"], "report.tsne"),
+        (["algorithms=fedprox", "report.target=fedavg:0.9"], "report.target"),
+    ],
+)
+def test_bad_grid_fails_at_once_with_one_line(capsys, tmp_path, args, key):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(grid_config(tmp_path)))
+    code = main(["compare", "-c", str(cfg), "--out", str(tmp_path / "g"), "seeds=0", *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedrift: error: ") and key in lines[0], err
+    assert not (tmp_path / "g").exists()  # refused before any run
+
+
+def _mtimes(run_dir):
+    return {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+
+
+def test_interrupted_grid_resumes_without_repeating_finished_runs(tmp_path, monkeypatch):
+    cfg = grid_config(tmp_path)
+    kwargs = dict(algorithms=["fedavg", "fedprox"], seeds=[0, 1], out=tmp_path / "g", report=False, verbose=False)
+    real = compare_mod.execute_run
+    calls = []
+
+    def stop_on_second(doc):
+        calls.append(doc["output"]["dir"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C during the second run
+        return real(doc)
+
+    monkeypatch.setattr(compare_mod, "execute_run", stop_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        fedrift.compare(cfg, **kwargs)
+    first = tmp_path / "g" / "fedavg" / "seed0"
+    assert json.loads((first / "summary.json").read_text())["status"] == "completed"
+    before = _mtimes(first)
+
+    calls.clear()
+    monkeypatch.setattr(compare_mod, "execute_run", lambda doc: (calls.append(doc["output"]["dir"]), real(doc))[1])
+    rows = fedrift.compare(cfg, **kwargs)
+    assert str(first) not in calls and len(calls) == 3  # the finished run is not repeated
+    assert _mtimes(first) == before
+    assert [r["completed"] for r in rows] == [2, 2]
+
+    calls.clear()
+    fedrift.compare(cfg, **kwargs)  # everything finished: nothing runs
+    assert calls == []
+
+
+def test_killed_process_resumes(tmp_path):
+    """A real interruption: the CLI process is killed after its first run finished."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(grid_config(tmp_path, train={"rounds": 12})))
+    root = tmp_path / "g"
+    args = ["compare", "-c", str(cfg), "--out", str(root), "algorithms=fedavg,fedprox", "seeds=0,1", "--no-report"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedrift.cli", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(root.glob("*/seed*/summary.json")):
+            assert proc.poll() is None, "compare ended before it was killed"
+            assert time.monotonic() < deadline, "no run finished in 120 s"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    finished = sorted(p.parent for p in root.glob("*/seed*/summary.json"))
+    assert 1 <= len(finished) < 4
+    before = {d: _mtimes(d) for d in finished}
+
+    calls = []
+    real = compare_mod.execute_run
+    try:
+        compare_mod.execute_run = lambda doc: (calls.append(doc["output"]["dir"]), real(doc))[1]
+        assert main(args) == 0
+    finally:
+        compare_mod.execute_run = real
+    assert len(calls) == 4 - len(finished)
+    assert all(_mtimes(d) == before[d] for d in finished)
+    assert len(list(root.glob("*/seed*/summary.json"))) == 4
+
+
+def test_changed_config_reruns_and_says_why(tmp_path, capsys):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(grid_config(tmp_path)))
+    base = ["compare", "-c", str(cfg), "--out", str(tmp_path / "g"), "seeds=0", "--no-report"]
+    assert main(base) == 0
+    run = tmp_path / "g" / "fedavg" / "seed0"
+    stamp = _mtimes(run)
+    capsys.readouterr()
+    # how a run executes does not make it another run
+    assert main([*base, "engine.executor=batched", "engine.threads=1"]) == 0
+    assert "0 to run" in capsys.readouterr().out and _mtimes(run) == stamp
+    assert main([*base, "train.rounds=3"]) == 0
+    out = capsys.readouterr().out
+    assert "config changed (train.rounds: 2 -> 3), rerun" in out and "1 to run" in out
+    assert json.loads((run / "summary.json").read_text())["rounds"] == 3
+
+
+def test_diverged_run_is_reported_and_not_rerun(tmp_path):
+    cfg = grid_config(tmp_path)
+    kwargs = dict(algorithms=["fedavg"], seeds=[0], sweep={"train.lr": [0.05, 1e8]}, out=tmp_path / "g",
+                  report=False, verbose=False)
+    rows = fedrift.compare(cfg, **kwargs)
+    assert [(r["completed"], r["diverged"]) for r in rows] == [(1, 0), (0, 1)]
+    assert rows[1]["best_accuracy_mean"] is None
+    calls = []
+    real = compare_mod.execute_run
+    try:
+        compare_mod.execute_run = lambda doc: (calls.append(doc), real(doc))[1]
+        fedrift.compare(cfg, **kwargs)
+    finally:
+        compare_mod.execute_run = real
+    assert calls == []
+
+
+def test_parallel_jobs_give_the_serial_results(tmp_path):
+    cfg = grid_config(tmp_path)
+    kwargs = dict(algorithms=["fedavg", "fedprox"], seeds=[0], report=False, verbose=False)
+    serial = fedrift.compare(cfg, out=tmp_path / "s", jobs=1, **kwargs)
+    parallel = fedrift.compare(cfg, out=tmp_path / "p", jobs=2, **kwargs)
+    for a, b in zip(serial, parallel):
+        assert a["best_accuracy_mean"] == b["best_accuracy_mean"] and a["final_accuracy_mean"] == b["final_accuracy_mean"]
+    for name in ("fedavg", "fedprox"):
+        s, p = tmp_path / "s" / name / "seed0", tmp_path / "p" / name / "seed0"
+        acc = lambda d: [json.loads(x)["test_accuracy"] for x in (d / "metrics.jsonl").read_text().splitlines()]
+        assert acc(s) == acc(p)
+        ws, wp = torch.load(s / "final_model.pt"), torch.load(p / "final_model.pt")
+        assert all(torch.equal(ws[k], wp[k]) for k in ws)
+        assert yaml.safe_load((p / "config.yaml").read_text())["engine"]["workers"] == 1
+
+
+def test_python_api_rows(grid):
+    root, rows = grid
+    assert [r["algorithm"] for r in rows] == ["fedavg", "fedprox:mu=0.1"]
+    for r in rows:
+        assert r["runs"] == 2 and r["completed"] == 2 and r["diverged"] == 0
+        assert 0 < r["best_accuracy_mean"] <= 1 and r["best_accuracy_std"] >= 0
+        assert r["accuracy_at_2_mean"] is not None and r["bytes_down_per_round"] > 0
+        assert r["target"] == pytest.approx(0.9 * rows[0]["best_accuracy_mean"])  # default: 90% of fedavg's best
+    desc = json.loads((root / "compare.json").read_text())
+    assert desc["algorithms"] == ["fedavg", "fedprox:mu=0.1"] and desc["seeds"] == [0, 1]
+
+
+def test_top_level_names_survive_submodule_imports():
+    import fedrift.report.plots as plots  # the package is not shadowed by a function
+
+    assert callable(fedrift.write_report) and callable(fedrift.compare) and callable(plots.learning_curves)
+
+
+def test_jobs_must_be_positive(tmp_path):
+    with pytest.raises(ConfigError, match="jobs"):
+        fedrift.compare(grid_config(tmp_path), out=tmp_path / "g", jobs=0)

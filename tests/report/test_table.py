@@ -1,0 +1,153 @@
+"""The results table against hand-computed numbers, from fabricated run folders."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import pytest
+import yaml
+
+from fedrift.cli import main
+from fedrift.errors import ConfigError
+from fedrift.report.table import (
+    Run,
+    accuracy_at,
+    load_groups,
+    mean_std,
+    parse_target,
+    rounds_to,
+    summarize,
+    to_csv,
+    to_markdown,
+    to_text,
+)
+
+
+def write_run(d, seed, algorithm, alpha, accs, status="completed", rounds=None, every=1):
+    """A run folder as fedrift writes it, with the given test accuracy per evaluated round."""
+    d.mkdir(parents=True)
+    cfg = {"seed": seed, "data": {"name": "digits"}, "partition": {"name": "dirichlet", "alpha": alpha},
+           "algorithm": algorithm, "train": {"rounds": 4}, "output": {"dir": str(d)}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rows = [{"round": every * (i + 1), "test_accuracy": a, "bytes_down": 1000, "bytes_up": 500} for i, a in enumerate(accs)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = rounds if rounds is not None else every * len(accs)
+    summary = {"status": status, "final_accuracy": accs[-1] if status == "completed" else None,
+               "best_accuracy": max(accs), "rounds": done, "wall_seconds": 2.0 * done,
+               "seconds_per_round": 2.0, "bytes_down_total": 1000 * done, "bytes_up_total": 500 * done, "seed": seed}
+    (d / "summary.json").write_text(json.dumps(summary))
+
+
+FEDAVG = {"name": "fedavg"}
+FEDPROX = {"name": "fedprox", "mu": 0.01}
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root / "a" / "s0", 0, FEDAVG, 0.1, [0.50, 0.70, 0.80, 0.78])
+    write_run(root / "a" / "s1", 1, FEDAVG, 0.1, [0.60, 0.90, 0.85, 0.88])
+    write_run(root / "a" / "s2", 2, FEDAVG, 0.1, [0.55, 0.75, 0.85, 0.83])
+    write_run(root / "p" / "s0", 0, FEDPROX, 0.1, [0.60, 0.80, 0.82, 0.84])
+    write_run(root / "p" / "s1", 1, FEDPROX, 0.1, [0.30], status="diverged")
+    write_run(root / "b" / "s0", 0, FEDAVG, 1.0, [0.70, 0.92], every=2)
+    return root
+
+
+def test_mean_and_sample_std():
+    m, s = mean_std([0.80, 0.90, 0.85])
+    assert m == pytest.approx(0.85) and s == pytest.approx(0.05)  # sqrt(((-.05)^2 + .05^2 + 0) / (3 - 1))
+    assert mean_std([0.7]) == (0.7, 0.0)  # one seed: std 0
+    assert mean_std([None, float("nan"), 0.5, 0.7]) == (pytest.approx(0.6), pytest.approx(math.sqrt(0.02)))
+    assert mean_std([]) == (None, None)
+
+
+def test_grouped_by_config_minus_seed(runs):
+    groups, grid = load_groups(runs)
+    assert grid is None
+    assert [g.label for g in groups] == ["fedavg alpha=0.1", "fedprox alpha=0.1", "fedavg alpha=1.0"]
+    assert [[r.seed for r in g.runs] for g in groups] == [[0, 1, 2], [0, 1], [0]]
+    assert groups[0].sweep == {"partition.alpha": 0.1}
+
+
+def test_rows_against_hand_computed_values(runs):
+    groups, _ = load_groups(runs)
+    rows = summarize(groups, at_rounds=[2, 3, 5], target="fedavg:0.9")
+    avg, prox, avg1 = rows
+    assert avg["runs"] == 3 and avg["completed"] == 3 and avg["diverged"] == 0
+    assert avg["best_accuracy_mean"] == pytest.approx(0.85) and avg["best_accuracy_std"] == pytest.approx(0.05)
+    assert avg["final_accuracy_mean"] == pytest.approx(0.83) and avg["final_accuracy_std"] == pytest.approx(0.05)
+    # acc@2 = 0.70, 0.90, 0.75: mean 0.78333, sample std sqrt(0.0216667 / 2) = 0.104083
+    assert avg["accuracy_at_2_mean"] == pytest.approx(0.783333, abs=1e-6)
+    assert avg["accuracy_at_2_std"] == pytest.approx(0.104083, abs=1e-6)
+    assert avg["accuracy_at_5_mean"] is None  # no run reached round 5
+    # target 0.9 * 0.85 = 0.765: rounds 3, 2, 3
+    assert avg["target"] == pytest.approx(0.765)
+    assert avg["rounds_to_target_mean"] == pytest.approx(8 / 3) and avg["rounds_to_target_reached"] == 3
+    assert avg["bytes_down_per_round"] == 1000 and avg["bytes_up_per_round"] == 500
+    assert avg["seconds_per_round_mean"] == 2.0 and avg["wall_seconds_mean"] == 8.0
+
+    # the diverged seed is counted, not averaged
+    assert (prox["completed"], prox["diverged"]) == (1, 1)
+    assert prox["best_accuracy_mean"] == pytest.approx(0.84) and prox["best_accuracy_std"] == 0.0
+    assert prox["target"] == pytest.approx(0.765) and prox["rounds_to_target_mean"] == 2
+
+    # alpha=1.0: evaluated every 2 rounds; acc@3 is the evaluation at round 2; its own fedavg target
+    assert avg1["accuracy_at_3_mean"] == pytest.approx(0.70) and avg1["accuracy_at_2_mean"] == pytest.approx(0.70)
+    assert avg1["target"] == pytest.approx(0.9 * 0.92) and avg1["rounds_to_target_mean"] == 4
+
+
+def test_absolute_and_no_target(runs):
+    groups, _ = load_groups(runs)
+    rows = summarize(groups, target=0.85)
+    assert rows[0]["rounds_to_target_mean"] == pytest.approx(2.5) and rows[0]["rounds_to_target_reached"] == 2
+    assert rows[1]["rounds_to_target_reached"] == 0 and rows[1]["rounds_to_target_mean"] is None
+    rows = summarize(groups, target=None)
+    assert all(r["target"] is None for r in rows)
+
+
+def test_round_helpers():
+    run = Run(dir=None, metrics=[{"round": 2, "test_accuracy": 0.5}, {"round": 4, "test_accuracy": 0.7}])
+    assert accuracy_at(run, 3) == 0.5 and accuracy_at(run, 4) == 0.7 and accuracy_at(run, 1) is None
+    assert accuracy_at(run, 5) is None
+    assert rounds_to(run, 0.6) == 4 and rounds_to(run, 0.9) is None
+
+
+@pytest.mark.parametrize("bad", ["fedavg:x", "fedavg:0", 1.5, "lots"])
+def test_bad_targets_are_refused(bad):
+    with pytest.raises(ConfigError, match="report.target"):
+        parse_target(bad)
+
+
+def test_formats(runs):
+    groups, _ = load_groups(runs)
+    rows = summarize(groups, at_rounds=[2], target="fedavg:0.9")
+    parsed = list(csv.DictReader(io.StringIO(to_csv(rows))))
+    assert len(parsed) == 3 and float(parsed[0]["best_accuracy_mean"]) == pytest.approx(0.85)
+    assert parsed[1]["final_accuracy_mean"] == "0.84" and parsed[0]["partition.alpha"] == "0.1"
+    md = to_markdown(rows, [2]).strip().splitlines()
+    assert len(md) == 5 and md[1].startswith("|---")
+    assert all(line.count("|") == md[0].count("|") for line in md)
+    assert "| fedavg alpha=0.1 | 3/3 | 85.0 +- 5.0 | 83.0 +- 5.0 | 78.3 +- 10.4 |" in md[2]
+    assert "1/2 (1 diverged)" in md[3]
+    assert "fedprox alpha=0.1" in to_text(rows, [2])
+
+
+def test_report_command_on_a_folder_of_runs(runs, capsys):
+    assert main(["report", str(runs), "report.at_rounds=2,3", "report.tsne=none", "report.plots=false"]) == 0
+    out = capsys.readouterr().out
+    assert "fedprox alpha=0.1" in out and "report in" in out
+    assert (runs / "report.html").is_file() and (runs / "results.csv").is_file() and (runs / "results.md").is_file()
+
+
+def test_report_command_refuses_bad_input(capsys, tmp_path):
+    for args, key in ((["report", str(tmp_path / "nope")], "does not exist"),
+                      (["report", str(tmp_path)], "no runs"),
+                      (["report", str(tmp_path), "at_rounds=2"], "report.key=value"),
+                      (["report", str(tmp_path), "report.band=wide"], "report.band")):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and key in err[0], err
