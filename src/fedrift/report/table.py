@@ -34,7 +34,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 
-from fedrift.errors import ConfigError
+from fedrift.config import load_config
+from fedrift.errors import ConfigError, FedriftError
 
 EXECUTION_KEYS = (
     "engine.executor",
@@ -91,7 +92,7 @@ def load_run(d: Path) -> Run:
     run = Run(d)
     try:
         if (d / "config.yaml").is_file():
-            run.config = yaml.safe_load((d / "config.yaml").read_text()) or {}
+            run.config = _with_defaults(yaml.safe_load((d / "config.yaml").read_text()) or {})
     except yaml.YAMLError:
         run.config = {}
     try:
@@ -103,6 +104,15 @@ def load_run(d: Path) -> Run:
     seed = run.summary.get("seed", run.config.get("seed"))
     run.seed = int(seed) if isinstance(seed, int) else None
     return run
+
+
+def _with_defaults(doc: dict[str, Any]) -> dict[str, Any]:
+    """A run's config with the keys it predates filled in with today's defaults, so that runs
+    of an older fedrift group with new ones; as written when it no longer validates."""
+    try:
+        return load_config(doc).model_dump()
+    except (FedriftError, TypeError, ValueError):
+        return doc
 
 
 def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
