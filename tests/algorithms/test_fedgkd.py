@@ -324,25 +324,3 @@ def test_fedgkd_plus_runs_with_a_projection_head_and_refuses_without(run):
     assert res.history[-1]["fedgkd_kd"] > 0
     with pytest.raises(ConfigError, match="model.projection_dim"):
         run({"name": "fedgkd_plus"}, rounds=1)
-
-
-# ----------------------------------------------------------------------------------------
-# They learn
-
-
-@pytest.mark.parametrize(
-    "algorithm,model",
-    [({"name": "fedgkd"}, {}), ({"name": "fedgkd_vote"}, {}), ({"name": "fedgkd_plus"}, {"projection_dim": 64})],
-    ids=["fedgkd", "fedgkd_vote", "fedgkd_plus"],
-)
-def test_learns_on_mnist5k(tmp_path, algorithm, model):
-    res = fedrift.run({
-        "seed": 0,
-        "data": {"name": "mnist5k"},
-        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 10},
-        "model": {"name": "mlp", "hidden": [64], **model},
-        "algorithm": algorithm,
-        "train": {"rounds": 4, "local_epochs": 1, "clients_per_round": 5},
-        "output": {"dir": str(tmp_path / "run"), "progress": False},
-    })
-    assert res.summary["final_accuracy"] > 0.6

@@ -122,16 +122,3 @@ def test_beta_zero_is_exactly_fedavg(tiny, tmp_path):
     c = run({"name": "fedntd"}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.history[-1]["fedntd_kd"] > 0
-
-
-def test_learns_on_mnist5k(tmp_path):
-    res = fedrift.run({
-        "seed": 0,
-        "data": {"name": "mnist5k"},
-        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 10},
-        "model": {"name": "mlp", "hidden": [64]},
-        "algorithm": {"name": "fedntd"},
-        "train": {"rounds": 5, "local_epochs": 1, "clients_per_round": 4},
-        "output": {"dir": str(tmp_path / "run"), "progress": False},
-    })
-    assert res.summary["final_accuracy"] > 0.6

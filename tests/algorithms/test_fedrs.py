@@ -89,16 +89,3 @@ def test_alpha_one_is_exactly_fedavg(tiny, tmp_path):
         assert torch.equal(a.global_state[k], b.global_state[k]), k
     c = run({"name": "fedrs"}, "c")  # dirichlet 0.5 over 10 digits: clients lack classes
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
-
-
-def test_learns_on_mnist5k(tmp_path):
-    res = fedrift.run({
-        "seed": 0,
-        "data": {"name": "mnist5k"},
-        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 10},
-        "model": {"name": "mlp", "hidden": [64]},
-        "algorithm": {"name": "fedrs"},
-        "train": {"rounds": 5, "local_epochs": 1, "clients_per_round": 4},
-        "output": {"dir": str(tmp_path / "run"), "progress": False},
-    })
-    assert res.summary["final_accuracy"] > 0.6

@@ -168,27 +168,3 @@ def test_mu_zero_is_exactly_fedavg_on_the_same_model(tiny, tmp_path):
     c = run({"name": "moon"}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.history[-1]["moon_con"] > 0
-
-
-def test_memory_and_disk_client_state_give_the_same_bits(tiny, tmp_path):
-    """The previous models round-trip through either store unchanged (4 rounds of 3 of 6
-    clients: clients come back, so stored models are read)."""
-    runs = {}
-    for mode in ("memory", "disk"):
-        runs[mode] = fedrift.run(tiny(algorithm={"name": "moon"}, model=PROJ_MODEL, engine={"client_state": mode},
-                                      output={"dir": str(tmp_path / mode)}, train={"rounds": 4}))
-    for k, v in runs["memory"].global_state.items():
-        assert torch.equal(v, runs["disk"].global_state[k]), k
-
-
-def test_learns_on_mnist5k(tmp_path):
-    res = fedrift.run({
-        "seed": 0,
-        "data": {"name": "mnist5k"},
-        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 10},
-        "model": {"name": "mlp", "hidden": [64], "projection_dim": 32},
-        "algorithm": {"name": "moon"},
-        "train": {"rounds": 5, "local_epochs": 1, "clients_per_round": 4},
-        "output": {"dir": str(tmp_path / "run"), "progress": False},
-    })
-    assert res.summary["final_accuracy"] > 0.6

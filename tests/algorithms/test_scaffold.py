@@ -8,7 +8,6 @@ from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.algorithms.terms import weighted_ce
 from fedrift.config import validate_options
 from fedrift.engine.local import make_step
-from fedrift.engine.state import ClientStateStore
 from fedrift.engine.tree import stack, weighted_sum
 
 ETA = 0.1
@@ -135,34 +134,3 @@ def test_first_round_is_fedavg_without_momentum_then_the_controls_act(tiny, tmp_
     c = fedrift.run(tiny(algorithm={"name": "fedavg"}, train=three, output={"dir": str(tmp_path / "c")}))
     d = fedrift.run(tiny(algorithm={"name": "scaffold"}, train=three, output={"dir": str(tmp_path / "d")}))
     assert any(not torch.equal(c.global_state[k], d.global_state[k]) for k in c.global_state)
-
-
-def test_disk_client_state_gives_the_same_run_as_memory(tiny, tmp_path, monkeypatch):
-    opened, real_open = [], ClientStateStore._open
-    monkeypatch.setattr(ClientStateStore, "_open", lambda self, layout: (opened.append(self._path), real_open(self, layout)))
-    runs = {}
-    for mode in ("memory", "disk"):
-        cfg = tiny(algorithm={"name": "scaffold"}, engine={"client_state": mode},
-                   train={"rounds": 4, "clients_per_round": 3}, output={"dir": str(tmp_path / mode)})
-        runs[mode] = fedrift.run(cfg)
-    assert opened == [tmp_path / "disk" / "client_state.bin"]  # the disk run kept its controls in the file
-    mem, disk = runs["memory"], runs["disk"]
-    for k in mem.global_state:
-        assert torch.equal(mem.global_state[k], disk.global_state[k]), k
-    for k in mem.server_state["control"]:
-        assert torch.equal(mem.server_state["control"][k], disk.server_state["control"][k]), k
-    for a, b in zip(mem.history, disk.history, strict=True):
-        assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
-
-
-def test_scaffold_learns_on_mnist5k_with_label_skew(tmp_path):
-    cfg = {
-        "data": {"name": "mnist5k"},
-        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 10},
-        "model": {"name": "mlp", "hidden": [64]},
-        "algorithm": {"name": "scaffold"},
-        "train": {"rounds": 5, "clients_per_round": 4, "local_epochs": 1, "batch_size": 32, "lr": 0.05},
-        "output": {"dir": str(tmp_path / "r"), "progress": False},
-    }
-    result = fedrift.run(cfg)
-    assert result.summary["final_accuracy"] > 0.6  # chance is 0.1

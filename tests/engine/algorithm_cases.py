@@ -1,7 +1,11 @@
 """Every registered algorithm with options under which its extra terms matter: executors are
 checked against each other on all of them."""
 
+import torch
+
 from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms.base import Algorithm, Setup
+from fedrift.config import validate_options
 
 OPTIONS = {
     "fedprox": {"mu": 0.1},
@@ -39,3 +43,15 @@ def case(name: str) -> dict:
 
 
 NAMES = ALGORITHMS.names()
+
+# a model with a projection head and server-held data, so that every algorithm can be built
+SETUP = Setup(num_classes=10, num_clients=6, feature_dim=16, lr=0.05, momentum=0.9, weight_decay=0.0,
+              clip_grad_norm=None, seed=0, projection_dim=16,
+              holdout_x=torch.zeros(4, 64), holdout_y=torch.zeros(4, dtype=torch.int64))
+
+
+def build(name: str) -> Algorithm:
+    """Algorithm ``name`` with its case options, to ask which hooks it has."""
+    entry = ALGORITHMS.get(name)
+    options = {k: v for k, v in case(name)["algorithm"].items() if k != "name"}
+    return entry.factory(validate_options("algorithm", entry.params, options), SETUP)

@@ -13,6 +13,7 @@ from fedrift.engine.sampling import SAMPLERS
 from fedrift.engine.state import ClientStateError, ClientStateStore
 from fedrift.engine.tree import leaves, weighted_sum
 from fedrift.registry import Entry
+from algorithm_cases import NAMES, build, case
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.int8, torch.uint8, torch.bool, torch.complex64]
@@ -258,3 +259,28 @@ def test_disk_and_memory_runs_are_identical(tiny, tmp_path, monkeypatch):
     assert strip(mem.history) == strip(disk.history)
     assert mem.summary["personalized_accuracy"] == disk.summary["personalized_accuracy"]
     assert all(torch.isfinite(t).all() for t in leaves(disk.global_state))
+
+
+STATEFUL = [n for n in NAMES if build(n).init_client is not None]
+
+
+def test_the_stateful_methods_keep_their_state_in_the_store():
+    assert {"scaffold", "feddyn", "moon", "fedproto"} <= set(STATEFUL)
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_disk_client_state_gives_the_same_run_as_memory(tiny, tmp_path, monkeypatch, name):
+    """4 rounds of 3 of 6 clients: clients come back, so their stored state is read again."""
+    opened, real_open = [], ClientStateStore._open
+    monkeypatch.setattr(ClientStateStore, "_open", lambda self, layout: (opened.append(self._path), real_open(self, layout)))
+    runs = {}
+    for mode in ("memory", "disk"):
+        cfg = tiny(**case(name), engine={"client_state": mode}, train={"rounds": 4, "clients_per_round": 3},
+                   output={"dir": str(tmp_path / mode)})
+        runs[mode] = fedrift.run(cfg)
+    assert opened == [tmp_path / "disk" / "client_state.bin"]  # the disk run kept its states in the file
+    mem, disk = runs["memory"], runs["disk"]
+    for k in mem.global_state:
+        assert torch.equal(mem.global_state[k], disk.global_state[k]), k
+    for a, b in zip(mem.history, disk.history, strict=True):
+        assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}

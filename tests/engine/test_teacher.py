@@ -2,26 +2,11 @@
 
 import pytest
 import torch
-from algorithm_cases import NAMES, case
+from algorithm_cases import NAMES, build, case
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Setup
-from fedrift.config import validate_options
 
-# a model with a projection head and server-held data, so that every algorithm can be built
-SETUP = Setup(num_classes=10, num_clients=6, feature_dim=16, lr=0.05, momentum=0.9, weight_decay=0.0,
-              clip_grad_norm=None, seed=0, projection_dim=16,
-              holdout_x=torch.zeros(4, 64), holdout_y=torch.zeros(4, dtype=torch.int64))
-
-
-def _has_teacher(name: str) -> bool:
-    entry = ALGORITHMS.get(name)
-    options = {k: v for k, v in case(name)["algorithm"].items() if k != "name"}
-    return entry.factory(validate_options("algorithm", entry.params, options), SETUP).teacher is not None
-
-
-TEACHERS = [n for n in NAMES if _has_teacher(n)]
+TEACHERS = [n for n in NAMES if build(n).teacher is not None]
 
 
 def test_the_distillation_methods_have_a_cacheable_teacher():
