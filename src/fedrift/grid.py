@@ -48,8 +48,6 @@ import yaml
 
 from fedrift.config import Config, apply_overrides, load_config, read_yaml, to_yaml
 from fedrift.errors import ConfigError
-# Importing the package fedrift.report here, before ``fedrift/__init__`` binds the function
-# ``fedrift.report``, matters: a later first import of the package would rebind that name.
 from fedrift.report.table import EXECUTION_KEYS, flatten, short_names
 
 GRID_FILE = "compare.json"
@@ -576,4 +574,4 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None, verbose: b
     return rows
 
 
-__all__ = ["Grid", "RunSpec", "Setting", "build_grid", "compare", "parse_grid_tokens", "report", "run_grid"]
+__all__ = ["Grid", "RunSpec", "Setting", "build_grid", "compare", "parse_grid_tokens", "run_grid", "write_report"]
