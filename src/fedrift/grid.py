@@ -1,7 +1,8 @@
 """``fedrift compare``: a grid of runs (algorithms x sweep values x seeds), resumable, then a report.
 
 The grid
-    ``algorithms`` (names, each optionally with options: ``fedprox:mu=0.1:aggregation=uniform``),
+    ``algorithms`` (names, each optionally with options: ``fedprox:mu=0.1:aggregation=uniform``,
+    or any other config key for that entry's runs only: ``moon:mu=5:model.projection_dim=256``),
     ``seeds``, and any number of swept keys (``sweep={"partition.alpha": [0.1, 0.5]}``; on the
     command line ``sweep.partition.alpha=0.1,0.5``). Every combination is one run; the other
     ``key=value`` overrides apply to every run. A run's algorithm options are those of its
@@ -177,19 +178,28 @@ def safe_name(text: str, limit: int = 120) -> str:
     return name
 
 
+ENTRY_SECTIONS = ("data", "partition", "model", "train", "engine", "eval")
+
+
 def parse_algorithm(entry: str) -> tuple[str, list[str]]:
-    """``"fedprox:mu=0.1:aggregation=uniform"`` -> ``("fedprox", ["mu=0.1", "aggregation=uniform"])``."""
+    """``"fedprox:mu=0.1:aggregation=uniform"`` -> ``("fedprox", ["algorithm.mu=0.1",
+    "algorithm.aggregation=uniform"])``: the entry's overrides. A dotted key overrides that
+    config key for this entry's runs only (``moon:mu=5:model.projection_dim=256``)."""
     name, *opts = [p.strip() for p in entry.split(":")]
     if not name:
         raise ConfigError(f"algorithms: entry {entry!r} has no algorithm name")
+    out = []
     for o in opts:
         key, sep, _ = o.partition("=")
-        if not sep or not key.strip() or "." in key:
+        key = key.strip()
+        dotted = "." in key
+        if not sep or not key or (dotted and key.split(".")[0] not in ENTRY_SECTIONS):
             raise ConfigError(
-                f"algorithms: option {o!r} of {entry!r} is not of the form key=value "
-                "(e.g. fedprox:mu=0.1)"
+                f"algorithms: option {o!r} of {entry!r} is not of the form key=value or section.key=value "
+                f"with a section among {', '.join(ENTRY_SECTIONS)} (e.g. fedprox:mu=0.1, moon:model.projection_dim=256)"
             )
-    return name, opts
+        out.append(o if dotted else f"algorithm.{o}")
+    return name, out
 
 
 def _base_doc(config: Config | Mapping[str, Any] | str | Path | None) -> dict[str, Any]:
@@ -313,7 +323,7 @@ def build_grid(
                 grid_over = [
                     *overrides,
                     f"algorithm.name={name}",
-                    *(f"algorithm.{o}" for o in opts),
+                    *opts,
                     *(f"{k}={raw}" for k, raw, _ in combo),
                     f"seed={seed}",
                 ]

@@ -50,6 +50,17 @@ def test_grid_expansion(tmp_path):
     assert run.expected["algorithm.mu"] == 0.1 and run.expected["algorithm.aggregation"] == "samples"
 
 
+def test_an_entry_may_set_other_config_keys_for_its_own_runs(tmp_path):
+    grid = build_grid(grid_config(tmp_path), algorithms=["fedavg", "moon:mu=5:model.projection_dim=16"], seeds=[0],
+                      out=tmp_path / "g")
+    docs = {r.setting.algorithm: r.doc for r in grid.runs}
+    assert docs["moon:mu=5:model.projection_dim=16"]["model"]["projection_dim"] == 16
+    assert docs["moon:mu=5:model.projection_dim=16"]["algorithm"] == {"name": "moon", "mu": 5}
+    assert "projection_dim" not in docs["fedavg"]["model"]
+    with pytest.raises(ConfigError, match="section"):
+        build_grid(grid_config(tmp_path), algorithms=["moon:output.dir=x"], seeds=[0], out=tmp_path / "h")
+
+
 def test_config_files_algorithm_options_stay_with_that_algorithm(tmp_path):
     cfg = grid_config(tmp_path, algorithm={"name": "fedprox", "mu": 0.05})
     grid = build_grid(cfg, algorithms=["fedavg", "fedprox"], seeds=[0], overrides=["algorithm.aggregation=uniform"],
