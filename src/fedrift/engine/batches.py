@@ -14,18 +14,28 @@ def num_steps(n: int, batch_size: int, epochs: int, steps: int | None) -> int:
     return steps if steps is not None else epochs * math.ceil(n / batch_size)
 
 
-def schedule(
+def schedule_table(
     n: int, batch_size: int, epochs: int, steps: int | None, seed: int, round_: int, client: int
-) -> list[np.ndarray]:
-    """Positions (0..n-1) per local step: a fresh permutation per epoch, cut into batches.
+) -> np.ndarray:
+    """Positions (0..n-1) per local step, one row per step, ``-1`` after a short batch's end:
+    a fresh permutation per epoch, cut into batches of ``min(batch_size, n)``.
 
     The last, smaller batch of an epoch is kept, so every sample weighs the same; with a
     fixed ``steps`` budget, epochs repeat until it is spent.
     """
     total = num_steps(n, batch_size, epochs, steps)
+    width = max(1, min(batch_size, n))
+    per_epoch = math.ceil(n / width)
     g = rng.generator(seed, rng.BATCHES, round_, client)
-    out: list[np.ndarray] = []
-    while len(out) < total:
-        perm = g.permutation(n)
-        out.extend(perm[i : i + batch_size] for i in range(0, n, batch_size))
-    return out[:total]
+    table = np.full((math.ceil(total / per_epoch) * per_epoch, width), -1, dtype=np.int64)
+    flat = table.reshape(-1, per_epoch * width)  # one row per epoch
+    for e in range(len(flat)):
+        flat[e, :n] = g.permutation(n)
+    return table[:total]
+
+
+def schedule(
+    n: int, batch_size: int, epochs: int, steps: int | None, seed: int, round_: int, client: int
+) -> list[np.ndarray]:
+    """``schedule_table`` as a list of each step's positions."""
+    return [row[row >= 0] for row in schedule_table(n, batch_size, epochs, steps, seed, round_, client)]

@@ -38,11 +38,14 @@ def client_job(
     and the context hooks see: num_samples, num_steps (H_k), label_counts, state."""
     ix = fed.indices[k]
     steps = None if epochs is not None else tc.local_steps
-    positions = batches.schedule(len(ix), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k)
+    pos = torch.as_tensor(batches.schedule_table(len(ix), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k),
+                          device=ix.device)
+    table = torch.where(pos >= 0, ix[pos.clamp(min=0)], -1)  # one gather for the whole schedule
+    sizes = (pos >= 0).sum(1).tolist()
     ctx = {
         "num_samples": torch.tensor(float(len(ix)), device=ix.device),
-        "num_steps": torch.tensor(float(len(positions)), device=ix.device),
+        "num_steps": torch.tensor(float(len(sizes)), device=ix.device),
         "label_counts": fed.label_counts[k],
         "state": state,
     }
-    return ClientJob(k, ix, [ix[torch.as_tensor(p, device=ix.device)] for p in positions], ctx)
+    return ClientJob(k, ix, [row[:b] for row, b in zip(table, sizes)], ctx, table)

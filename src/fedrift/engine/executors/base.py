@@ -22,6 +22,7 @@ class ClientJob:
     indices: torch.Tensor  # global train indices of the client's samples
     schedule: list[torch.Tensor]  # per step: global train indices of the batch
     ctx: dict[str, Any]  # num_samples, num_steps, label_counts, state (+ client_start's)
+    table: torch.Tensor | None = None  # the schedule as one (steps, width) tensor, -1 after a batch's end
 
 
 @dataclass

@@ -40,7 +40,9 @@ def _index_table(jobs: list[ClientJob], steps: int, batch_size: int) -> tuple[to
     w = torch.zeros(steps, len(jobs), batch_size, device=dev)
     for k, job in enumerate(jobs):
         h = len(job.schedule)
-        padded = pad_sequence(job.schedule, batch_first=True, padding_value=-1)  # (h, <=batch)
+        padded = job.table  # (h, <=batch), -1 after a batch's end
+        if padded is None:
+            padded = pad_sequence(job.schedule, batch_first=True, padding_value=-1)
         real = padded >= 0
         idx[:, k, :] = job.indices[0]
         idx[:h, k, : padded.shape[1]] = torch.where(real, padded, job.indices[0])
@@ -67,7 +69,7 @@ class BatchedExecutor:
         self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
     ) -> list[ClientOutput]:
         params = tools.start_params(payload, jobs[0].ctx) if jobs else payload["params"]
-        batch_size = max((int(ix.numel()) for j in jobs for ix in j.schedule), default=1)
+        batch_size = max((int(ix.numel()) for j in jobs for ix in j.schedule[:1]), default=1)  # first batches are full
         k = self.max_parallel or auto_parallel(params, batch_size, int(tools.x[0].numel()))
         order = sorted(range(len(jobs)), key=lambda i: (-len(jobs[i].schedule), jobs[i].client_id))
         outputs: dict[int, ClientOutput] = {}
