@@ -42,7 +42,7 @@ from pydantic import Field
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.algorithms.slowmo import server_momentum_step
+from fedrift.algorithms.slowmo import momentum_server, server_momentum_step
 from fedrift.algorithms.terms import kl_to_target, weighted_ce
 from fedrift.engine.optim import Transform, chain, clip_by_global_norm, scale
 from fedrift.engine.tree import leaves, tree_map, weighted_sum
@@ -135,9 +135,6 @@ def _fedadc(name: str, hp: FedADCParams, setup: Setup, base_loss, teacher=None) 
     nesterov = hp.variant == "nesterov"
     clip = clip_by_global_norm(setup.clip_grad_norm) if setup.clip_grad_norm is not None else None
 
-    def init_server(global_params: dict) -> Tree:
-        return {"params": global_params, "momentum": tree_map(torch.zeros_like, global_params)}
-
     def broadcast(state: Tree, info: RoundInfo) -> Tree:
         return {"params": state["params"], "momentum": state["momentum"]}
 
@@ -171,7 +168,7 @@ def _fedadc(name: str, hp: FedADCParams, setup: Setup, base_loss, teacher=None) 
         hparams=hp,
         local_loss=local_loss,
         teacher=teacher,
-        init_server=init_server,
+        init_server=momentum_server,
         broadcast=broadcast,
         client_start=client_start,
         grad_correction=grad_correction,

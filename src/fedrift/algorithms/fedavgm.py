@@ -27,8 +27,8 @@ from pydantic import Field
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.algorithms.slowmo import server_momentum_step
-from fedrift.engine.tree import tree_map, weighted_sum
+from fedrift.algorithms.slowmo import momentum_server, server_momentum_step
+from fedrift.engine.tree import weighted_sum
 from fedrift.params import params
 
 
@@ -46,11 +46,8 @@ class FedAvgMParams(AlgorithmParams):
 
 @ALGORITHMS.register("fedavgm", "FedAvgM: FedAvg with server momentum on the averaged model change", FedAvgMParams)
 def fedavgm(hp: FedAvgMParams, setup: Setup) -> Algorithm:
-    def init_server(global_params: dict) -> Tree:
-        return {"params": global_params, "momentum": tree_map(torch.zeros_like, global_params)}
-
     def aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: RoundInfo) -> Tree:
         avg = weighted_sum(uploads["params"], weights)
         return server_momentum_step(state, avg, 1.0, hp.eta_s, hp.beta)
 
-    return Algorithm(name="fedavgm", hparams=hp, local_loss=ce_loss, init_server=init_server, aggregate=aggregate)
+    return Algorithm(name="fedavgm", hparams=hp, local_loss=ce_loss, init_server=momentum_server, aggregate=aggregate)

@@ -51,6 +51,11 @@ class SlowMoParams(AlgorithmParams):
     local_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
 
+def momentum_server(global_params: dict) -> Tree:
+    """The server state of a server-momentum method: the model and a zero momentum."""
+    return {"params": global_params, "momentum": tree_map(torch.zeros_like, global_params)}
+
+
 def server_momentum_step(state: Tree, avg: dict, lr: float, alpha: float, beta: float) -> Tree:
     """One server step shared by SlowMo and FedADC, from the weighted average ``avg`` of w_k.
 
@@ -69,9 +74,6 @@ def server_momentum_step(state: Tree, avg: dict, lr: float, alpha: float, beta: 
 def slowmo(hp: SlowMoParams, setup: Setup) -> Algorithm:
     lr = setup.lr
 
-    def init_server(global_params: dict) -> Tree:
-        return {"params": global_params, "momentum": tree_map(torch.zeros_like, global_params)}
-
     def aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: RoundInfo) -> Tree:
         avg = weighted_sum(uploads["params"], weights)
         return server_momentum_step(state, avg, lr, hp.alpha, hp.beta)
@@ -80,7 +82,7 @@ def slowmo(hp: SlowMoParams, setup: Setup) -> Algorithm:
         name="slowmo",
         hparams=hp,
         local_loss=ce_loss,
-        init_server=init_server,
+        init_server=momentum_server,
         optimizer=sgd(lr, hp.local_momentum, setup.weight_decay, setup.clip_grad_norm),
         aggregate=aggregate,
     )
