@@ -97,7 +97,16 @@ def load_synthetic(root: Path | None, options: SyntheticParams) -> Dataset:
     b_shared = shared.normal(0.0, 1.0, o.num_classes)
     x_sd = np.arange(1, o.dim + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
 
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("xtr", "ytr", "gtr", "xte", "yte", "gte")}
+    # Sizes first (each device's stream starts with its size), so that the arrays are made
+    # once, in float32: 10,000 devices are 1.9M samples, 0.45 GB, not 3 GB of float64 parts.
+    sizes = [device_size(o, np.random.default_rng(seq)) for seq in device_seqs]
+    n_test = [_test_count(n, o.test_fraction) for n in sizes]
+    n_tr, n_te = sum(sizes) - sum(n_test), sum(n_test)
+    xtr, xte = np.empty((n_tr, o.dim), np.float32), np.empty((n_te, o.dim), np.float32)
+    ytr, yte = np.empty(n_tr, np.int64), np.empty(n_te, np.int64)
+    gtr = np.repeat(np.arange(o.num_devices, dtype=np.int64), np.subtract(sizes, n_test))
+    gte = np.repeat(np.arange(o.num_devices, dtype=np.int64), n_test)
+    a = b_ = 0  # where device k's train / test rows start
     for k, seq in enumerate(device_seqs):
         rng = np.random.default_rng(seq)
         n = device_size(o, rng)
@@ -111,23 +120,18 @@ def load_synthetic(root: Path | None, options: SyntheticParams) -> Dataset:
         x = v + rng.standard_normal((n, o.dim)) * x_sd
         y = np.argmax(x @ w + b, axis=1)  # softmax is monotone: argmax of the logits
         order = rng.permutation(n)
-        n_test = _test_count(n, o.test_fraction)
-        te, tr = order[:n_test], order[n_test:]
-        parts["xtr"].append(x[tr])
-        parts["ytr"].append(y[tr])
-        parts["gtr"].append(np.full(len(tr), k, dtype=np.int64))
-        parts["xte"].append(x[te])
-        parts["yte"].append(y[te])
-        parts["gte"].append(np.full(len(te), k, dtype=np.int64))
+        te, tr = order[: n_test[k]], order[n_test[k] :]
+        xtr[a : a + len(tr)], ytr[a : a + len(tr)] = x[tr], y[tr]
+        xte[b_ : b_ + len(te)], yte[b_ : b_ + len(te)] = x[te], y[te]
+        a, b_ = a + len(tr), b_ + len(te)
 
-    cat = {key: np.concatenate(val) for key, val in parts.items()}
     return Dataset(
         name="synthetic",
-        x_train=torch.from_numpy(cat["xtr"].astype(np.float32)),
-        y_train=torch.from_numpy(cat["ytr"].astype(np.int64)),
-        x_test=torch.from_numpy(cat["xte"].astype(np.float32)),
-        y_test=torch.from_numpy(cat["yte"].astype(np.int64)),
+        x_train=torch.from_numpy(xtr),
+        y_train=torch.from_numpy(ytr),
+        x_test=torch.from_numpy(xte),
+        y_test=torch.from_numpy(yte),
         num_classes=o.num_classes,
-        train_groups=cat["gtr"],
-        test_groups=cat["gte"],
+        train_groups=gtr,
+        test_groups=gte,
     )

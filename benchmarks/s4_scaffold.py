@@ -1,0 +1,75 @@
+"""BENCH.md S4 end to end: SCAFFOLD through ``fedrift.run`` on ``synthetic`` with 10,000
+clients, an MLP of over 100k parameters, 100 clients a round: peak memory.
+
+Each configuration runs in a fresh process (its ``ru_maxrss`` is its own). SCAFFOLD keeps a
+model-sized control variate per client; ``engine.client_state: disk`` keeps only the round's
+clients' rows in memory, ``memory`` keeps every state put (run it with fewer rounds: it grows
+with the clients seen).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/s4_scaffold.py --runs disk memory --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def config(store: str, rounds: int, out: str) -> dict:
+    return {
+        "data": {"name": "synthetic", "alpha": 1.0, "beta": 1.0, "num_devices": 10_000},
+        "partition": {"name": "natural"},
+        "model": {"name": "mlp", "hidden": [512, 256, 64]},  # 60 -> 512 -> 256 -> 64 -> 10: 179,594 parameters
+        "algorithm": {"name": "scaffold"},
+        "train": {"rounds": rounds, "clients_per_round": 100, "local_steps": 20, "batch_size": 10, "lr": 0.05},
+        "engine": {"client_state": store, "threads": 1},
+        "eval": {"every": rounds},
+        "output": {"dir": out, "overwrite": True, "progress": False, "save_model": False},
+    }
+
+
+def child(store: str, rounds: int, out: str) -> dict:
+    import fedrift
+
+    start = time.perf_counter()
+    r = fedrift.run(config(store, rounds, out))
+    return {
+        "store": store, "rounds": rounds, "executor": r.summary["executor"], "num_params": r.summary["num_params"],
+        "clients": r.summary["num_clients"], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "s_per_round": r.summary["seconds_per_round"], "end_to_end_s": time.perf_counter() - start,
+        "final_accuracy": r.summary["final_accuracy"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", nargs="+", default=["disk", "memory"], choices=["disk", "memory", "auto"])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.rounds, args.out)))
+        return
+    rows = []
+    for store in args.runs:
+        with tempfile.TemporaryDirectory() as out:
+            cmd = [sys.executable, __file__, "--child", store, "--rounds", str(args.rounds), "--out", out]
+            done = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+    print("\n| client state | rounds | executor | peak RSS | s/round | end to end | final accuracy |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['store']} | {r['rounds']} | {r['executor']} | {r['peak_rss_mb']:,.0f} MB | {r['s_per_round']:.2f} | "
+              f"{r['end_to_end_s']:.0f} s | {r['final_accuracy']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
