@@ -69,11 +69,11 @@ def _job(tools, k, indices, batch=8):
     schedule = [ix[i : i + batch] for i in range(0, len(ix), batch)]
     ctx = {"num_samples": torch.tensor(float(len(ix))), "num_steps": torch.tensor(float(len(schedule))),
            "label_counts": torch.bincount(tools.y[ix.clamp(max=len(tools.y) - 1)], minlength=10).float(), "state": {}}
-    return ClientJob(k, ix, schedule, ctx)
+    return ClientJob.from_schedule(k, ix, schedule, ctx)
 
 
 def test_split_is_deterministic_balanced_and_in_job_order():
-    jobs = [ClientJob(k, torch.arange(n), [torch.arange(n)], {}) for k, n in enumerate([5, 40, 10, 30, 20])]
+    jobs = [ClientJob.from_schedule(k, torch.arange(n), [torch.arange(n)], {}) for k, n in enumerate([5, 40, 10, 30, 20])]
     buckets = split_jobs(jobs, 2)
     assert buckets == split_jobs(jobs, 2) == [[0, 1, 2], [3, 4]]  # loads 55 and 50
     assert sorted(i for b in buckets for i in b) == list(range(5))

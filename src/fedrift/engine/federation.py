@@ -41,11 +41,10 @@ def client_job(
     pos = torch.as_tensor(batches.schedule_table(len(ix), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k),
                           device=ix.device)
     table = torch.where(pos >= 0, ix[pos.clamp(min=0)], -1)  # one gather for the whole schedule
-    sizes = (pos >= 0).sum(1).tolist()
     ctx = {
         "num_samples": torch.tensor(float(len(ix)), device=ix.device),
-        "num_steps": torch.tensor(float(len(sizes)), device=ix.device),
+        "num_steps": torch.tensor(float(len(table)), device=ix.device),
         "label_counts": fed.label_counts[k],
         "state": state,
     }
-    return ClientJob(k, ix, [row[:b] for row, b in zip(table, sizes)], ctx, table)
+    return ClientJob(k, ix, table, ctx)

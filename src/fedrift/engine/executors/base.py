@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from fedrift.algorithms.base import Algorithm, ClientData
 from fedrift.engine.local import StepFn
@@ -20,9 +21,24 @@ class ClientJob:
 
     client_id: int
     indices: torch.Tensor  # global train indices of the client's samples
-    schedule: list[torch.Tensor]  # per step: global train indices of the batch
+    table: torch.Tensor  # the batch schedule: row s = step s's global train indices, -1 after its end
     ctx: dict[str, Any]  # num_samples, num_steps, label_counts, state (+ client_start's)
-    table: torch.Tensor | None = None  # the schedule as one (steps, width) tensor, -1 after a batch's end
+
+    @classmethod
+    def from_schedule(cls, client_id: int, indices: torch.Tensor, schedule: list[torch.Tensor], ctx: dict[str, Any]) -> "ClientJob":
+        """A job from a list of per-step index tensors (of any lengths)."""
+        table = pad_sequence(schedule, batch_first=True, padding_value=-1) if schedule else indices.new_zeros((0, 1))
+        return cls(client_id, indices, table, ctx)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.table.shape[0])
+
+    @property
+    def schedule(self) -> list[torch.Tensor]:
+        """Per step, the batch's global train indices (rows of ``table`` without the padding)."""
+        sizes = (self.table >= 0).sum(1).tolist()
+        return [row[:b] for row, b in zip(self.table, sizes)]
 
 
 @dataclass

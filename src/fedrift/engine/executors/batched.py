@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 from torch.func import vmap
-from torch.nn.utils.rnn import pad_sequence
 
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.local import make_step
@@ -39,10 +38,7 @@ def _index_table(jobs: list[ClientJob], steps: int, batch_size: int) -> tuple[to
     idx = torch.empty(steps, len(jobs), batch_size, dtype=torch.int64, device=dev)
     w = torch.zeros(steps, len(jobs), batch_size, device=dev)
     for k, job in enumerate(jobs):
-        h = len(job.schedule)
-        padded = job.table  # (h, <=batch), -1 after a batch's end
-        if padded is None:
-            padded = pad_sequence(job.schedule, batch_first=True, padding_value=-1)
+        h, padded = job.num_steps, job.table  # (h, <=batch), -1 after a batch's end
         real = padded >= 0
         idx[:, k, :] = job.indices[0]
         idx[:h, k, : padded.shape[1]] = torch.where(real, padded, job.indices[0])
@@ -73,9 +69,9 @@ class BatchedExecutor:
         self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
     ) -> list[ClientOutput]:
         params = tools.start_params(payload, jobs[0].ctx) if jobs else payload["params"]
-        batch_size = max((int(ix.numel()) for j in jobs for ix in j.schedule[:1]), default=1)  # first batches are full
+        batch_size = max((j.table.shape[1] for j in jobs), default=1)
         k = self.max_parallel or auto_parallel(params, batch_size, int(tools.x[0].numel()))
-        order = sorted(range(len(jobs)), key=lambda i: (-len(jobs[i].schedule), jobs[i].client_id))
+        order = sorted(range(len(jobs)), key=lambda i: (-jobs[i].num_steps, jobs[i].client_id))
         outputs: dict[int, ClientOutput] = {}
         for start in range(0, len(order), k):
             group = [jobs[i] for i in order[start : start + k]]
@@ -109,7 +105,7 @@ class BatchedExecutor:
             params = {name: p.unsqueeze(0).expand(n, *p.shape) for name, p in payload["params"].items()}
         opt_state = vmap(tools.optimizer.init)(params)
         vstep = self._vstep(tools)
-        steps = [len(j.schedule) for j in jobs]
+        steps = [j.num_steps for j in jobs]
         idx_all, w_all = _index_table(jobs, max(steps), batch_size)
         active_all = torch.arange(max(steps), device=dev)[:, None] < torch.tensor(steps, device=dev)[None, :]
         loss_sum = torch.zeros(n, device=dev)

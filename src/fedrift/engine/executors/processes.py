@@ -81,7 +81,7 @@ def split_jobs(jobs: list[ClientJob], buckets: int) -> list[list[int]]:
     """Job positions per worker, a pure function of the jobs: the costliest job (samples to
     process over its schedule, then client id) goes to the least-loaded bucket (lowest index
     on ties); each bucket lists its positions in job order."""
-    cost = [sum(int(ix.numel()) for ix in job.schedule) for job in jobs]
+    cost = [int((job.table >= 0).sum()) for job in jobs]
     order = sorted(range(len(jobs)), key=lambda i: (-cost[i], jobs[i].client_id, i))
     load = [0] * buckets
     out: list[list[int]] = [[] for _ in range(buckets)]

@@ -53,6 +53,6 @@ class SequentialExecutor:
             raise
         except Exception as err:
             raise HookError(f"{alg.name}: hook {stage} failed in round {round_}, client {job.client_id}: {err}") from err
-        steps = max(len(job.schedule), 1)
+        steps = max(job.num_steps, 1)
         aux_mean = {k: v / steps for k, v in aux_sum.items()}
         return ClientOutput(job.client_id, upload, state, loss_sum / steps, aux_mean, params)
