@@ -3,11 +3,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.algorithms.fedadc import self_confidence_target
 from fedrift.algorithms.terms import weighted_ce
-from fedrift.config import validate_options
 from fedrift.engine.local import make_apply, make_step
 from fedrift.engine.tree import stack
 from fedrift.errors import ConfigError
@@ -18,8 +17,7 @@ SETUP = Setup(num_classes=3, num_clients=2, feature_dim=5, lr=ETA, momentum=0.9,
 
 
 def _alg(name, setup=SETUP, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+    return make(name, setup, **hp)
 
 
 def _model():

@@ -1,7 +1,7 @@
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import ALGORITHMS, make
 from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.config import validate_options
 from fedrift.engine.tree import stack
@@ -10,8 +10,7 @@ SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=0.1, momentum=0.9,
 
 
 def _alg(name, setup=SETUP, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+    return make(name, setup, **hp)
 
 
 def _uploads(*ws):

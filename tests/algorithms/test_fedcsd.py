@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import ALGORITHMS, make
 from fedrift.algorithms.base import ClientData, Setup
 from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
@@ -18,8 +18,7 @@ e = math.e
 
 
 def _alg(**hp):
-    entry = ALGORITHMS.get("fedcsd")
-    return entry.factory(validate_options("algorithm", entry.params, hp), SETUP)
+    return make("fedcsd", SETUP, **hp)
 
 
 def _identity(params, x, mode="logits"):

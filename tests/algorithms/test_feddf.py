@@ -8,12 +8,11 @@ import pytest
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.algorithms.feddf import FedDFParams, distill, ensemble_probs, proxy_batches, split_holdout, validation_score
 from fedrift.algorithms.terms import kl_to_target
 from fedrift.api import prepare
-from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
 from fedrift.engine.tree import stack
 from fedrift.errors import ConfigError
@@ -23,8 +22,7 @@ SETUP = Setup(num_classes=3, num_clients=2, feature_dim=5, lr=0.1, momentum=0.0,
 
 
 def _alg(name, setup, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+    return make(name, setup, **hp)
 
 
 def _mlp(seed=0):

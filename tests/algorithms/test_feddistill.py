@@ -3,10 +3,9 @@ import math
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import ClientData, Setup
 from fedrift.algorithms.terms import combine_class_means
-from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
 from fedrift.models import build_model
 
@@ -14,8 +13,7 @@ SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0,
 
 
 def _alg(**hp):
-    entry = ALGORITHMS.get("feddistill_plus")
-    return entry.factory(validate_options("algorithm", entry.params, hp), SETUP)
+    return make("feddistill_plus", SETUP, **hp)
 
 
 def test_server_averages_each_class_over_its_holders_weighted_by_counts():

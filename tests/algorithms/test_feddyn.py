@@ -1,17 +1,15 @@
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import RoundInfo, Setup
-from fedrift.config import validate_options
 from fedrift.engine.tree import stack
 
 SETUP = Setup(num_classes=3, num_clients=4, feature_dim=4, lr=0.1, momentum=0.9, weight_decay=0.0, clip_grad_norm=None, seed=0)
 
 
 def _alg(name, setup=SETUP, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+    return make(name, setup, **hp)
 
 
 def apply(params, x, mode="logits"):  # a linear model: logits = x W + b

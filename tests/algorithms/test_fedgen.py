@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.func import grad, stack_module_state, vmap
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.engine.optim import adam
 from fedrift.algorithms.fedgen import (
@@ -23,7 +23,6 @@ from fedrift.algorithms.fedgen import (
     init_generator,
     train_generator,
 )
-from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
 from fedrift.engine.tree import stack
 from fedrift.models import MODELS, build_model
@@ -32,8 +31,7 @@ SETUP = Setup(num_classes=3, num_clients=2, feature_dim=5, lr=0.1, momentum=0.0,
 
 
 def _alg(name, setup=SETUP, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+    return make(name, setup, **hp)
 
 
 def _mlp(seed=0):

@@ -8,10 +8,9 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, stack_module_state, vmap
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import ClientData, RoundInfo, Setup
 from fedrift.algorithms.fedgkd import average_params, vote_coefficients
-from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, build_model
@@ -20,8 +19,7 @@ SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0,
 
 
 def _alg(name, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), SETUP)
+    return make(name, SETUP, **hp)
 
 
 def _logreg_case(seed=1):

@@ -4,10 +4,9 @@ import pytest
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import Algorithm, RoundInfo, Setup
 from fedrift.algorithms.fednova import normalizer
-from fedrift.config import validate_options
 from fedrift.engine.local import make_step
 from fedrift.engine.optim import sgd
 from fedrift.engine.tree import stack, weighted_sum
@@ -17,8 +16,7 @@ SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=ETA, momentum=0.9,
 
 
 def _alg(name, setup=SETUP, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+    return make(name, setup, **hp)
 
 
 def _uploads(rows):

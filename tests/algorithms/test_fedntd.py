@@ -6,10 +6,9 @@ import torch
 from torch.func import grad, vmap
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import Setup
 from fedrift.algorithms.fedntd import not_true, not_true_distillation
-from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
 from fedrift.models import MODELS, build_model
 
@@ -17,8 +16,7 @@ SETUP = Setup(num_classes=4, num_clients=2, feature_dim=3, lr=0.1, momentum=0.0,
 
 
 def _alg(name, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), SETUP)
+    return make(name, SETUP, **hp)
 
 
 def _softmax(v, T=1.0):

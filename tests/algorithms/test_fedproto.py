@@ -2,10 +2,9 @@ import pytest
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import ClientData, Setup
 from fedrift.algorithms.fedproto import nearest_prototype
-from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
 from fedrift.errors import ConfigError
 from fedrift.models import build_model
@@ -15,8 +14,7 @@ SETUP = Setup(num_classes=3, num_clients=2, feature_dim=8, lr=0.1, momentum=0.0,
 
 
 def _alg(**hp):
-    entry = ALGORITHMS.get("fedproto")
-    return entry.factory(validate_options("algorithm", entry.params, hp), SETUP)
+    return make("fedproto", SETUP, **hp)
 
 
 def _model():

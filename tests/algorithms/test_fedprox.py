@@ -1,9 +1,8 @@
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import Setup
-from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
 from fedrift.models import build_model
 
@@ -11,8 +10,7 @@ SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0,
 
 
 def _alg(name, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), SETUP)
+    return make(name, SETUP, **hp)
 
 
 def test_proximal_gradient_is_mu_times_distance_to_global():

@@ -8,10 +8,9 @@ import torch
 from torch.func import grad, vmap
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import ClientData, Setup
 from fedrift.algorithms.moon import model_contrastive
-from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, build_model
@@ -22,8 +21,7 @@ PROJ_MODEL = {"name": "mlp", "hidden": [32], "projection_dim": 16}
 
 
 def _alg(name, setup=SETUP, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+    return make(name, setup, **hp)
 
 
 def test_contrastive_loss_on_2d_vectors_equals_the_closed_form():

@@ -3,10 +3,9 @@ import dataclasses
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.algorithms.terms import weighted_ce
-from fedrift.config import validate_options
 from fedrift.engine.local import make_step
 from fedrift.engine.tree import stack, weighted_sum
 
@@ -15,8 +14,7 @@ SETUP = Setup(num_classes=3, num_clients=4, feature_dim=4, lr=ETA, momentum=0.9,
 
 
 def _alg(name, setup=SETUP, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+    return make(name, setup, **hp)
 
 
 def apply(params, x, mode="logits"):  # a linear model: logits = x W + b

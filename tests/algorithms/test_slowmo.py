@@ -1,17 +1,15 @@
 import torch
 
 import fedrift
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import make
 from fedrift.algorithms.base import RoundInfo, Setup
-from fedrift.config import validate_options
 from fedrift.engine.tree import stack
 
 SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
 
 
 def _alg(name, setup=SETUP, **hp):
-    entry = ALGORITHMS.get(name)
-    return entry.factory(validate_options("algorithm", entry.params, hp), setup)
+    return make(name, setup, **hp)
 
 
 def test_server_update_is_the_formula_by_hand():

@@ -3,9 +3,8 @@ checked against each other on all of them."""
 
 import torch
 
-from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms import ALGORITHMS, make
 from fedrift.algorithms.base import Algorithm, Setup
-from fedrift.config import validate_options
 
 OPTIONS = {
     "fedprox": {"mu": 0.1},
@@ -52,6 +51,4 @@ SETUP = Setup(num_classes=10, num_clients=6, feature_dim=16, lr=0.05, momentum=0
 
 def build(name: str) -> Algorithm:
     """Algorithm ``name`` with its case options, to ask which hooks it has."""
-    entry = ALGORITHMS.get(name)
-    options = {k: v for k, v in case(name)["algorithm"].items() if k != "name"}
-    return entry.factory(validate_options("algorithm", entry.params, options), SETUP)
+    return make(name, SETUP, **{k: v for k, v in case(name)["algorithm"].items() if k != "name"})

@@ -27,7 +27,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Setup, fedavg_aggregate
-from fedrift.algorithms.terms import weighted_ce
+from fedrift.algorithms.terms import class_means, weighted_ce
 from fedrift.engine.tree import tree_map
 from fedrift.params import params
 
@@ -85,10 +85,8 @@ class FedCSDParams(AlgorithmParams):
 def class_prototypes(teacher_logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(P_k, holds)``: row ``c`` of ``P_k`` is the mean logit vector over samples of class ``c``
     (zero where the client has none, eq. 6); ``holds[c]`` says whether it has any."""
-    onehot = F.one_hot(y, num_classes).to(teacher_logits.dtype)  # (n, C)
-    counts = onehot.sum(0)
-    sums = onehot.T @ teacher_logits  # (C, C): row c = sum of the logits of class c
-    return sums / counts.clamp(min=1).unsqueeze(-1), counts > 0
+    means, counts = class_means(teacher_logits, y, num_classes)
+    return means, counts > 0
 
 
 def combine_prototypes(protos: torch.Tensor, holds: torch.Tensor) -> torch.Tensor:
