@@ -15,7 +15,8 @@ from fedrift.engine.local import make_apply
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, build_model
 
-SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
+SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0,
+              projection_dim=4)  # fedgkd_plus is built only for a model with a projection head
 
 
 def _alg(name, **hp):

@@ -24,8 +24,8 @@ each step as ``batch["teacher"]``; ``.detach()`` keeps them constants either way
   Measuring ``L_m`` costs each client one forward pass over its data per buffered model.
 - ``fedgkd_plus``: ``fedgkd`` on a model with MOON's projection head (model option
   ``projection_dim``), distilling the final logits. A model without the head is refused
-  with a ConfigError naming ``model.projection_dim`` when the server state is built (the
-  head's parameters are named ``proj.*``): ``Setup`` does not carry the model's options.
+  with a ConfigError naming ``model.projection_dim`` when the algorithm is built, before
+  anything is written (``Setup.projection_dim``).
 
 As in the authors' released code: no distillation in round 1 (the teacher would be the
 untrained initial model) - the payload's ``kd_on`` is 0.0 in round 1 and 1.0 after, so the
@@ -57,11 +57,9 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Params, RoundInfo, Setup
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Params, RoundInfo, Setup, require_projection
 from fedrift.algorithms.terms import kl_to_target, logit_mse, weighted_ce
 from fedrift.engine.tree import weighted_sum
-from fedrift.errors import ConfigError
-from fedrift.models.base import has_projection
 from fedrift.params import params
 
 
@@ -158,16 +156,8 @@ def _aggregate(M: int):
     return aggregate
 
 
-def _fedgkd(name: str, hp: FedGKDParams, needs_projection: bool) -> Algorithm:
+def _fedgkd(name: str, hp: FedGKDParams) -> Algorithm:
     weight = hp.gamma / 2
-
-    def init_server(global_params):
-        if needs_projection and not has_projection(global_params):
-            raise ConfigError(
-                f"model.projection_dim: algorithm {name} needs a model with a projection head and this "
-                "model has none; set model.projection_dim (256 in the paper, as MOON's) on cnn, mlp or resnet8"
-            )
-        return _init_server(global_params)
 
     def broadcast(state, info):
         models = buffered(state["buffer"])
@@ -189,7 +179,7 @@ def _fedgkd(name: str, hp: FedGKDParams, needs_projection: bool) -> Algorithm:
         name=name,
         hparams=hp,
         local_loss=local_loss,
-        init_server=init_server,
+        init_server=_init_server,
         broadcast=broadcast,
         teacher=teacher,
         aggregate=_aggregate(hp.M),
@@ -200,14 +190,15 @@ def _fedgkd(name: str, hp: FedGKDParams, needs_projection: bool) -> Algorithm:
     "fedgkd", "FedGKD: CE + (gamma/2) T^2 KL to the average of the last M global models", FedGKDParams
 )
 def fedgkd(hp: FedGKDParams, setup: Setup) -> Algorithm:
-    return _fedgkd("fedgkd", hp, needs_projection=False)
+    return _fedgkd("fedgkd", hp)
 
 
 @ALGORITHMS.register(
     "fedgkd_plus", "FedGKD+: FedGKD on a model with a projection head (needs model.projection_dim)", FedGKDParams
 )
 def fedgkd_plus(hp: FedGKDParams, setup: Setup) -> Algorithm:
-    return _fedgkd("fedgkd_plus", hp, needs_projection=True)
+    require_projection("fedgkd_plus", setup)  # refused before anything is written
+    return _fedgkd("fedgkd_plus", hp)
 
 
 @ALGORITHMS.register(
