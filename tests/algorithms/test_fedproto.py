@@ -73,6 +73,7 @@ def test_only_prototypes_travel_and_personal_models_learn(tmp_path):
     assert last["bytes_up"] == 6 * (10 * 64 * 4 + 10 * 4)  # prototypes + class counts
     assert last["local_accuracy"] > 0.75 and last["local_accuracy_proto"] > 0.75
     assert {"test_accuracy", "test_accuracy_proto", "local_accuracy_proto"} <= set(last)
+    assert r.summary["final_local_accuracy"] == last["local_accuracy"]
 
 
 def test_personal_models_refuse_global_model_diagnostics(tiny):

@@ -196,6 +196,8 @@ def _summary(out: LoopResult, totals: dict, best: tuple[float, int], rounds: int
         "bytes_down_total": totals["bytes_down"],
         "bytes_up_total": totals["bytes_up"],
     }
+    if "local_accuracy" in last:  # personal models (FedProto): on the clients' own splits
+        summary["final_local_accuracy"] = last["local_accuracy"]
     if message:
         summary["message"] = message
     return summary
