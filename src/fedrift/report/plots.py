@@ -15,6 +15,7 @@ never pyplot: no window, no global figure registry, the caller's backend untouch
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -50,8 +51,8 @@ def save(fig: Figure, base: Path) -> tuple[Path, Path]:
     """``base.png`` and ``base.svg``."""
     base.parent.mkdir(parents=True, exist_ok=True)
     png, svg = base.with_suffix(".png"), base.with_suffix(".svg")
-    fig.savefig(png, format="png")
-    fig.savefig(svg, format="svg")
+    fig.savefig(png, format="png", bbox_inches="tight")  # legends placed beside panels included
+    fig.savefig(svg, format="svg", bbox_inches="tight")
     return png, svg
 
 
@@ -102,6 +103,11 @@ def curve_stats(curves: Sequence[Sequence[tuple[int, float]]], band: str = "minm
     return rounds, mean, low, high
 
 
+def wrap_title(title: str, width: int = 48) -> str:
+    """A panel title on as many lines as it needs (swept settings can be long)."""
+    return textwrap.fill(title, width)
+
+
 def _grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:
     cols = min(n, max_cols)
     return (n + cols - 1) // cols, cols
@@ -113,7 +119,8 @@ def learning_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -
         return None
     colours = _colours(groups)
     rows, cols = _grid_shape(len(panels))
-    fig = new_figure(max(6.0, 4.6 * cols), 3.6 * rows + 0.4)
+    wide = max(len(gs) for _, gs in panels) > 6
+    fig = new_figure(max(6.0, (6.6 if wide else 4.6) * cols), 3.6 * rows + 0.4)
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
@@ -128,12 +135,15 @@ def learning_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -
                     marker="o" if len(rounds) <= 12 else None, ms=3)
             if len(runs) > 1:
                 ax.fill_between(rounds, 100 * low, 100 * high, color=c, alpha=0.18, lw=0)
-        ax.set_title(title)
+        ax.set_title(wrap_title(title), fontsize=10)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("test accuracy (%)")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        if len(gs) > 6:  # many lines: the legend goes beside the panel, not over the curves
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        else:
+            ax.legend(fontsize=8, loc="lower right")
     what = "min to max" if band == "minmax" else "mean +- std"
     fig.suptitle(f"Global test accuracy: mean over seeds, band {what}", fontsize=11)
     fig.tight_layout()

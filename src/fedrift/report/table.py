@@ -192,18 +192,26 @@ def discover_groups(root: Path) -> list[Group]:
     def differs(k: str, among: Iterable[str]) -> bool:
         return len({json.dumps(flat[g].get(k, "<absent>"), default=str) for g in among}) > 1
 
-    sweep_keys = [k for k in all_keys if not k.startswith("algorithm.") and differs(k, keys)]
     by_name: dict[Any, list[str]] = {}
     for g in keys:
         by_name.setdefault(flat[g].get("algorithm.name"), []).append(g)
+    # A key that varies within one algorithm's runs is swept; one that only tells algorithms
+    # apart (MOON's projection head, FedDF's held-out data) belongs to those algorithms' labels.
+    varying = [k for k in all_keys if not k.startswith("algorithm.") and differs(k, keys)]
+    sweep_keys = [k for k in varying if any(differs(k, same) for same in by_name.values())]
+    own_keys = [k for k in varying if k not in sweep_keys]
+    usual = {k: statistics.mode(json.dumps(flat[g].get(k), default=str) for g in keys) for k in own_keys}
     short = short_names(sweep_keys)
+    own_short = short_names(own_keys)
     groups = []
     for g in keys:
         f = flat[g]
         name = str(f.get("algorithm.name", "?"))
         same = by_name[f.get("algorithm.name")]
         opts = [k for k in all_keys if k.startswith("algorithm.") and k != "algorithm.name" and differs(k, same) and k in f]
-        algorithm = ":".join([name, *(f"{k.split('.', 1)[1]}={_fmt_value(f[k])}" for k in opts)])
+        own = [k for k in own_keys if json.dumps(f.get(k), default=str) != usual[k]]
+        algorithm = ":".join([name, *(f"{k.split('.', 1)[1]}={_fmt_value(f[k])}" for k in opts),
+                              *(f"{own_short[k]}={_fmt_value(f.get(k))}" for k in own)])
         sweep = {k: f.get(k) for k in sweep_keys}
         label = " ".join([algorithm, *(f"{short[k]}={_fmt_value(v)}" for k, v in sweep.items())])
         members = sorted(keyed[g], key=lambda r: (r.seed is None, r.seed or 0, str(r.dir)))

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fedrift.report.plots import Plot, new_figure, run_dataset, save
+from fedrift.report.plots import Plot, new_figure, run_dataset, save, wrap_title
 from fedrift.report.table import Run
 
 
@@ -73,7 +73,7 @@ def tsne_plot(entries: Sequence[tuple[str, Run]], base: Path, points: int = 1000
         ax.set_visible(False)
     for ax, (title, xy, y) in zip(axes.flat, done):
         ax.scatter(xy[:, 0], xy[:, 1], c=[cmap(int(c) % cmap.N) for c in y], s=6, alpha=0.8, linewidths=0)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(wrap_title(title, 40), fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
     if classes <= 20:
