@@ -151,3 +151,17 @@ def test_report_command_refuses_bad_input(capsys, tmp_path):
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and key in err[0], err
+
+
+def test_a_setting_only_some_algorithms_have_labels_them_and_does_not_split_panels(tmp_path):
+    root = tmp_path / "runs"
+    for alpha in (0.1, 1.0):
+        write_run(root / f"a{alpha}", 0, FEDAVG, alpha, [0.5, 0.6])
+        write_run(root / f"h{alpha}", 0, FEDAVG, alpha, [0.5, 0.6])
+        cfg = yaml.safe_load((root / f"h{alpha}" / "config.yaml").read_text())
+        cfg["algorithm"] = {"name": "fedprox", "mu": 0.01}
+        cfg["partition"]["holdout"] = 0.1  # like FedDF's held-out data: only this algorithm has it
+        (root / f"h{alpha}" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    groups, _ = load_groups(root)
+    assert {g.algorithm for g in groups} == {"fedavg", "fedprox:holdout=0.1"}
+    assert all(list(g.sweep) == ["partition.alpha"] for g in groups)  # alpha is swept, holdout is not
