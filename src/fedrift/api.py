@@ -90,7 +90,9 @@ def resolve_executor(cfg: Config, prep: Prepared, model: FedModel) -> str:
     has_conv = any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d)) for m in model.modules())
     num_params = sum(p.numel() for p in model.parameters())
     cpus = cfg.engine.workers or available_cpus()
-    return choose_executor(str(prep.device), cohort, num_params, has_conv, cpus)
+    mean_size = float(prep.partition.sizes().mean()) if prep.partition.num_clients else 0.0
+    samples = tc.local_steps * tc.batch_size if tc.local_steps else tc.local_epochs * mean_size
+    return choose_executor(str(prep.device), cohort, num_params, has_conv, cpus, samples)
 
 
 def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:

@@ -80,6 +80,8 @@ def test_auto_rule():
 
     assert choose_executor("cuda:0", 4, 10, True, 2) == "batched"
     assert choose_executor("cpu", 4, 1_663_370, True, 2) == "processes"  # the FedAvg CNN
+    assert choose_executor("cpu", 4, 1_663_370, True, 2, samples_per_client=1000) == "processes"  # workload A
+    assert choose_executor("cpu", 50, 1_663_370, True, 2, samples_per_client=8) == "sequential"  # S2
     assert choose_executor("cpu", 4, 1_663_370, True, 1) == "sequential"
     assert choose_executor("cpu", 1, 1_663_370, True, 2) == "sequential"
     assert choose_executor("cpu", 100, 610, False, 2) == "batched"  # S1: logreg, 100 clients

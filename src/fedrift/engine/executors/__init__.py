@@ -36,19 +36,29 @@ def auto(cfg: Config) -> SequentialExecutor:  # pragma: no cover - api.run resol
     raise RuntimeError("engine.executor auto is resolved by fedrift.api before executors are built")
 
 
-def choose_executor(device: str, cohort: int, num_params: int, has_conv: bool, cpus: int) -> str:
+# samples a client must train on per round before a worker process pays for shipping its model
+PROCESSES_MIN_SAMPLES = 256
+
+
+def choose_executor(
+    device: str, cohort: int, num_params: int, has_conv: bool, cpus: int, samples_per_client: float = float("inf")
+) -> str:
     """What ``engine.executor: auto`` runs (BENCHMARKS.md has the measurements behind it).
 
     - On a GPU: ``batched``; one vectorised step for many clients keeps the device busy.
     - On CPUs, compute-bound models (convolutions, or over a million parameters): each
       client's step already saturates a core, so ``processes`` (one thread per worker) uses
-      the cores better than threads inside one process do; ``sequential`` on one CPU.
+      the cores better than threads inside one process do, when each client trains on
+      enough samples a round (``samples_per_client``, at least 256) to pay for sending its
+      model both ways; ``sequential`` otherwise (measured on S2, 8 samples a client of the
+      FedAvg CNN: processes 2.7x slower than sequential) and on one CPU.
     - On CPUs, small models with many clients a round: per-step overhead dominates and
-      ``batched`` amortises it over up to 64 clients at once.
+      ``batched`` amortises it over up to 256 clients at once.
     - Otherwise ``sequential``.
     """
     if device.startswith("cuda"):
         return "batched"
     if has_conv or num_params > 1_000_000:
-        return "processes" if cpus > 1 and cohort > 1 else "sequential"
+        worth = cpus > 1 and cohort > 1 and samples_per_client >= PROCESSES_MIN_SAMPLES
+        return "processes" if worth else "sequential"
     return "batched" if cohort >= 8 else "sequential"
