@@ -53,6 +53,7 @@ ALGORITHMS: dict[str, dict] = {
     "feddyn_clip": {"name": "feddyn", "alpha": 0.01, "train": {"clip_grad_norm": 10.0}},
     "fedgen_clip": {"name": "fedgen", "train": {"clip_grad_norm": 10.0}},
     "fedavg_clip": {"name": "fedavg", "train": {"clip_grad_norm": 10.0}},
+    "fedavg_holdout": {"name": "fedavg", "partition": {"holdout": 0.1}},  # FedAvg on FedDF's clients
 }
 
 
