@@ -108,7 +108,7 @@ def run_federation(
                 if algorithm.predict is not None:
                     predict = partial(algorithm.predict, server, apply=apply)
                 if algorithm.personal:  # every client's own model, as the store holds it now
-                    models = [store.get(k)["params"] for k in range(fed.num_clients)]
+                    models = (store.get(k)["params"] for k in range(fed.num_clients))  # one at a time
                     row.update(evaluate_personal(apply, models, fed.test_indices, fed.x_test, fed.y_test, cfg.eval.batch_size, predict))
                 else:
                     row.update(evaluate(apply, server["params"], fed.x_test, fed.y_test, cfg.eval.batch_size, predict))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -51,16 +51,18 @@ def evaluate(
 
 
 def evaluate_personal(
-    apply: Callable[..., Any], models: list[dict[str, torch.Tensor]], local: list[torch.Tensor],
+    apply: Callable[..., Any], models: Iterable[dict[str, torch.Tensor]], local: list[torch.Tensor],
     x: torch.Tensor, y: torch.Tensor, batch_size: int, predict: Predict | None = None,
 ) -> dict[str, float]:
     """Personal models (FedProto): the mean over clients of each client's own model's
     accuracy on the global test set (``test_accuracy``) and on its local split
     (``local_accuracy``, ``local[k]`` indexes the test set), and of each extra predictor."""
     sums: dict[str, float] = {}
-    for params, ix in zip(models, local):
+    count = 0
+    for params, ix in zip(models, local):  # models may be a generator: one in memory at a time
         right, loss = outcomes(apply, params, x, y, batch_size, predict)
         row = {**_rates(right, "test_accuracy"), **_rates(right, "local_accuracy", ix), "test_loss": loss.mean().item()}
         for k, v in row.items():
             sums[k] = sums.get(k, 0.0) + v
-    return {k: v / max(len(models), 1) for k, v in sums.items()}
+        count += 1
+    return {k: v / max(count, 1) for k, v in sums.items()}
