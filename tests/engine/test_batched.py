@@ -94,3 +94,18 @@ def test_auto_is_the_default_and_the_summary_says_what_ran(tiny):
     r = fedrift.run(tiny(train={"clients_per_round": 8, "rounds": 1}, partition={"name": "iid", "num_clients": 10},
                          output={"dir": str(r.output_dir) + "-b"}))
     assert r.summary["executor"] == "batched"  # a small model, 8 clients a round
+
+
+def test_auto_sends_the_cnn_to_processes_only_when_clients_have_enough_work():
+    from fedrift.api import prepare, resolve_executor
+    from fedrift.models import build_model
+
+    def chosen(num_clients):
+        prep = prepare({"data": {"name": "mnist5k"}, "model": {"name": "cnn"},
+                        "partition": {"name": "iid", "num_clients": num_clients},
+                        "train": {"clients_per_round": 4, "local_epochs": 1}, "engine": {"workers": 2}})
+        model = build_model("cnn", prep.options["model"], prep.dataset.input_shape, 10, 0)
+        return resolve_executor(prep.config, prep, model)
+
+    assert chosen(10) == "processes"  # 400 samples a client a round
+    assert chosen(500) == "sequential"  # 8: shipping the model costs more than training it
