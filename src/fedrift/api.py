@@ -127,8 +127,9 @@ def run(config: Config | Mapping[str, Any] | str | Path | None = None, overrides
     return run_prepared(prepare(config, overrides))
 
 
-def run_prepared(prep: Prepared) -> RunResult:
-    """Run from validated pieces (tests and tools may swap the partition first)."""
+def build_run(prep: Prepared) -> tuple[FedModel, Algorithm]:
+    """The run's model and algorithm, and the checks that need them both: what a run refuses
+    here it refuses before anything is written (``fedrift compare`` calls it per setting)."""
     cfg = prep.config
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
@@ -138,6 +139,13 @@ def run_prepared(prep: Prepared) -> RunResult:
             f"{key}: {cfg.algorithm.name} trains personal models (there is no one global model to "
             f"compare or calibrate); allowed: false with {cfg.algorithm.name}"
         )
+    return model, algorithm
+
+
+def run_prepared(prep: Prepared) -> RunResult:
+    """Run from validated pieces (tests and tools may swap the partition first)."""
+    cfg = prep.config
+    model, algorithm = build_run(prep)
     executor_name = resolve_executor(cfg, prep, model)
     executor = EXECUTORS.get(executor_name, "engine.executor").factory(cfg)
 

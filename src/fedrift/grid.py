@@ -41,7 +41,7 @@ import os
 import re
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -244,7 +244,7 @@ def build_grid(
     jobs: int = 1,
 ) -> Grid:
     """Expand and validate the grid; nothing is written."""
-    from fedrift.api import prepare, resolve_options
+    from fedrift.api import build_run, prepare, resolve_options
 
     overrides = list(overrides or [])
     sweep = dict(sweep or {})
@@ -334,18 +334,23 @@ def build_grid(
                     doc["engine"] = {**(doc.get("engine") or {}), "workers": 1}
                 runs.append(RunSpec(setting, seed, run_dir, doc, requested=frozenset(flatten(doc))))
 
-    # Validate every run before anything runs: config and options, and the partition of each
-    # distinct (data, partition) section (its first seed; an impossible partition is so for all).
-    partitions_seen: set[str] = set()
+    # Validate every run before anything runs: config and options, the partition of each
+    # distinct (data, partition) section (its first seed; an impossible partition is so for
+    # all), and each setting's model and algorithm (what needs both, e.g. a personal-model
+    # method with eval.drift, or FedDF without held-out data).
+    prepared: dict[str, Any] = {}
+    settings_seen: set[str] = set()
     for spec in runs:
         try:
             cfg = load_config(spec.doc)
             options = resolve_options(cfg)
             spec.expected = _resolved(cfg, options)
             pkey = json.dumps([cfg.data.model_dump(), cfg.partition.model_dump()], sort_keys=True, default=str)
-            if pkey not in partitions_seen:
-                partitions_seen.add(pkey)
-                prepare(cfg)
+            if pkey not in prepared:
+                prepared[pkey] = prepare(cfg)
+            if spec.setting.label not in settings_seen:
+                settings_seen.add(spec.setting.label)
+                build_run(replace(prepared[pkey], config=cfg, options=options))
         except ConfigError as err:
             raise ConfigError(f"{err} (in run {spec.name})") from None
 

@@ -85,6 +85,9 @@ def test_config_files_algorithm_options_stay_with_that_algorithm(tmp_path):
         (["algorithms=fedprox:mu"], "algorithms"),
         (["report.tsne=fedgkd"], "report.tsne"),
         (["algorithms=fedprox", "report.target=fedavg:0.9"], "report.target"),
+        (["algorithms=fedavg,feddf"], "partition.holdout"),  # needs the model and algorithm built
+        (["algorithms=fedavg,moon"], "model.projection_dim"),
+        (["algorithms=fedproto", "eval.drift=true"], "eval.drift"),
     ],
 )
 def test_bad_grid_fails_at_once_with_one_line(capsys, tmp_path, args, key):
