@@ -11,8 +11,13 @@ Params = dict[str, torch.Tensor]
 
 
 def weighted_ce(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy as ``sum_i w_i CE_i``: the batch mean when w = 1/len, padding weighs 0."""
-    return (F.cross_entropy(logits, y, reduction="none") * w).sum()
+    """Cross-entropy as ``sum_i w_i CE_i``: the batch mean when w = 1/len, padding weighs 0.
+
+    Written as log-softmax and a gather rather than ``F.cross_entropy``: the same values, and
+    under ``vmap`` the gather is one batched op where ``nll_loss``'s batching rule takes
+    about two dozen (measured on S1: a sixth of the vectorised step's kernels)."""
+    logp = F.log_softmax(logits, dim=-1)
+    return -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * w).sum()
 
 
 def squared_distance(params: Params, anchor: Params) -> torch.Tensor:

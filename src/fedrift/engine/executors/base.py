@@ -51,6 +51,12 @@ class ClientOutput:
     end_params: dict[str, torch.Tensor]  # the local model after training (drift diagnostics)
 
 
+def rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``t[idx]`` for an index tensor of any shape, by ``index_select`` (4x faster on the CPU
+    than advanced indexing for a (clients, batch) index into the training set)."""
+    return t.index_select(0, idx.reshape(-1)).view(*idx.shape, *t.shape[1:])
+
+
 @dataclass(frozen=True)
 class RoundTools:
     """The pure pieces an executor needs, built once per run."""
@@ -70,11 +76,11 @@ class RoundTools:
         teacher = None
         if self.algorithm.teacher is not None:
             if self.teacher_cache is not None:
-                teacher = tree_map(lambda t: t[idx], self.teacher_cache)
+                teacher = tree_map(lambda t: rows(t, idx), self.teacher_cache)
             else:
                 with torch.no_grad():
-                    teacher = self.algorithm.teacher(payload, self.x[idx], self.apply)
-        return ClientData(self.x[idx], self.y[idx], teacher)
+                    teacher = self.algorithm.teacher(payload, rows(self.x, idx), self.apply)
+        return ClientData(rows(self.x, idx), rows(self.y, idx), teacher)
 
     def start_params(self, payload: dict[str, Any], ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Where local training starts: the broadcast model, or the client's own (personal)."""
@@ -91,13 +97,13 @@ class RoundTools:
         """A local step's batch: inputs, labels, sample weights, the step's noise if any, and
         teacher outputs if any (rows of the round's cached table, or computed on the batch
         when caching is off)."""
-        out = {"x": self.x[idx], "y": self.y[idx], "w": w}
+        out = {"x": rows(self.x, idx), "y": rows(self.y, idx), "w": w}
         if noise is not None:
             out["noise"] = noise
         if self.algorithm.teacher is None:
             return out
         if self.teacher_cache is not None:
-            out["teacher"] = tree_map(lambda t: t[idx], self.teacher_cache)
+            out["teacher"] = tree_map(lambda t: rows(t, idx), self.teacher_cache)
             return out
         with torch.no_grad():
             flat = out["x"].reshape(-1, *out["x"].shape[idx.dim() :])

@@ -35,15 +35,14 @@ def _index_table(jobs: list[ClientJob], steps: int, batch_size: int) -> tuple[to
     """``idx[s, k, :]``: client k's batch at step s, padded with its first sample; ``w``: the
     sample weights, 1/len for real rows and 0 for padding and for steps past the client's end."""
     dev = jobs[0].indices.device
-    idx = torch.empty(steps, len(jobs), batch_size, dtype=torch.int64, device=dev)
-    w = torch.zeros(steps, len(jobs), batch_size, device=dev)
-    for k, job in enumerate(jobs):
-        h, padded = job.num_steps, job.table  # (h, <=batch), -1 after a batch's end
-        real = padded >= 0
-        idx[:, k, :] = job.indices[0]
-        idx[:h, k, : padded.shape[1]] = torch.where(real, padded, job.indices[0])
-        w[:h, k, : padded.shape[1]] = real / real.sum(1, keepdim=True)
-    return idx, w
+    table = torch.full((len(jobs), steps, batch_size), -1, dtype=torch.int64, device=dev)
+    for k, job in enumerate(jobs):  # one copy per client; the rest is done on the whole table
+        table[k, : job.num_steps, : job.table.shape[1]] = job.table
+    real = table >= 0
+    first = torch.stack([job.indices[0] for job in jobs]).view(-1, 1, 1)
+    idx = torch.where(real, table, first)
+    w = real / real.sum(-1, keepdim=True).clamp(min=1)
+    return idx.transpose(0, 1).contiguous(), w.transpose(0, 1).contiguous()
 
 
 def auto_parallel(params: dict[str, torch.Tensor], batch_size: int, sample_numel: int) -> int:
