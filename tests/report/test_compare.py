@@ -137,9 +137,10 @@ def test_interrupted_grid_resumes_without_repeating_finished_runs(tmp_path, monk
 
 
 def test_killed_process_resumes(tmp_path):
-    """A real interruption: the CLI process is killed after its first run finished."""
+    """A real interruption: the CLI process is killed after its first run finished (runs
+    long enough that a busy machine cannot finish them all unseen)."""
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump(grid_config(tmp_path, train={"rounds": 12})))
+    cfg.write_text(yaml.safe_dump(grid_config(tmp_path, train={"rounds": 30})))
     root = tmp_path / "g"
     args = ["compare", "-c", str(cfg), "--out", str(root), "algorithms=fedavg,fedprox", "seeds=0,1", "--no-report"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
