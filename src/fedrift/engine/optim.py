@@ -1,8 +1,7 @@
 """Functional local optimisers, assembled from pure transforms (the optax pattern).
 
 A transform is ``init(params) -> state`` and ``update(grads, state, params) -> (updates,
-state)``; SGD is clip, weight decay, momentum trace and learning-rate scale chained. All of
-it is plain tensor code, so the batched executor can ``vmap`` it over clients. Algorithms
+state)``; SGD is one transform (after clipping, when asked). All of it is plain tensor code, so the batched executor can ``vmap`` it over clients. Algorithms
 that correct the gradient (SCAFFOLD, FedADC) add one more link in front.
 """
 
@@ -36,26 +35,6 @@ def clip_by_global_norm(max_norm: float) -> Transform:
     return Transform(lambda p: (), update)
 
 
-def add_decayed_weights(weight_decay: float) -> Transform:
-    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
-        return tree_map(lambda g, p: g + weight_decay * p, grads, params), state
-
-    return Transform(lambda p: (), update)
-
-
-def trace(momentum: float) -> Transform:
-    """Heavy-ball momentum with a zero-initialised buffer: torch.optim.SGD's rule."""
-
-    def init(params: Params) -> State:
-        return tree_map(torch.zeros_like, params)
-
-    def update(grads: Params, buf: State, params: Params) -> tuple[Params, State]:
-        new = tree_map(lambda b, g: momentum * b + g, buf, grads)
-        return new, new
-
-    return Transform(init, update)
-
-
 def scale(factor: float) -> Transform:
     return Transform(lambda p: (), lambda g, s, p: (tree_map(lambda x: factor * x, g), s))
 
@@ -77,16 +56,25 @@ def chain(*transforms: Transform) -> Transform:
 def sgd(
     lr: float, momentum: float = 0.0, weight_decay: float = 0.0, clip_grad_norm: float | None = None
 ) -> Transform:
-    """Local SGD as torch.optim.SGD computes it (decay added to the gradient, then momentum)."""
-    parts = []
-    if clip_grad_norm is not None:
-        parts.append(clip_by_global_norm(clip_grad_norm))
-    if weight_decay:
-        parts.append(add_decayed_weights(weight_decay))
-    if momentum:
-        parts.append(trace(momentum))
-    parts.append(scale(-lr))
-    return chain(*parts)
+    """Local SGD as torch.optim.SGD computes it: ``d = g + wd p``, ``buf = momentum buf + d``
+    (a zero buffer at the start: heavy-ball momentum reset each round), update ``-lr buf``.
+
+    One transform, one pass per tensor for each of those lines: under ``vmap`` these
+    elementwise passes over every client's parameters are much of a step's cost, so they
+    are not split into separate decay, trace and scale links."""
+
+    def init(params: Params) -> State:
+        return tree_map(torch.zeros_like, params) if momentum else ()
+
+    def update(grads: Params, buf: State, params: Params) -> tuple[Params, State]:
+        d = tree_map(lambda g, p: g.add(p, alpha=weight_decay), grads, params) if weight_decay else grads
+        if momentum:
+            buf = tree_map(lambda b, x: x.add(b, alpha=momentum), buf, d)
+            d = buf
+        return tree_map(lambda x: x.mul(-lr), d), buf
+
+    step = Transform(init, update)
+    return chain(clip_by_global_norm(clip_grad_norm), step) if clip_grad_norm is not None else step
 
 
 def adam(lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Transform:
