@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedrift.config import TrainConfig
@@ -22,7 +23,8 @@ class Federation:
         self.x_test = dataset.x_test.to(device)
         self.y_test = dataset.y_test.to(device)
         self.num_clients = partition.num_clients
-        self.indices = [torch.as_tensor(ix, dtype=torch.int64, device=device) for ix in partition.train]
+        self.indices_np = [np.asarray(ix, dtype=np.int64) for ix in partition.train]
+        self.indices = [torch.as_tensor(ix, device=device) for ix in self.indices_np]
         self.test_indices = [torch.as_tensor(ix, dtype=torch.int64, device=device) for ix in partition.test]
         self.sizes = partition.sizes()
         counts = partition.counts(dataset.y_train.numpy(), dataset.num_classes)
@@ -38,9 +40,9 @@ def client_job(
     and the context hooks see: num_samples, num_steps (H_k), label_counts, state."""
     ix = fed.indices[k]
     steps = None if epochs is not None else tc.local_steps
-    pos = torch.as_tensor(batches.schedule_table(len(ix), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k),
-                          device=ix.device)
-    table = torch.where(pos >= 0, ix[pos.clamp(min=0)], -1)  # one gather for the whole schedule
+    pos = batches.schedule_table(len(ix), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k)
+    own = fed.indices_np[k]  # one gather for the whole schedule, in numpy (cheaper per call than torch)
+    table = torch.from_numpy(np.where(pos >= 0, own[np.maximum(pos, 0)], -1)).to(ix.device)
     ctx = {
         "num_samples": torch.tensor(float(len(ix)), device=ix.device),
         "num_steps": torch.tensor(float(len(table)), device=ix.device),
