@@ -1,6 +1,8 @@
 import dataclasses
 
 import torch
+from linear_model import apply
+from linear_model import rand_params as _rand
 
 import fedrift
 from fedrift.algorithms import make
@@ -15,15 +17,6 @@ SETUP = Setup(num_classes=3, num_clients=4, feature_dim=4, lr=ETA, momentum=0.9,
 
 def _alg(name, setup=SETUP, **hp):
     return make(name, setup, **hp)
-
-
-def apply(params, x, mode="logits"):  # a linear model: logits = x W + b
-    return x @ params["w"] + params["b"]
-
-
-def _rand(seed, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return {"w": scale * torch.randn(4, 3, generator=g), "b": scale * torch.randn(3, generator=g)}
 
 
 def _batches(steps, seed=1):

@@ -59,7 +59,7 @@ from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, RoundInf
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import kl_to_target
 from fedrift.engine.rng import generator
-from fedrift.engine.tree import weighted_sum
+from fedrift.engine.tree import unstack, weighted_sum
 from fedrift.errors import ConfigError
 from fedrift.params import params
 
@@ -210,9 +210,7 @@ def feddf(hp: FedDFParams, setup: Setup) -> Algorithm:
             return {**state, "params": avg}
         if setup.apply is None:
             raise ValueError("feddf: Setup.apply is needed to distil on the server")
-        stacked = uploads["params"]
-        clients = [{k: v[i] for k, v in stacked.items()} for i in range(len(weights))]
-        teacher = ensemble_probs(setup.apply, clients, proxy_x, hp.T)
+        teacher = ensemble_probs(setup.apply, unstack(uploads["params"]), proxy_x, hp.T)
         batches = proxy_batches(len(proxy_x), hp.batch_size, setup.seed, info.round)
         params_, log = distill(setup.apply, avg, teacher, proxy_x, val_x, val_y, batches, hp)
         return {**state, "params": params_, "distill": {"steps": log["steps"], "best_step": log["best_step"]}}

@@ -90,7 +90,7 @@ from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import weighted_ce
 from fedrift.engine.optim import Transform, adam, apply_updates
 from fedrift.engine.rng import generator
-from fedrift.engine.tree import weighted_sum
+from fedrift.engine.tree import unstack, weighted_sum
 from fedrift.params import params
 
 SERVER_RNG = 101  # purpose tag of FedGen's server-side draws (generator init, training batches)
@@ -235,7 +235,7 @@ def train_generator(
 
 def client_heads(apply: Callable, stacked: Params) -> Callable[[torch.Tensor], torch.Tensor]:
     """``z -> (K, B, C)``: every uploaded client model's classifier on representations ``z``."""
-    clients = [{k: v[i] for k, v in stacked.items()} for i in range(len(next(iter(stacked.values()))))]
+    clients = unstack(stacked)
     return lambda z: torch.stack([apply(c, z, mode="head") for c in clients])
 
 

@@ -46,6 +46,12 @@ def stack(trees: list[Tree]) -> dict[str, Any]:
     return tree_map(lambda *xs: torch.stack(xs), trees[0], *trees[1:])
 
 
+def unstack(stacked: Tree) -> list[dict[str, Any]]:
+    """The rows of a tree stacked by :func:`stack` (views, one tree per client)."""
+    rows = len(leaves(stacked)[0]) if leaves(stacked) else 0
+    return [tree_map(lambda t: t[i], stacked) for i in range(rows)]
+
+
 def weighted_sum(stacked: Tree, weights: torch.Tensor) -> dict[str, Any]:
     """``sum_k weights[k] * stacked[k]`` leaf-wise; weights has one entry per row."""
 
