@@ -185,11 +185,11 @@ def run_prepared(prep: Prepared) -> RunResult:
         torch.set_num_threads(threads)
     state = {k: v.detach().cpu() for k, v in {**loop.global_params, **dict(model.named_buffers())}.items()}
     summary = {**loop.summary, **facts}
-    writer.write_summary(summary)
     if cfg.output.save_model:
         writer.save_model(state)
     if loop.personalization is not None:
         writer.write_text("personalization.json", json.dumps(loop.personalization, indent=1) + "\n")
+    writer.write_summary(summary)  # last: a completed summary means every file of the run is there
     return RunResult(loop.history, summary, state, out_dir, cfg, loop.server_state)
 
 

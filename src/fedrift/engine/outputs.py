@@ -7,6 +7,7 @@ Ctrl-C, a crash) keeps every line it wrote. An existing run is never overwritten
 from __future__ import annotations
 
 import json
+import os
 import math
 import time
 from pathlib import Path
@@ -57,7 +58,10 @@ class RunWriter:
         self._metrics.flush()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        (self.dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+        """Atomically (written beside, then renamed): a run killed meanwhile leaves no torn file."""
+        tmp = self.dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+        os.replace(tmp, self.dir / "summary.json")
 
     def save_model(self, state_dict: dict[str, torch.Tensor]) -> None:
         torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, self.dir / "final_model.pt")
