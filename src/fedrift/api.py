@@ -19,7 +19,7 @@ from fedrift.data.partition_base import Partition
 from fedrift.engine.executors import EXECUTORS, choose_executor
 from fedrift.engine.executors.processes import available_cpus
 from fedrift.engine.federation import Federation
-from fedrift.engine.local import make_apply
+from fedrift.engine.local import make_apply, prefers_channels_last
 from fedrift.engine.loop import run_federation
 from fedrift.engine.outputs import RunWriter, auto_dir
 from fedrift.engine.sampling import SAMPLERS, cohort_size
@@ -110,7 +110,7 @@ def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
         seed=prep.config.seed,
         projection_dim=model.projection_dim,
         batch_size=tc.batch_size,
-        apply=make_apply(model.to(prep.device), buffers),
+        apply=make_apply(model.to(prep.device), buffers, prefers_channels_last(model, prep.device)),
         holdout_x=prep.dataset.x_train[held].to(prep.device) if len(held) else None,
         holdout_y=prep.dataset.y_train[held].to(prep.device) if len(held) else None,
     )

@@ -57,14 +57,13 @@ from pydantic import Field
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.algorithms.terms import kl_to_target
+from fedrift.algorithms.terms import CHUNK, kl_to_target
 from fedrift.engine.rng import generator
 from fedrift.engine.tree import unstack, weighted_sum
 from fedrift.errors import ConfigError
 from fedrift.params import params
 
 SERVER_RNG = 102  # purpose tag of FedDF's server-side draws (validation split, proxy batches)
-EVAL_CHUNK = 1024  # rows per no-grad forward pass over the proxy or the validation split
 
 
 @params
@@ -117,7 +116,7 @@ def proxy_batches(n: int, batch_size: int, seed: int, round_: int) -> Iterator[t
 def ensemble_probs(apply: Callable, clients: list[Params], x: torch.Tensor, T: float) -> torch.Tensor:
     """``(1/K) sum_k softmax(f(w_k; x) / T)``: the teacher's class probabilities, (n, C)."""
     out = []
-    for chunk in x.split(EVAL_CHUNK):
+    for chunk in x.split(CHUNK):
         out.append(torch.stack([torch.softmax(apply(c, chunk) / T, dim=-1) for c in clients]).mean(0))
     return torch.cat(out)
 
@@ -126,7 +125,7 @@ def ensemble_probs(apply: Callable, clients: list[Params], x: torch.Tensor, T: f
 def validation_score(apply: Callable, params_: Params, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """``(accuracy, -cross_entropy)`` on the validation split: larger is better."""
     correct, loss = 0.0, 0.0
-    for xc, yc in zip(x.split(EVAL_CHUNK), y.split(EVAL_CHUNK)):
+    for xc, yc in zip(x.split(CHUNK), y.split(CHUNK)):
         z = apply(params_, xc)
         correct += float((z.argmax(-1) == yc).sum())
         loss += float(torch.nn.functional.cross_entropy(z, yc, reduction="sum"))

@@ -81,7 +81,7 @@ class BatchedExecutor:
     def _vstep(self, tools: RoundTools) -> Any:
         key = (id(tools.algorithm), id(tools.optimizer))
         if key not in self._steps:  # one batched step per (algorithm, optimiser): training, personalisation
-            step = make_step(tools.algorithm, tools.apply, tools.optimizer, functional=True)
+            step = make_step(tools.algorithm, tools.vmap_apply or tools.apply, tools.optimizer, functional=True)
             self._steps = {key: (tools.algorithm, tools.optimizer, vmap(step, in_dims=(0, 0, 0, None, 0)))}
         return self._steps[key][2]
 
