@@ -8,7 +8,7 @@ Flower's Message API: a ``ServerApp`` whose main runs ``flwr.serverapp.strategy.
 local Ray cluster with one CPU per actor (as many actors as cores run at once). Flower samples
 the clients itself (``random.sample`` over node ids that are random per run), so the cohorts
 differ from fedrift's and between runs; the global model is evaluated on fedrift's test set
-after the last round only (the usual loop evaluates every round: cheap next to training).
+after the last round only (the usual loop evaluates every round, outside its timed round).
 
 Nothing reaches the network: Flower's telemetry and Ray's usage stats are off, Ray binds to
 the loopback address and starts no dashboard.
