@@ -87,16 +87,19 @@ def make_step(algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transf
     return step
 
 
-def make_tools(model: nn.Module, algorithm: Algorithm, train: Any, x: torch.Tensor, y: torch.Tensor, seed: int) -> Any:
+def make_tools(
+    model: nn.Module, algorithm: Algorithm, train: Any, x: torch.Tensor, y: torch.Tensor, seed: int, eval_batch: int | None = None
+) -> Any:
     """The run's ``RoundTools``: apply, the local optimiser (the algorithm's own, else SGD from
     the train section) and the step; one place, for the loop and for worker processes."""
     from fedrift.engine.executors.base import RoundTools  # executors import this module
     from fedrift.engine.optim import sgd
 
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    apply = make_apply(model, buffers, channels_last=prefers_channels_last(model, x.device))
+    channels_last = prefers_channels_last(model, x.device)
+    apply = make_apply(model, buffers, channels_last)
     optimizer = algorithm.optimizer or sgd(train.lr, train.momentum, train.weight_decay, train.clip_grad_norm)
     return RoundTools(
         algorithm, apply, optimizer, make_step(algorithm, apply, optimizer), x, y, seed=seed,
-        vmap_apply=make_apply(model, buffers),
+        vmap_apply=make_apply(model, buffers), eval_batch=eval_batch or (128 if channels_last else 1024),
     )

@@ -54,7 +54,8 @@ def run_federation(
     sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
     model = model.to(device)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed)
+    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size)
+    chunk = tools.eval_batch
     apply = tools.apply
     store = ClientStateStore(algorithm.init_client, params, mode=cfg.engine.client_state,
                              path=writer.dir / "client_state.bin", num_clients=fed.num_clients)
@@ -80,7 +81,7 @@ def run_federation(
             # the teacher table sees the broadcast payload; the pre-phase may read it. An
             # executor that builds it where the clients train does so when no pre-phase reads it.
             own = getattr(executor, "builds_teacher", False) and algorithm.client_summary is None
-            round_tools = tools if own else with_teacher(tools, payload, jobs, cfg.eval.batch_size, cfg.engine.teacher_cache)
+            round_tools = tools if own else with_teacher(tools, payload, jobs, cfg.engine.teacher_cache)
             if algorithm.client_summary is not None:
                 payload, pre_down, up = _pre_phase(algorithm, round_tools, payload, jobs, weights.to(device))
                 down += pre_down
@@ -109,13 +110,13 @@ def run_federation(
                     predict = partial(algorithm.predict, server, apply=apply)
                 if algorithm.personal:  # every client's own model, as the store holds it now
                     models = (store.get(k)["params"] for k in range(fed.num_clients))  # one at a time
-                    row.update(evaluate_personal(apply, models, fed.test_indices, fed.x_test, fed.y_test, cfg.eval.batch_size, predict))
+                    row.update(evaluate_personal(apply, models, fed.test_indices, fed.x_test, fed.y_test, chunk, predict))
                 else:
-                    row.update(evaluate(apply, server["params"], fed.x_test, fed.y_test, cfg.eval.batch_size, predict))
+                    row.update(evaluate(apply, server["params"], fed.x_test, fed.y_test, chunk, predict))
                 row.update(_aux_metrics(outputs, weights))
                 if cfg.eval.drift:
                     local = [o.end_params for o in outputs]
-                    row.update(drift_metrics(apply, payload["params"], local, fed.x_test, fed.y_test, probe, cfg.eval.batch_size))
+                    row.update(drift_metrics(apply, payload["params"], local, fed.x_test, fed.y_test, probe, chunk))
                 row.update(
                     train_loss=float((weights * losses).sum()),
                     seconds=seconds,

@@ -74,12 +74,12 @@ def personalize(
     for start in range(0, len(clients), 64):  # bounded memory: 64 personal models at a time
         jobs = [client_job(fed, k, store.get(k), tc, cfg.seed, round_, epochs=ev.personalize_epochs)
                 for k in clients[start : start + 64]]
-        chunk_tools = with_teacher(tuned, payload, jobs, ev.batch_size, cfg.engine.teacher_cache)
+        chunk_tools = with_teacher(tuned, payload, jobs, cfg.engine.teacher_cache)
         for job, out in zip(jobs, executor.run_round(chunk_tools, payload, jobs, round_)):
             local = fed.test_indices[job.client_id]
             xs, ys = fed.x_test[local], fed.y_test[local]
-            glob = evaluate(tools.apply, server["params"], xs, ys, ev.batch_size)["test_accuracy"]
-            pers = evaluate(tools.apply, out.end_params, xs, ys, ev.batch_size)["test_accuracy"]
+            glob = evaluate(tools.apply, server["params"], xs, ys, tools.eval_batch)["test_accuracy"]
+            pers = evaluate(tools.apply, out.end_params, xs, ys, tools.eval_batch)["test_accuracy"]
             rows.append({"client": job.client_id, "global_local_accuracy": glob,
                          "personalized_accuracy": pers, "local_test_size": int(len(local))})
     return {

@@ -20,14 +20,14 @@ from fedrift.engine.tree import tree_map
 
 
 @torch.no_grad()
-def teacher_table(tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], batch_size: int) -> dict[str, Any]:
+def teacher_table(tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob]) -> dict[str, Any]:
     """``{name: tensor[n_train, ...]}``, filled on the rows of the jobs' samples."""
     teacher = tools.algorithm.teacher
     assert teacher is not None
     rows = torch.unique(torch.cat([j.indices for j in jobs])) if jobs else torch.zeros(0, dtype=torch.int64)
     table: dict[str, Any] | None = None
-    for start in range(0, len(rows), batch_size):
-        ix = rows[start : start + batch_size]
+    for start in range(0, len(rows), tools.eval_batch):
+        ix = rows[start : start + tools.eval_batch]
         out = teacher(payload, tools.x[ix], tools.apply)
         if table is None:
             table = tree_map(lambda t: t.new_zeros((len(tools.x), *t.shape[1:])), out)
@@ -40,9 +40,9 @@ def teacher_table(tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJ
     return table or {}
 
 
-def with_teacher(tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], batch_size: int, cache: bool) -> RoundTools:
+def with_teacher(tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], cache: bool) -> RoundTools:
     """The round's tools, carrying the teacher table when the algorithm has a cacheable teacher."""
     if tools.algorithm.teacher is None or not cache:
         return tools
-    return replace(tools, teacher_cache=teacher_table(tools, payload, jobs, batch_size))
+    return replace(tools, teacher_cache=teacher_table(tools, payload, jobs))
 

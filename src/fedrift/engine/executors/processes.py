@@ -174,7 +174,7 @@ def build_run_tools(cfg: Config) -> RoundTools:
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
     x, y = prep.dataset.x_train.to(prep.device), prep.dataset.y_train.to(prep.device)
-    return make_tools(model.to(prep.device), algorithm, cfg.train, x, y, cfg.seed)
+    return make_tools(model.to(prep.device), algorithm, cfg.train, x, y, cfg.seed, cfg.eval.batch_size)
 
 
 def _describe(err: BaseException) -> dict[str, Any]:
@@ -243,7 +243,7 @@ def _worker_main(conn: Connection, lifeline: Connection, doc: dict[str, Any]) ->
         if device.type != "cpu":
             payload, jobs = _portable(payload, device), [_portable(j, device) for j in jobs]
         if teacher == "build":  # no pre-phase read the table: the worker makes its own rows
-            round_tools = with_teacher(tools, payload, jobs, doc["eval"]["batch_size"], True)
+            round_tools = with_teacher(tools, payload, jobs, True)
         else:
             round_tools = _with_teacher_rows(tools, teacher)
         outputs: list[ClientOutput] = []
