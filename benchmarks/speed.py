@@ -226,16 +226,19 @@ def main() -> int:
             if args.rounds:
                 cfg["train"]["rounds"] = args.rounds
             per_round = samples_per_round(cfg)
-            if not rows or rows[-1]["workload"].split(":")[0] != name:
+            first = not rows or rows[-1]["workload"].split(":")[0] != name
+            if first:
                 # the baselines train plain FedAvg: measured once per workload (S3 reuses them)
                 baselines = {"limit": isolated("limit", cfg), "usual_loop": isolated("usual", cfg, threads=cores)}
-                if flower:
-                    baselines["flower"] = isolated("flower", cfg)
             row = {"workload": label, "samples_per_round": per_round, "cores": cores, **baselines, "executors": {}}
             for ex in args.executors:
                 c = copy.deepcopy(cfg)
                 c["engine"] = {"executor": ex, "threads": 1 if ex == "processes" else cores}
                 row["executors"][ex] = isolated("fedrift", c, str(root / f"{label.replace(':', '-')}-{ex}"), threads=cores)
+            if first and flower:
+                # last: Ray's processes outlive run_simulation by seconds and would share the cores
+                # with whatever ran next
+                row["flower"] = baselines["flower"] = isolated("flower", cfg)
             rows.append(row)
             print(json.dumps(row), flush=True)
     (root / "speed.json").write_text(json.dumps(rows, indent=1))

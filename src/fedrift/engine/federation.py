@@ -31,6 +31,15 @@ class Federation:
         self.label_counts_np = counts
         self.label_counts = torch.as_tensor(counts, dtype=torch.float32, device=device)
         self.device = device
+        self._scalars: dict[float, torch.Tensor] = {}
+
+    def scalar(self, value: float) -> torch.Tensor:
+        """A 0-d float tensor of ``value`` on the device, made once (contexts hold a few per
+        client each round; a fresh ``torch.tensor`` costs more than the rest of a job here)."""
+        t = self._scalars.get(value)
+        if t is None:
+            t = self._scalars[value] = torch.tensor(float(value), device=self.device)
+        return t
 
 
 def client_job(
@@ -38,14 +47,14 @@ def client_job(
 ) -> ClientJob:
     """Client k's work for a round: its batch schedule (a pure function of seed, round, k)
     and the context hooks see: num_samples, num_steps (H_k), label_counts, state."""
-    ix = fed.indices[k]
+    ix, own = fed.indices[k], fed.indices_np[k]
     steps = None if epochs is not None else tc.local_steps
-    pos = batches.schedule_table(len(ix), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k)
-    own = fed.indices_np[k]  # one gather for the whole schedule, in numpy (cheaper per call than torch)
+    pos = batches.schedule_table(len(own), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k)
+    # one gather for the whole schedule, in numpy (cheaper per call than torch)
     table = torch.from_numpy(np.where(pos >= 0, own[np.maximum(pos, 0)], -1)).to(ix.device)
     ctx = {
-        "num_samples": torch.tensor(float(len(ix)), device=ix.device),
-        "num_steps": torch.tensor(float(len(table)), device=ix.device),
+        "num_samples": fed.scalar(len(own)),
+        "num_steps": fed.scalar(len(pos)),
         "label_counts": fed.label_counts[k],
         "state": state,
     }
