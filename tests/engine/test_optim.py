@@ -66,3 +66,36 @@ def test_adam_is_torch_adam():
         torch_opt.step()
         torch.testing.assert_close(p["w"], ref.detach(), rtol=1e-6, atol=1e-7)
     assert state["count"] == 5
+
+
+def test_in_place_sgd_is_the_functional_sgd_bit_for_bit_and_leaves_the_gradients_alone():
+    g = torch.Generator().manual_seed(3)
+    params = {"a": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g)}
+    grads_seq = [{k: 5 * torch.randn(v.shape, generator=g) for k, v in params.items()} for _ in range(6)]
+    for kw in (
+        dict(lr=0.1),
+        dict(lr=0.05, momentum=0.9),
+        dict(lr=0.05, momentum=0.9, weight_decay=1e-2),
+        dict(lr=0.05, momentum=0.5, weight_decay=1e-3, clip_grad_norm=1.0),
+    ):
+        opt = sgd(**kw)
+        assert opt.apply_inplace is not None
+        p, state = dict(params), opt.init(params)
+        q = {k: v.clone() for k, v in params.items()}
+        q_state = opt.init(q)
+        for grads in grads_seq:
+            updates, state = opt.update(grads, state, p)
+            p = apply_updates(p, updates)
+            before = {k: v.clone() for k, v in grads.items()}
+            q_state = opt.apply_inplace(grads, q_state, q)
+            assert all(torch.equal(grads[k], before[k]) for k in grads)
+        for k in p:
+            assert torch.equal(p[k], q[k]), (kw, k)
+
+
+def test_an_expanded_gradient_is_fine_for_the_in_place_step():
+    # autograd hands out stride-0 views, e.g. the gradient of p.sum(); writing into one fails
+    opt = sgd(lr=0.5, momentum=0.9, weight_decay=0.1)
+    p = {"w": torch.ones(3)}
+    state = opt.apply_inplace({"w": torch.ones(()).expand(3)}, opt.init(p), p)
+    assert torch.allclose(p["w"], torch.full((3,), 1 - 0.5 * 1.1)) and torch.allclose(state["w"], torch.full((3,), 1.1))

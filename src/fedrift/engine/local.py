@@ -33,7 +33,7 @@ def make_apply(model: nn.Module, buffers: dict[str, torch.Tensor], channels_last
         return apply
 
     def apply_channels_last(params: Params, x: torch.Tensor, mode: str = "logits") -> Any:
-        laid = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in params.items()}
+        laid = {k: v.clone(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in params.items()}
         return apply(laid, x, mode)
 
     return apply_channels_last
@@ -62,11 +62,17 @@ def autograd_grad_and_value(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
     return grad_and_value_
 
 
-def make_step(algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transform, functional: bool = False) -> StepFn:
+def make_step(
+    algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transform, functional: bool = False, inplace: bool = False
+) -> StepFn:
     """``step(params, opt_state, batch, payload, ctx) -> (params, opt_state, loss, aux)``.
 
     ``functional=True`` takes gradients with ``torch.func`` (needed under ``vmap``);
-    otherwise with autograd, for the one-client-at-a-time executors.
+    otherwise with autograd, for the one-client-at-a-time executors. ``inplace=True`` (not
+    with ``functional``) updates the caller's ``params`` and optimiser state in place when
+    the optimiser can (``Transform.apply_inplace``) and returns them: the caller owns them
+    (the executors copy the starting model once per client). No new model per step: on the
+    FedAvg CNN that was a tenth of the step (page faults of freshly mapped memory).
     """
 
     def loss_fn(params: Params, batch: dict, payload: dict, ctx: dict):
@@ -74,14 +80,19 @@ def make_step(algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transf
 
     grad_fn = grad_and_value(loss_fn, has_aux=True) if functional else autograd_grad_and_value(loss_fn)
     correct = algorithm.grad_correction
+    in_place = optimizer.apply_inplace if inplace and not functional else None
 
     def step(params: Params, opt_state: Any, batch: dict, payload: dict, ctx: dict):
         grads, (loss, aux) = grad_fn(params, batch, payload, ctx)
         if correct is not None:
             grads = correct(grads, params, payload, ctx)
+        aux = {k: v.detach() for k, v in aux.items()}
+        if in_place is not None:
+            with torch.no_grad():
+                opt_state = in_place(grads, opt_state, params)
+            return params, opt_state, loss.detach(), aux
         updates, opt_state = optimizer.update(grads, opt_state, params)
         new = apply_updates(params, updates)
-        aux = {k: v.detach() for k, v in aux.items()}
         return {k: v.detach() for k, v in new.items()}, opt_state, loss.detach(), aux
 
     return step
@@ -100,6 +111,6 @@ def make_tools(
     apply = make_apply(model, buffers, channels_last)
     optimizer = algorithm.optimizer or sgd(train.lr, train.momentum, train.weight_decay, train.clip_grad_norm)
     return RoundTools(
-        algorithm, apply, optimizer, make_step(algorithm, apply, optimizer), x, y, seed=seed,
+        algorithm, apply, optimizer, make_step(algorithm, apply, optimizer, inplace=True), x, y, seed=seed,
         vmap_apply=make_apply(model, buffers), eval_batch=eval_batch or (128 if channels_last else 1024),
     )

@@ -20,8 +20,16 @@ State = Any
 
 @dataclass(frozen=True)
 class Transform:
+    """``init(params) -> state``; ``update(grads, state, params) -> (updates, state)``.
+
+    ``apply_inplace(grads, state, params) -> state``, where given, moves ``params`` by the
+    step in place and returns the state (also updated in place): what ``update`` and
+    ``apply_updates`` compute, bit for bit, without new model-sized tensors each step. For
+    callers that own ``params`` (one client at a time); never under ``vmap``."""
+
     init: Callable[[Params], State]
     update: Callable[[Params, State, Params], tuple[Params, State]]
+    apply_inplace: Callable[[Params, State, Params], State] | None = None
 
 
 def clip_by_global_norm(max_norm: float) -> Transform:
@@ -50,7 +58,16 @@ def chain(*transforms: Transform) -> Transform:
             new_state.append(s)
         return grads, tuple(new_state)
 
-    return Transform(init, update)
+    last = transforms[-1].apply_inplace if transforms else None
+
+    def apply_inplace(grads: Params, state: State, params: Params) -> State:
+        new_state = []
+        for t, s in zip(transforms[:-1], state):
+            grads, s = t.update(grads, s, params)
+            new_state.append(s)
+        return (*new_state, last(grads, state[-1], params))
+
+    return Transform(init, update, apply_inplace if last is not None else None)
 
 
 def sgd(
@@ -73,7 +90,19 @@ def sgd(
             d = buf
         return tree_map(lambda x: x.mul(-lr), d), buf
 
-    step = Transform(init, update)
+    def apply_inplace(grads: Params, buf: State, params: Params) -> State:
+        # update's very operations, written into buf and params: the same bits, so methods
+        # with another optimiser still equal FedAvg exactly at zero (an ``add_(alpha=-lr)``
+        # would fuse a multiply-add and round differently). The gradients are only read
+        # (autograd may hand out expanded views).
+        for name, p in params.items():
+            d = grads[name].add(p, alpha=weight_decay) if weight_decay else grads[name]
+            if momentum:
+                d = torch.add(d, buf[name], alpha=momentum, out=buf[name])
+            p.add_(d.mul(-lr))
+        return buf
+
+    step = Transform(init, update, apply_inplace)
     return chain(clip_by_global_norm(clip_grad_norm), step) if clip_grad_norm is not None else step
 
 

@@ -68,7 +68,7 @@ def personalize(
         tuned_alg = Algorithm(name="personalize", hparams=algorithm.hparams, local_loss=local_loss)
         payload = {"params": server["params"]}
     opt = chain(sgd(tc.lr, tc.momentum, tc.weight_decay, tc.clip_grad_norm), only(head))
-    tuned = replace(tools, algorithm=tuned_alg, optimizer=opt, step=make_step(tuned_alg, tools.apply, opt))
+    tuned = replace(tools, algorithm=tuned_alg, optimizer=opt, step=make_step(tuned_alg, tools.apply, opt, inplace=True))
 
     rows = []
     for start in range(0, len(clients), 64):  # bounded memory: 64 personal models at a time

@@ -64,7 +64,7 @@ class RoundTools:
     algorithm: Algorithm
     apply: Callable[..., Any]
     optimizer: Transform
-    step: StepFn
+    step: StepFn  # may update its params and optimiser state in place: callers pass their own copy
     x: torch.Tensor  # whole training set, on the device
     y: torch.Tensor
     teacher_cache: dict[str, Any] | None = None  # per-sample teacher outputs of this round

@@ -32,7 +32,8 @@ class SequentialExecutor:
                 with torch.no_grad():
                     ctx.update(alg.client_start(payload, ctx, tools.client_data(job, payload), tools.apply))
             stage = "local_loss"
-            params = tools.start_params(payload, ctx)
+            # the client's own copy: the step may update it in place (RoundTools.step)
+            params = {k: v.clone() for k, v in tools.start_params(payload, ctx).items()}
             opt_state = tools.optimizer.init(params)
             loss_sum = torch.zeros((), device=params[next(iter(params))].device)
             aux_sum: dict[str, torch.Tensor] = {}
