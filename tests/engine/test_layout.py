@@ -38,3 +38,20 @@ def test_only_convolutional_models_on_the_cpu_use_channels_last():
     assert prefers_channels_last(cnn, torch.device("cpu"))
     assert not prefers_channels_last(mlp, torch.device("cpu"))
     assert not prefers_channels_last(cnn, torch.device("cuda"))
+
+
+def test_inference_chunks_follow_the_model_unless_configured():
+    from fedrift.algorithms import make
+    from fedrift.config import TrainConfig
+    from fedrift.engine.local import make_tools
+
+    from algorithm_cases import SETUP
+
+    alg = make("fedavg", SETUP)
+    x, y = torch.zeros(4, 1, 28, 28), torch.zeros(4, dtype=torch.int64)
+    cnn = build_model("cnn", None, (1, 28, 28), 10, seed=0)
+    mlp = build_model("mlp", None, (1, 28, 28), 10, seed=0)
+    assert make_tools(cnn, alg, TrainConfig(), x, y, 0).eval_batch == 128
+    assert make_tools(mlp, alg, TrainConfig(), x, y, 0).eval_batch == 1024
+    assert make_tools(cnn, alg, TrainConfig(), x, y, 0, eval_batch=500).eval_batch == 500
+    assert make_tools(cnn, alg, TrainConfig(), x, y, 0).vmap_apply is not None
