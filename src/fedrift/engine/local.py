@@ -105,6 +105,7 @@ def make_tools(
     the train section) and the step; one place, for the loop and for worker processes."""
     from fedrift.engine.executors.base import RoundTools  # executors import this module
     from fedrift.engine.optim import sgd
+    from fedrift.engine.teacher import TeacherMemo
 
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     channels_last = prefers_channels_last(model, x.device)
@@ -113,4 +114,5 @@ def make_tools(
     return RoundTools(
         algorithm, apply, optimizer, make_step(algorithm, apply, optimizer, inplace=True), x, y, seed=seed,
         vmap_apply=make_apply(model, buffers), eval_batch=eval_batch or (128 if channels_last else 1024),
+        teacher_memo=TeacherMemo(len(x)) if algorithm.teacher is not None else None,
     )

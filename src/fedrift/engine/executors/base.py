@@ -71,6 +71,7 @@ class RoundTools:
     seed: int = 0  # the run's seed: per-step noise (``Algorithm.noise_dim``)
     vmap_apply: Callable[..., Any] | None = None  # ``apply`` usable under vmap (None: ``apply`` is)
     eval_batch: int = 1024  # rows per inference pass (``eval.batch_size`` resolved for the model)
+    teacher_memo: Any = None  # engine.teacher.TeacherMemo: teacher outputs kept across rounds
 
     def client_data(self, job: ClientJob, payload: dict[str, Any]) -> ClientData:
         """The client's samples, with their rows of the teacher table (cached or computed)."""
