@@ -2,7 +2,8 @@
 
 - plain: an nn.Module, loss.backward(), torch.optim.SGD (the usual loop without its
   DataLoader and deepcopy);
-- sequential: fedrift's step (functional_call + autograd + functional SGD);
+- sequential: fedrift's step as the one-client-at-a-time executors take it (functional_call,
+  convolution kernels channels-last on the CPU, autograd, SGD in place);
 - func.grad: the same step with torch.func.grad_and_value (what vmap needs);
 - batched K: fedrift's vmapped step over K clients, per client.
 
@@ -18,7 +19,7 @@ from torch.func import vmap
 
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Setup
-from fedrift.engine.local import make_apply, make_step
+from fedrift.engine.local import make_apply, make_step, prefers_channels_last
 from fedrift.engine.optim import sgd
 from fedrift.models import MODELS, build_model
 
@@ -57,9 +58,12 @@ def main() -> None:
             torch.nn.functional.cross_entropy(model(x), y).backward()
             torch_opt.step()
 
-        seq, fun = make_step(alg, apply, opt), make_step(alg, apply, opt, functional=True)
+        laid = make_apply(model, {}, prefers_channels_last(model, torch.device("cpu")))
+        seq, fun = make_step(alg, laid, opt, inplace=True), make_step(alg, apply, opt, functional=True)
         state = opt.init(p0)
-        row = [timed(plain, reps), timed(lambda: seq(p0, state, b, {"params": p0}, {}), reps),
+        own = {k: v.clone() for k, v in p0.items()}  # the in-place step's own copy
+        own_state = opt.init(own)
+        row = [timed(plain, reps), timed(lambda: seq(own, own_state, b, {"params": p0}, {}), reps),
                timed(lambda: fun(p0, state, b, {"params": p0}, {}), reps)]
         vstep = vmap(fun, in_dims=(0, 0, 0, None, 0))
         for k in (16, 64):

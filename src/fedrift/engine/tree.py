@@ -41,8 +41,11 @@ def tree_bytes(tree: Tree) -> int:
     return total
 
 
-def stack(trees: list[Tree]) -> dict[str, Any]:
-    """Stack same-structured trees along a new leading axis (one row per client)."""
+def stack(trees: list[Tree], out: Tree | None = None) -> dict[str, Any]:
+    """Stack same-structured trees along a new leading axis (one row per client); into
+    ``out``'s tensors when given (same structure and shapes)."""
+    if out is not None:
+        return tree_map(lambda buf, *xs: torch.stack(xs, out=buf), out, *trees)
     return tree_map(lambda *xs: torch.stack(xs), trees[0], *trees[1:])
 
 
@@ -52,14 +55,44 @@ def unstack(stacked: Tree) -> list[dict[str, Any]]:
     return [tree_map(lambda t: t[i], stacked) for i in range(rows)]
 
 
+LARGE_ROW = 2**16  # elements per row above which weighted_sum accumulates row by row
+
+
 def weighted_sum(stacked: Tree, weights: torch.Tensor) -> dict[str, Any]:
-    """``sum_k weights[k] * stacked[k]`` leaf-wise; weights has one entry per row."""
+    """``sum_k weights[k] * stacked[k]`` leaf-wise; weights has one entry per row.
+
+    Rows of a large leaf are accumulated one by one (``acc += w_k x_k``, in row order):
+    the product ``w * x`` of a whole stack is as big as the stack itself (330 MB for 50
+    FedAvg CNNs) and cost ten times more than the sum (BENCHMARKS.md, S2)."""
 
     def combine(x: torch.Tensor) -> torch.Tensor:
-        w = weights.to(dtype=x.dtype).reshape(-1, *([1] * (x.dim() - 1)))
-        return (w * x).sum(0)
+        w = weights.to(dtype=x.dtype)
+        if x.dim() == 0 or x[0].numel() < LARGE_ROW:
+            return (w.reshape(-1, *([1] * (x.dim() - 1))) * x).sum(0)
+        acc = x[0] * w[0]
+        for k in range(1, len(x)):
+            acc.add_(x[k], alpha=float(w[k]))
+        return acc
 
     return tree_map(combine, stacked)
+
+
+def shares_memory(tree: Tree, other: Tree) -> bool:
+    """Whether any tensor of ``tree`` lives in the storage of a tensor of ``other``."""
+    held = {t.untyped_storage().data_ptr() for t in leaves(other)}
+    return any(t.untyped_storage().data_ptr() in held for t in leaves(tree))
+
+
+def signature(tree: Tree) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """``(path, shape, dtype)`` of every tensor leaf, in order: two trees with the same
+    signature can be written into each other."""
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.extend((f"{key}.{p}", s, d) for p, s, d in signature(value))
+        elif isinstance(value, torch.Tensor):
+            out.append((key, tuple(value.shape), value.dtype))
+    return out
 
 
 def all_finite(tree: Tree) -> bool:
