@@ -5,7 +5,10 @@
 - sequential: fedrift's step as the one-client-at-a-time executors take it (functional_call,
   convolution kernels channels-last on the CPU, autograd, SGD in place);
 - func.grad: the same step with torch.func.grad_and_value (what vmap needs);
-- batched K: fedrift's vmapped step over K clients, per client.
+- batched K: fedrift's vmapped step over K clients, per client;
+
+then the cost of inference (evaluation, teacher tables) per sample for the convolutional
+models, by memory layout and chunk size.
 
     .venv/bin/python benchmarks/step_cost.py
 """
@@ -73,6 +76,21 @@ def main() -> None:
             ctx = {"num_samples": torch.ones(k)}
             row.append(timed(lambda: vstep(ps, st, bk, {"params": p0}, ctx), max(3, reps // k)) / k)
         print(f"| {name} | {batch} | " + " | ".join(f"{1000 * v:.3f}" for v in row) + " |", flush=True)
+    inference()
+
+
+@torch.no_grad()
+def inference() -> None:
+    print("\n| model | layout | chunk 32 ms/sample | chunk 128 ms/sample | chunk 1024 ms/sample |\n|---|---|---|---|---|")
+    for name, shape in (("cnn", (1, 28, 28)), ("resnet8", (3, 32, 32))):
+        model = build_model(name, None, shape, 10, 0)
+        p0 = {k: v.detach() for k, v in model.named_parameters()}
+        x = torch.randn(1024, *shape)
+        for layout, laid in (("default", False), ("channels-last", True)):
+            apply = make_apply(model, {}, laid)
+            row = [timed(lambda c=c: [apply(p0, x[i : i + c]) for i in range(0, len(x), c)], 2) / len(x)
+                   for c in (32, 128, 1024)]
+            print(f"| {name} | {layout} | " + " | ".join(f"{1000 * v:.3f}" for v in row) + " |", flush=True)
 
 
 if __name__ == "__main__":
