@@ -15,16 +15,24 @@ def _torch_sgd_run(params0, grads_seq, **kw):
     return [p.detach() for p in ps]
 
 
-def test_functional_sgd_matches_torch_sgd_with_momentum_decay_and_clipping():
-    g = torch.Generator().manual_seed(0)
+SGD_SETTINGS = (
+    dict(lr=0.1),
+    dict(lr=0.05, momentum=0.9),
+    dict(lr=0.05, momentum=0.9, weight_decay=1e-2),
+    dict(lr=0.05, momentum=0.5, weight_decay=1e-3, clip_grad_norm=1.0),
+)
+
+
+def _problem(seed: int):
+    """Two parameter tensors and six steps of large random gradients."""
+    g = torch.Generator().manual_seed(seed)
     params = {"a": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g)}
-    grads_seq = [{k: 5 * torch.randn(v.shape, generator=g) for k, v in params.items()} for _ in range(6)]
-    for kw in (
-        dict(lr=0.1),
-        dict(lr=0.05, momentum=0.9),
-        dict(lr=0.05, momentum=0.9, weight_decay=1e-2),
-        dict(lr=0.05, momentum=0.5, weight_decay=1e-3, clip_grad_norm=1.0),
-    ):
+    return params, [{k: 5 * torch.randn(v.shape, generator=g) for k, v in params.items()} for _ in range(6)]
+
+
+def test_functional_sgd_matches_torch_sgd_with_momentum_decay_and_clipping():
+    params, grads_seq = _problem(0)
+    for kw in SGD_SETTINGS:
         opt = sgd(**kw)
         p, state = dict(params), opt.init(params)
         for grads in grads_seq:
@@ -69,15 +77,8 @@ def test_adam_is_torch_adam():
 
 
 def test_in_place_sgd_is_the_functional_sgd_bit_for_bit_and_leaves_the_gradients_alone():
-    g = torch.Generator().manual_seed(3)
-    params = {"a": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g)}
-    grads_seq = [{k: 5 * torch.randn(v.shape, generator=g) for k, v in params.items()} for _ in range(6)]
-    for kw in (
-        dict(lr=0.1),
-        dict(lr=0.05, momentum=0.9),
-        dict(lr=0.05, momentum=0.9, weight_decay=1e-2),
-        dict(lr=0.05, momentum=0.5, weight_decay=1e-3, clip_grad_norm=1.0),
-    ):
+    params, grads_seq = _problem(3)
+    for kw in SGD_SETTINGS:
         opt = sgd(**kw)
         assert opt.apply_inplace is not None
         p, state = dict(params), opt.init(params)
