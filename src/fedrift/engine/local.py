@@ -20,8 +20,8 @@ def make_apply(model: nn.Module, buffers: dict[str, torch.Tensor], channels_last
 
     ``channels_last=True`` hands every 4-D parameter (convolution kernels) to the model in the
     channels-last layout, a differentiable copy of a few kB per call: oneDNN then runs the
-    convolutions in that layout, on this CPU 1.2x faster to train and 2x faster to infer
-    for the FedAvg CNN and ResNet-8 (BENCHMARKS.md). Same function, other float rounding.
+    convolutions in that layout, on this CPU about 1.15x faster to train and 2-3x faster to
+    infer for the FedAvg CNN and ResNet-8 (BENCHMARKS.md). Same function, other float rounding.
     Not under ``vmap``, which cannot express the layout: the batched executor's step uses a
     plain ``apply``.
     """
@@ -72,7 +72,7 @@ def make_step(
     with ``functional``) updates the caller's ``params`` and optimiser state in place when
     the optimiser can (``Transform.apply_inplace``) and returns them: the caller owns them
     (the executors copy the starting model once per client). No new model per step: on the
-    FedAvg CNN that was a tenth of the step (page faults of freshly mapped memory).
+    FedAvg CNN the new tensors had cost 7-10% of the step (page faults on fresh memory).
     """
 
     def loss_fn(params: Params, batch: dict, payload: dict, ctx: dict):
