@@ -181,7 +181,7 @@ def test_changed_config_reruns_and_says_why(tmp_path, capsys):
     stamp = _mtimes(run)
     capsys.readouterr()
     # how a run executes does not make it another run
-    assert main([*base, "engine.executor=batched", "engine.threads=1"]) == 0
+    assert main([*base, "engine.executor=batched", "engine.threads=1", "eval.batch_size=64"]) == 0
     assert "0 to run" in capsys.readouterr().out and _mtimes(run) == stamp
     assert main([*base, "train.rounds=3"]) == 0
     out = capsys.readouterr().out

@@ -44,6 +44,7 @@ EXECUTION_KEYS = (
     "engine.max_parallel_clients",
     "engine.teacher_cache",
     "engine.client_state",
+    "eval.batch_size",  # inference chunking: the same results up to float rounding
 )
 
 
