@@ -69,9 +69,9 @@ def weighted_sum(stacked: Tree, weights: torch.Tensor) -> dict[str, Any]:
         w = weights.to(dtype=x.dtype)
         if x.dim() == 0 or x[0].numel() < LARGE_ROW:
             return (w.reshape(-1, *([1] * (x.dim() - 1))) * x).sum(0)
-        acc = x[0] * w[0]
+        acc, alphas = x[0] * w[0], w.tolist()  # one device read for the weights
         for k in range(1, len(x)):
-            acc.add_(x[k], alpha=float(w[k]))
+            acc.add_(x[k], alpha=alphas[k])
         return acc
 
     return tree_map(combine, stacked)
