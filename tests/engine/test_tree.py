@@ -25,3 +25,42 @@ def test_unstack_inverts_stack():
     assert len(back) == 3
     for a, b in zip(trees, back):
         assert torch.equal(a["w"], b["w"]) and torch.equal(a["s"]["b"], b["s"]["b"])
+
+
+def test_the_upload_stack_reuses_its_memory_only_when_nothing_holds_it():
+    from fedrift.engine.loop import UploadStack
+
+    def uploads(seed):
+        g = torch.Generator().manual_seed(seed)
+        return [{"params": {"w": torch.randn(3, 2, generator=g)}} for _ in range(4)]
+
+    reuse = UploadStack(reuse=True)
+    first = reuse(uploads(0))
+    reuse.release_if_held({"params": {"w": first["params"]["w"].sum(0)}})  # a new tensor: not held
+    second = reuse(uploads(1))
+    assert second["params"]["w"].data_ptr() == first["params"]["w"].data_ptr()
+    assert torch.equal(second["params"]["w"], torch.stack([u["params"]["w"] for u in uploads(1)]))
+    reuse.release_if_held({"kept": second["params"]["w"][0]})  # the state keeps a view of a row
+    third = reuse(uploads(2))
+    assert third["params"]["w"].data_ptr() != second["params"]["w"].data_ptr()
+    assert torch.equal(second["params"]["w"], torch.stack([u["params"]["w"] for u in uploads(1)]))
+    assert reuse(uploads(3) + uploads(4))["params"]["w"].shape == (8, 3, 2)  # other shapes: a new stack
+
+    fresh = UploadStack(reuse=False)
+    a, b = fresh(uploads(0)), fresh(uploads(1))
+    assert a["params"]["w"].data_ptr() != b["params"]["w"].data_ptr()
+    assert torch.equal(a["params"]["w"], torch.stack([u["params"]["w"] for u in uploads(0)]))
+
+
+def test_large_leaves_are_summed_row_by_row_to_the_same_values():
+    from fedrift.engine.tree import LARGE_ROW
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, LARGE_ROW + 3, generator=g)
+    w = torch.tensor([0.1, 0.2, 0.3, 0.15, 0.25], dtype=torch.float64)
+    got = weighted_sum({"big": x, "small": x[:, :10]}, w)
+    want = (w.float().view(-1, 1) * x).sum(0)
+    torch.testing.assert_close(got["big"], want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got["small"], want[:10], rtol=1e-6, atol=1e-6)
+    assert not torch.equal(x[0], got["big"])  # a new tensor, the stack untouched
+    assert torch.equal(x, torch.randn(5, LARGE_ROW + 3, generator=torch.Generator().manual_seed(0)))

@@ -18,13 +18,40 @@ from fedrift.engine.local import make_tools
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.engine.state import ClientStateStore
-from fedrift.engine.tree import all_finite, stack, tree_bytes
+from fedrift.engine.tree import all_finite, shares_memory, signature, stack, tree_bytes
 from fedrift.errors import ConfigError, DivergenceError
 from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import evaluate, evaluate_personal
 from fedrift.engine.personalize import personalize
 from fedrift.engine.teacher import with_teacher
 from fedrift.models.base import FedModel
+
+
+class UploadStack:
+    """The round's uploads stacked into last round's stack when the server state kept no part
+    of it: a fresh stack each round (330 MB for 50 FedAvg CNNs) costs more in page faults
+    than in copying (BENCHMARKS.md, S2). Only with ``reuse``: for executors whose training
+    holds no more than the round's outputs (one client at a time), where the kept stack
+    raises no peak; beside the batched executor's vectorised groups it would (S4: 1,923 to
+    2,058 MB, measured)."""
+
+    def __init__(self, reuse: bool) -> None:
+        self.reuse = reuse
+        self.tree: dict[str, Any] | None = None
+
+    def __call__(self, uploads: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.reuse:
+            return stack(uploads)
+        want = [(p, (len(uploads), *s), d) for p, s, d in signature(uploads[0])]
+        if self.tree is not None and signature(self.tree) == want:
+            return stack(uploads, out=self.tree)
+        self.tree = stack(uploads)
+        return self.tree
+
+    def release_if_held(self, state: dict[str, Any]) -> None:
+        """Never write into memory the server state still reads."""
+        if self.tree is not None and shares_memory(state, self.tree):
+            self.tree = None
 
 
 @dataclass
@@ -61,6 +88,7 @@ def run_federation(
                              path=writer.dir / "client_state.bin", num_clients=fed.num_clients)
     server = algorithm.init_server(params)
     uniform = algorithm.hparams.aggregation == "uniform"
+    uploads = UploadStack(reuse=getattr(executor, "one_client_at_a_time", False))
     probe = probe_indices(len(fed.y_test), cfg.eval.probe_size, cfg.seed).to(device)
 
     out = LoopResult()
@@ -91,7 +119,8 @@ def run_federation(
             bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
             if bad:
                 raise _diverged(t, f"client {bad[0]} produced a non-finite training loss", writer)
-            server = algorithm.aggregate(server, stack([o.upload for o in outputs]), weights.to(device), info)
+            server = algorithm.aggregate(server, uploads([o.upload for o in outputs]), weights.to(device), info)
+            uploads.release_if_held(server)
             if not all_finite(server["params"]):
                 raise _diverged(t, "the aggregated global model has non-finite parameters", writer)
             if algorithm.init_client is not None:

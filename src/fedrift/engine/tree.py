@@ -41,8 +41,11 @@ def tree_bytes(tree: Tree) -> int:
     return total
 
 
-def stack(trees: list[Tree]) -> dict[str, Any]:
-    """Stack same-structured trees along a new leading axis (one row per client)."""
+def stack(trees: list[Tree], out: Tree | None = None) -> dict[str, Any]:
+    """Stack same-structured trees along a new leading axis (one row per client); into
+    ``out``'s tensors when given (same structure and shapes)."""
+    if out is not None:
+        return tree_map(lambda buf, *xs: torch.stack(xs, out=buf), out, *trees)
     return tree_map(lambda *xs: torch.stack(xs), trees[0], *trees[1:])
 
 
@@ -72,6 +75,24 @@ def weighted_sum(stacked: Tree, weights: torch.Tensor) -> dict[str, Any]:
         return acc
 
     return tree_map(combine, stacked)
+
+
+def shares_memory(tree: Tree, other: Tree) -> bool:
+    """Whether any tensor of ``tree`` lives in the storage of a tensor of ``other``."""
+    held = {t.untyped_storage().data_ptr() for t in leaves(other)}
+    return any(t.untyped_storage().data_ptr() in held for t in leaves(tree))
+
+
+def signature(tree: Tree) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """``(path, shape, dtype)`` of every tensor leaf, in order: two trees with the same
+    signature can be written into each other."""
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.extend((f"{key}.{p}", s, d) for p, s, d in signature(value))
+        elif isinstance(value, torch.Tensor):
+            out.append((key, tuple(value.shape), value.dtype))
+    return out
 
 
 def all_finite(tree: Tree) -> bool:

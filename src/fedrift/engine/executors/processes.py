@@ -309,6 +309,7 @@ class ProcessesExecutor:
         self._cache = cfg.engine.teacher_cache
 
     builds_teacher = True  # the loop need not build the round's teacher table (see run_round)
+    one_client_at_a_time = True  # the parent holds only the outputs while workers train (loop.UploadStack)
 
     # -- the contract ------------------------------------------------------------------
 

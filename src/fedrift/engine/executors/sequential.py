@@ -15,6 +15,8 @@ class HookError(RuntimeError):
 
 
 class SequentialExecutor:
+    one_client_at_a_time = True  # training holds one model beside the outputs (loop.UploadStack)
+
     def close(self) -> None:
         """Nothing to release: this executor runs in the calling process."""
 
