@@ -9,7 +9,9 @@ from fedrift.engine.tree import leaves
 
 Params = dict[str, torch.Tensor]
 
-CHUNK = 128  # rows per no-grad forward pass: the convolutional models are fastest at 64-128 on the CPU
+# rows per no-grad forward pass: the convolutional models are fastest at 64-128 on the CPU
+# (BENCHMARKS.md); also ``eval.batch_size``'s default for them (engine/local.py)
+CHUNK = 128
 
 
 def weighted_ce(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -104,6 +104,7 @@ def make_tools(
     """The run's ``RoundTools``: apply, the local optimiser (the algorithm's own, else SGD from
     the train section) and the step; one place, for the loop and for worker processes."""
     from fedrift.engine.executors.base import RoundTools  # executors import this module
+    from fedrift.algorithms.terms import CHUNK
     from fedrift.engine.optim import sgd
     from fedrift.engine.teacher import TeacherMemo
 
@@ -113,6 +114,6 @@ def make_tools(
     optimizer = algorithm.optimizer or sgd(train.lr, train.momentum, train.weight_decay, train.clip_grad_norm)
     return RoundTools(
         algorithm, apply, optimizer, make_step(algorithm, apply, optimizer, inplace=True), x, y, seed=seed,
-        vmap_apply=make_apply(model, buffers), eval_batch=eval_batch or (128 if channels_last else 1024),
+        vmap_apply=make_apply(model, buffers), eval_batch=eval_batch or (CHUNK if channels_last else 1024),
         teacher_memo=TeacherMemo(len(x)) if algorithm.teacher is not None else None,
     )

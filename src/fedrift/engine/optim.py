@@ -47,24 +47,30 @@ def scale(factor: float) -> Transform:
     return Transform(lambda p: (), lambda g, s, p: (tree_map(lambda x: factor * x, g), s))
 
 
+def _through(links: tuple[Transform, ...], grads: Params, state: State, params: Params) -> tuple[Params, list]:
+    """``grads`` passed through each link's update in turn; the links' new states."""
+    new_state = []
+    for t, s in zip(links, state):
+        grads, s = t.update(grads, s, params)
+        new_state.append(s)
+    return grads, new_state
+
+
 def chain(*transforms: Transform) -> Transform:
+    """The transforms one after another; in place when the last one can be (the others only
+    transform the gradient)."""
+
     def init(params: Params) -> State:
         return tuple(t.init(params) for t in transforms)
 
     def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
-        new_state = []
-        for t, s in zip(transforms, state):
-            grads, s = t.update(grads, s, params)
-            new_state.append(s)
+        grads, new_state = _through(transforms, grads, state, params)
         return grads, tuple(new_state)
 
     last = transforms[-1].apply_inplace if transforms else None
 
     def apply_inplace(grads: Params, state: State, params: Params) -> State:
-        new_state = []
-        for t, s in zip(transforms[:-1], state):
-            grads, s = t.update(grads, s, params)
-            new_state.append(s)
+        grads, new_state = _through(transforms[:-1], grads, state, params)
         return (*new_state, last(grads, state[-1], params))
 
     return Transform(init, update, apply_inplace if last is not None else None)

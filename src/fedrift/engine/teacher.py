@@ -43,9 +43,10 @@ class TeacherMemo:
 
     ``bind(apply, rows, x)`` gives the ``apply`` a teacher hook sees for a chunk ``x`` of
     training rows: on that very tensor it answers from the memo for the rows a model has
-    seen and runs the model on the others only (on anything else it just runs the model). After a round's table, :meth:`sweep` drops the models that round did not
-    use. A table that would take the memo over ``budget_bytes`` is not kept (the model then
-    runs on every row, as without the memo).
+    seen and runs the model on the others only (on anything else it just runs the model).
+    After a round's table, :meth:`sweep` drops the models that round did not use. A table
+    that would take the memo over ``budget_bytes`` is not kept (the model then runs on every
+    row, as without the memo).
     """
 
     def __init__(self, num_rows: int, budget_bytes: int = 256 * 2**20) -> None:
@@ -69,11 +70,8 @@ class TeacherMemo:
             key = self._key(params, mode)
             self.used.add(key)
             entry = self.tables.get(key)
-            todo = torch.ones(len(rows), dtype=torch.bool, device=rows.device) if entry is None else ~entry[1][rows]
-            n_todo = int(todo.sum())
-            self.hits += len(rows) - n_todo
-            self.misses += n_todo
-            if n_todo == len(rows) and entry is None:
+            if entry is None:  # a model not seen before: run it, and keep its rows if they fit
+                self.misses += len(rows)
                 out = apply(params, x, mode)
                 if isinstance(out, torch.Tensor) and self._fits(out):
                     table = out.new_zeros((self.num_rows, *out.shape[1:]))
@@ -81,8 +79,11 @@ class TeacherMemo:
                     table[rows], have[rows] = out, True
                     self.tables[key] = (table, have)
                 return out
-            assert entry is not None
             table, have = entry
+            todo = ~have[rows]
+            n_todo = int(todo.sum())
+            self.hits += len(rows) - n_todo
+            self.misses += n_todo
             if n_todo:
                 new_rows = rows[todo]
                 table[new_rows] = apply(params, x[todo], mode)
