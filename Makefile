@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup browser clean
 
 setup: $(STAMP)
 
@@ -18,8 +18,23 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/fedrift run -c examples/demo.yaml
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest tests
+
+# The report's browser test renders report.html in Debian's headless chromium: installed
+# here when no browser is on PATH and this user may install packages (root, or sudo without
+# a password); otherwise that test says what to install.
+BROWSERS := chromium chromium-browser google-chrome google-chrome-stable
+browser:
+	@found=""; for b in $(BROWSERS); do command -v $$b >/dev/null 2>&1 && found=$$b; done; \
+	if [ -z "$$found" ]; then \
+	  if [ "$$(id -u)" -eq 0 ]; then SUDO=""; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else echo "make test: no chromium, and no right to install it: the browser test will fail (apt-get install chromium)"; exit 0; fi; \
+	  echo "make test: installing Debian's chromium for the browser test"; \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	fi
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,4 +1,4 @@
-"""report.html in a real headless browser (Debian's chromium; .ci/run installs it).
+"""report.html in a real headless browser (Debian's chromium; `make test` installs it).
 
 The screenshot must exist, have the window's size and show something (not a blank page);
 the DOM after load must hold the results table's rows and every figure decoded.
@@ -41,7 +41,7 @@ def browser() -> str:
         if path:
             return path
     pytest.fail("no chromium found: this test needs a headless browser; install Debian's chromium "
-                "(apt-get install -y --no-install-recommends chromium), as .ci/run does")
+                "(apt-get install -y --no-install-recommends chromium), as `make test` does where it may")
 
 
 def run_browser(args, tmp_path):

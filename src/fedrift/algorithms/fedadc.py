@@ -44,7 +44,7 @@ from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.slowmo import momentum_server, server_momentum_step
 from fedrift.algorithms.terms import kl_to_target, weighted_ce
-from fedrift.engine.optim import Transform, chain, clip_by_global_norm, scale
+from fedrift.engine.optim import Transform, add_decay, chain, clip_by_global_norm, scale
 from fedrift.engine.tree import leaves, tree_map, weighted_sum
 from fedrift.errors import ConfigError
 from fedrift.params import params
@@ -154,8 +154,7 @@ def _fedadc(name: str, hp: FedADCParams, setup: Setup, base_loss, teacher=None) 
     def grad_correction(grads, params, payload, ctx):
         if clip is not None:
             grads, _ = clip.update(grads, (), params)
-        if wd:
-            grads = tree_map(lambda g, p: g + wd * p, grads, point(params, ctx))
+        grads = add_decay(grads, point(params, ctx), wd)
         return tree_map(lambda g, m: g + m, grads, ctx["m_bar"])
 
     def aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: RoundInfo) -> Tree:

@@ -41,7 +41,7 @@ from pydantic import Field
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.engine.optim import clip_by_global_norm, sgd
+from fedrift.engine.optim import add_decay, clip_by_global_norm, sgd
 from fedrift.engine.tree import tree_map, weighted_sum
 from fedrift.params import params
 
@@ -76,8 +76,7 @@ def scaffold(hp: ScaffoldParams, setup: Setup) -> Algorithm:
     def grad_correction(grads, params, payload, ctx):
         if clip is not None:
             grads, _ = clip.update(grads, (), params)
-        if wd:
-            grads = tree_map(lambda g, p: g + wd * p, grads, params)
+        grads = add_decay(grads, params, wd)
         return tree_map(lambda g, ck, c: g - ck + c, grads, ctx["state"]["control"], payload["control"])
 
     def client_result(payload: Tree, end_params: dict, ctx: Tree) -> tuple[Tree, Tree]:

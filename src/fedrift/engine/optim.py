@@ -44,7 +44,7 @@ def clip_by_global_norm(max_norm: float) -> Transform:
 
 
 def scale(factor: float) -> Transform:
-    return Transform(lambda p: (), lambda g, s, p: (tree_map(lambda x: factor * x, g), s))
+    return Transform(lambda p: (), lambda g, s, p: (tree_map(lambda x: x.mul(factor), g), s))
 
 
 def _through(links: tuple[Transform, ...], grads: Params, state: State, params: Params) -> tuple[Params, list]:
@@ -76,6 +76,19 @@ def chain(*transforms: Transform) -> Transform:
     return Transform(init, update, apply_inplace if last is not None else None)
 
 
+def decay(g: torch.Tensor, p: torch.Tensor, weight_decay: float) -> torch.Tensor:
+    """``g + wd p`` as one fused ``add``: the single weight-decay code path of every local
+    optimiser and gradient correction. A multiply then an add (``g + wd * p``) rounds
+    differently from the fused form on some CPUs' kernels and not on others', so methods
+    that decay on their own path would equal FedAvg at zero only by luck."""
+    return g.add(p, alpha=weight_decay) if weight_decay else g
+
+
+def add_decay(grads: Params, params: Params, weight_decay: float) -> Params:
+    """:func:`decay` on every leaf (the gradient corrections of SCAFFOLD and FedADC)."""
+    return tree_map(lambda g, p: decay(g, p, weight_decay), grads, params) if weight_decay else grads
+
+
 def sgd(
     lr: float, momentum: float = 0.0, weight_decay: float = 0.0, clip_grad_norm: float | None = None
 ) -> Transform:
@@ -90,7 +103,7 @@ def sgd(
         return tree_map(torch.zeros_like, params) if momentum else ()
 
     def update(grads: Params, buf: State, params: Params) -> tuple[Params, State]:
-        d = tree_map(lambda g, p: g.add(p, alpha=weight_decay), grads, params) if weight_decay else grads
+        d = add_decay(grads, params, weight_decay)
         if momentum:
             buf = tree_map(lambda b, x: x.add(b, alpha=momentum), buf, d)
             d = buf
@@ -102,7 +115,7 @@ def sgd(
         # would fuse a multiply-add and round differently). The gradients are only read
         # (autograd may hand out expanded views).
         for name, p in params.items():
-            d = grads[name].add(p, alpha=weight_decay) if weight_decay else grads[name]
+            d = decay(grads[name], p, weight_decay)
             if momentum:
                 d = torch.add(d, buf[name], alpha=momentum, out=buf[name])
             p.add_(d.mul(-lr))
