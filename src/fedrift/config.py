@@ -88,6 +88,11 @@ class EngineConfig(_Section):
     threads: PositiveInt | None = None
     client_state: Literal["memory", "disk", "auto"] = "auto"  # per-client state store; auto: disk above 1 GiB
     workers: PositiveInt | None = None  # processes: worker processes (None: the CPUs available)
+    # client failures (engine/failures.py), each a pure function of (seed, round, client)
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0  # probability that a sampled client never returns
+    stragglers: Annotated[float, Field(ge=0, le=1)] = 0.0  # probability that a client stops its work early
+    straggler_work: Annotated[float, Field(gt=0, lt=1)] | Literal["uniform"] = 0.5  # share of its steps a straggler runs
+    accept_failures: bool = False  # a client that raises or uploads non-finite values: left out (true) or the run stops
 
 
 class EvalConfig(_Section):

@@ -24,7 +24,15 @@ class DivergenceError(FedriftError):
     """
 
     exit_code = 3
+    status = "diverged"  # the summary's status
 
     def __init__(self, message: str, result: object | None = None) -> None:
         super().__init__(message)
         self.result = result
+
+
+class NoClientsError(DivergenceError):
+    """A round in which no client returned (all dropped out or failed): the run stops there,
+    the metrics written so far are kept."""
+
+    status = "no_clients"

@@ -402,7 +402,7 @@ def run_state(spec: RunSpec) -> tuple[str, str]:
     except (OSError, ValueError, yaml.YAMLError):
         return ("run", "unreadable summary.json or config.yaml, rerun")
     status = summary.get("status")
-    if status not in ("completed", "diverged"):
+    if status not in ("completed", "diverged", "no_clients"):  # finished: a rerun gives the same
         return ("run", f"status {status!r}, rerun")
     diff = config_differences(stored, spec.expected, spec.requested)
     if diff:
@@ -448,7 +448,7 @@ def execute_run(doc: dict[str, Any]) -> dict[str, Any]:
     try:
         result = run(doc)
     except DivergenceError as err:
-        return {"status": "diverged", "message": str(err), "seconds": time.perf_counter() - start}
+        return {"status": err.status, "message": str(err), "seconds": time.perf_counter() - start}
     s = result.summary
     return {
         "status": "completed",
@@ -459,8 +459,8 @@ def execute_run(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _describe_result(r: dict[str, Any]) -> str:
-    if r["status"] == "diverged":
-        return f"diverged ({r.get('message', '').split(';')[0]})"
+    if r["status"] != "completed":
+        return f"{r['status']} ({r.get('message', '').split(';')[0]})"
     return f"final {r['final_accuracy']:.4f}, best {r['best_accuracy']:.4f}, {r['seconds']:.1f} s"
 
 

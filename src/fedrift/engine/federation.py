@@ -12,6 +12,7 @@ from fedrift.data.base import Dataset
 from fedrift.data.partition_base import Partition
 from fedrift.engine import batches
 from fedrift.engine.executors.base import ClientJob
+from fedrift.engine.failures import steps_done
 
 
 class Federation:
@@ -43,13 +44,17 @@ class Federation:
 
 
 def client_job(
-    fed: Federation, k: int, state: dict[str, Any], tc: TrainConfig, seed: int, round_: int, epochs: int | None = None
+    fed: Federation, k: int, state: dict[str, Any], tc: TrainConfig, seed: int, round_: int, epochs: int | None = None,
+    work: float = 1.0,
 ) -> ClientJob:
     """Client k's work for a round: its batch schedule (a pure function of seed, round, k)
-    and the context hooks see: num_samples, num_steps (H_k), label_counts, state."""
+    and the context hooks see: num_samples, num_steps (H_k), label_counts, state. A
+    straggler (``work`` < 1) runs the first steps of that schedule only."""
     ix, own = fed.indices[k], fed.indices_np[k]
     steps = None if epochs is not None else tc.local_steps
     pos = batches.schedule_table(len(own), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k)
+    if work < 1.0:
+        pos = pos[: steps_done(len(pos), work)]
     # one gather for the whole schedule, in numpy (cheaper per call than torch)
     table = torch.from_numpy(np.where(pos >= 0, own[np.maximum(pos, 0)], -1)).to(ix.device)
     ctx = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -13,13 +13,14 @@ from tqdm.auto import tqdm
 from fedrift.algorithms.base import Algorithm, RoundInfo
 from fedrift.config import Config
 from fedrift.engine.executors.base import ClientJob, Executor, RoundTools
+from fedrift.engine.failures import fates, train_clients
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_tools
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.tree import all_finite, shares_memory, signature, stack, tree_bytes
-from fedrift.errors import ConfigError, DivergenceError
+from fedrift.errors import ConfigError, DivergenceError, NoClientsError
 from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import evaluate, evaluate_personal
 from fedrift.engine.personalize import personalize
@@ -92,7 +93,8 @@ def run_federation(
     probe = probe_indices(len(fed.y_test), cfg.eval.probe_size, cfg.seed).to(device)
 
     out = LoopResult()
-    totals = {"bytes_down": 0, "bytes_up": 0, "seconds": 0.0}
+    totals = {"bytes_down": 0, "bytes_up": 0, "seconds": 0.0, "clients_returned": 0, "clients_dropped": 0,
+              "clients_failed": 0, "clients_straggling": 0}
     best = (-1.0, 0)
     bar = tqdm(total=tc.rounds, desc=algorithm.name, unit="round", disable=None if cfg.output.progress else True)
     try:
@@ -101,11 +103,14 @@ def run_federation(
             sampled = sampler(fed.num_clients, m, cfg.seed, t, fed.label_counts_np, retries=cfg.engine.sampling_retries)
             info = RoundInfo(round=t, num_clients=fed.num_clients, sampled=tuple(sampled))
             payload = algorithm.broadcast(server, info)
-            jobs = [client_job(fed, k, store.get(k), cfg.train, cfg.seed, t) for k in sampled]
-            down = len(jobs) * tree_bytes(payload)
+            fate = fates(cfg.engine, cfg.seed, t, sampled)
+            if not fate.returning:
+                raise _no_clients(t, f"all {len(sampled)} sampled clients dropped out (engine.dropout)", writer)
+            jobs = [client_job(fed, k, store.get(k), cfg.train, cfg.seed, t, work=fate.work.get(k, 1.0))
+                    for k in fate.returning]
+            down = len(sampled) * tree_bytes(payload)  # the dropped received the broadcast too
             up = 0
-            n = torch.tensor([float(fed.sizes[k]) for k in sampled], dtype=torch.float64)
-            weights = torch.full_like(n, 1.0 / len(n)) if uniform else n / n.sum()
+            weights = _weights(fed, fate.returning, uniform)
             # the teacher table sees the broadcast payload; the pre-phase may read it. An
             # executor that builds it where the clients train does so when no pre-phase reads it.
             own = getattr(executor, "builds_teacher", False) and algorithm.client_summary is None
@@ -113,7 +118,18 @@ def run_federation(
             if algorithm.client_summary is not None:
                 payload, pre_down, up = _pre_phase(algorithm, round_tools, payload, jobs, weights.to(device))
                 down += pre_down
-            outputs = executor.run_round(round_tools, payload, jobs, t)
+            outputs, failed = train_clients(executor, round_tools, payload, jobs, t, cfg.engine.accept_failures)
+            if not outputs:
+                raise _no_clients(t, f"all {len(jobs)} clients that trained failed (engine.accept_failures)", writer)
+            if failed:  # the others' weights renormalised; the aggregation sees who returned
+                weights = _weights(fed, [o.client_id for o in outputs], uniform)
+                info = replace(info, sampled=tuple(o.client_id for o in outputs))
+            elif fate.dropped:
+                info = replace(info, sampled=tuple(fate.returning))
+            counts = {"clients_returned": len(outputs), "clients_dropped": len(fate.dropped),
+                      "clients_failed": len(failed), "clients_straggling": len(fate.work)}
+            for key, value in counts.items():
+                totals[key] += value
 
             losses = torch.stack([o.loss.double().cpu() for o in outputs])
             bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
@@ -153,6 +169,7 @@ def run_federation(
                     bytes_down=down,
                     bytes_up=up,
                     clients=len(sampled),
+                    **counts,
                 )
                 writer.log(row)
                 out.history.append(row)
@@ -161,7 +178,7 @@ def run_federation(
                 bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", best=f"{best[0]:.3f}")
             bar.update(1)
     except DivergenceError as err:
-        out.summary = _summary(out, totals, best, tc.rounds, status="diverged", message=str(err))
+        out.summary = _summary(out, totals, best, tc.rounds, status=err.status, message=str(err))
         err.result = out  # fedrift.api writes summary.json, with the run's facts
         raise
     else:
@@ -203,6 +220,19 @@ def _pre_phase(algorithm: Algorithm, tools: RoundTools, payload: dict, jobs: lis
     return {**payload, **extra}, len(jobs) * tree_bytes(extra), up
 
 
+def _weights(fed: Federation, clients: list[int], uniform: bool) -> torch.Tensor:
+    """Aggregation weights over the clients that return: p_k by samples, or uniform."""
+    n = torch.tensor([float(fed.sizes[k]) for k in clients], dtype=torch.float64)
+    return torch.full_like(n, 1.0 / len(n)) if uniform else n / n.sum()
+
+
+def _no_clients(t: int, what: str, writer: RunWriter) -> NoClientsError:
+    return NoClientsError(
+        f"round {t}: no client returned ({what}); the run stopped and the metrics of earlier "
+        f"rounds are kept in {writer.dir / 'metrics.jsonl'}"
+    )
+
+
 def _diverged(t: int, what: str, writer: RunWriter) -> DivergenceError:
     return DivergenceError(
         f"training diverged in round {t}: {what}; the run stopped and the metrics of earlier "
@@ -225,6 +255,7 @@ def _summary(out: LoopResult, totals: dict, best: tuple[float, int], rounds: int
         "seconds_per_round": totals["seconds"] / done if done else None,
         "bytes_down_total": totals["bytes_down"],
         "bytes_up_total": totals["bytes_up"],
+        **{f"{k}_total": totals[k] for k in ("clients_returned", "clients_dropped", "clients_failed", "clients_straggling")},
     }
     if "local_accuracy" in last:  # personal models (FedProto): on the clients' own splits
         summary["final_local_accuracy"] = last["local_accuracy"]

@@ -13,6 +13,8 @@ import torch
 SAMPLING = 1
 BATCHES = 2
 NOISE = 3
+DROPOUT = 4  # engine.dropout: does a sampled client return
+STRAGGLERS = 5  # engine.stragglers: does it stop early, and after how much of its work
 
 
 def generator(seed: int, purpose: int, *keys: int) -> np.random.Generator:
