@@ -21,6 +21,7 @@ from fedrift.engine.executors.processes import available_cpus
 from fedrift.engine.federation import Federation
 from fedrift.engine.local import make_apply, prefers_channels_last
 from fedrift.engine.loop import run_federation
+from fedrift.engine import privacy
 from fedrift.engine.outputs import RunWriter, auto_dir
 from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.errors import ConfigError, DivergenceError
@@ -133,6 +134,7 @@ def build_run(prep: Prepared) -> tuple[FedModel, Algorithm]:
     cfg = prep.config
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
+    privacy.check(cfg, algorithm)
     if algorithm.personal and (cfg.eval.drift or cfg.eval.personalize):
         key = "eval.drift" if cfg.eval.drift else "eval.personalize"
         raise ConfigError(

@@ -109,6 +109,25 @@ class EvalConfig(_Section):
     personalize_mu: Annotated[float, Field(ge=0)] = 0.0
 
 
+class PrivacyConfig(_Section):
+    """Differential privacy (engine/privacy.py): ``client`` level (DP-FedAvg, McMahan et al.
+    2018) or ``sample`` level (DP-SGD in local training); epsilon at ``delta`` from dp-accounting."""
+
+    level: Literal["none", "client", "sample"] = "none"
+    clip: Annotated[float, Field(gt=0)] | None = 1.0  # S (client) or C (sample); null: no clipping
+    noise_multiplier: Annotated[float, Field(ge=0)] = 1.0  # z: noise std is z x clip
+    delta: Annotated[float, Field(gt=0, lt=1)] = 1.0e-5
+
+    @model_validator(mode="after")
+    def _noise_needs_clip(self) -> "PrivacyConfig":
+        if self.level != "none" and self.clip is None and self.noise_multiplier > 0:
+            raise ValueError(
+                "privacy.clip: null (no clipping) leaves the noise without a scale; allowed: a positive "
+                "clip, or privacy.noise_multiplier 0"
+            )
+        return self
+
+
 class OutputConfig(_Section):
     dir: str | None = None
     overwrite: bool = False
@@ -125,6 +144,7 @@ class Config(_Section):
     train: TrainConfig = TrainConfig()
     engine: EngineConfig = EngineConfig()
     eval: EvalConfig = EvalConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
     output: OutputConfig = OutputConfig()
 
 

@@ -15,6 +15,7 @@ from fedrift.config import Config
 from fedrift.engine.executors.base import ClientJob, Executor, RoundTools
 from fedrift.engine.failures import fates, train_clients
 from fedrift.engine.federation import Federation, client_job
+from fedrift.engine.privacy import Accountant, private_mean
 from fedrift.engine.local import make_tools
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.sampling import SAMPLERS, cohort_size
@@ -82,7 +83,10 @@ def run_federation(
     sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
     model = model.to(device)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size)
+    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size, cfg.privacy)
+    accountant = None if cfg.privacy.level == "none" else Accountant(
+        cfg.privacy, m, fed.num_clients, list(fed.sizes), tc.batch_size, tc.local_epochs, tc.local_steps)
+    epsilon = None
     chunk = tools.eval_batch
     apply = tools.apply
     store = ClientStateStore(algorithm.init_client, params, mode=cfg.engine.client_state,
@@ -135,7 +139,14 @@ def run_federation(
             bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
             if bad:
                 raise _diverged(t, f"client {bad[0]} produced a non-finite training loss", writer)
-            server = algorithm.aggregate(server, uploads([o.upload for o in outputs]), weights.to(device), info)
+            if cfg.privacy.level == "client":  # one upload, the noised mean of the clipped models
+                stacked, agg_weights = private_mean([o.upload for o in outputs], payload["params"], cfg.privacy,
+                                                    cfg.seed, t, algorithm.name)
+            else:
+                stacked, agg_weights = uploads([o.upload for o in outputs]), weights.to(device)
+            server = algorithm.aggregate(server, stacked, agg_weights, info)
+            if accountant is not None:
+                epsilon = accountant.step()
             uploads.release_if_held(server)
             if not all_finite(server["params"]):
                 raise _diverged(t, "the aggregated global model has non-finite parameters", writer)
@@ -171,6 +182,8 @@ def run_federation(
                     clients=len(sampled),
                     **counts,
                 )
+                if accountant is not None:
+                    row["epsilon"] = epsilon
                 writer.log(row)
                 out.history.append(row)
                 if row["test_accuracy"] > best[0]:
@@ -191,6 +204,8 @@ def run_federation(
     out.global_params = server["params"]
     out.server_state = server
     out.summary = _summary(out, totals, best, tc.rounds, status="completed")
+    if accountant is not None:
+        out.summary.update(epsilon=epsilon, delta=cfg.privacy.delta)
     if cfg.eval.at_rounds:
         at = {r["round"]: r["test_accuracy"] for r in out.history}
         out.summary["accuracy_at"] = {str(r): at.get(r) for r in cfg.eval.at_rounds}

@@ -15,6 +15,8 @@ BATCHES = 2
 NOISE = 3
 DROPOUT = 4  # engine.dropout: does a sampled client return
 STRAGGLERS = 5  # engine.stragglers: does it stop early, and after how much of its work
+PRIVACY_SAMPLE = 6  # privacy.level sample: DP-SGD noise, per (round, client, step)
+PRIVACY_CLIENT = 7  # privacy.level client: DP-FedAvg noise on the round's sum, per round
 
 
 def generator(seed: int, purpose: int, *keys: int) -> np.random.Generator:
@@ -26,3 +28,16 @@ def step_noise(seed: int, round_: int, client: int, step: int, rows: int, dim: i
     ``rows``, so a padded batch (batched executor) shares its real rows with an unpadded one."""
     draw = generator(seed, NOISE, round_, client, step).standard_normal((rows, dim), dtype=np.float32)
     return torch.from_numpy(draw).to(device)
+
+
+def gaussian(shapes: list[tuple[str, tuple[int, ...]]], device: torch.device, seed: int, purpose: int, *keys: int) -> dict[str, torch.Tensor]:
+    """Standard normal float32 tensors of the given names and shapes (one draw for all, in
+    their order), a pure function of (seed, purpose, keys)."""
+    total = sum(int(np.prod(s)) for _, s in shapes)
+    flat = torch.from_numpy(generator(seed, purpose, *keys).standard_normal(total, dtype=np.float32)).to(device)
+    out, at = {}, 0
+    for name, shape in shapes:
+        n = int(np.prod(shape))
+        out[name] = flat[at : at + n].view(shape)
+        at += n
+    return out

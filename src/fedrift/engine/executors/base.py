@@ -11,7 +11,7 @@ from torch.nn.utils.rnn import pad_sequence
 from fedrift.algorithms.base import Algorithm, ClientData
 from fedrift.engine.local import StepFn
 from fedrift.engine.optim import Transform
-from fedrift.engine.rng import step_noise
+from fedrift.engine.rng import PRIVACY_SAMPLE, gaussian, step_noise
 from fedrift.engine.tree import tree_map
 
 
@@ -72,6 +72,8 @@ class RoundTools:
     vmap_apply: Callable[..., Any] | None = None  # ``apply`` usable under vmap (None: ``apply`` is)
     eval_batch: int = 1024  # rows per inference pass (``eval.batch_size`` resolved for the model)
     teacher_memo: Any = None  # engine.teacher.TeacherMemo: teacher outputs kept across rounds
+    dp: tuple[float, float] | None = None  # sample-level DP: (clip C, noise multiplier z) of the step
+    dp_shapes: tuple[tuple[str, tuple[int, ...]], ...] | None = None  # ... and the parameters' shapes
 
     def client_data(self, job: ClientJob, payload: dict[str, Any]) -> ClientData:
         """The client's samples, with their rows of the teacher table (cached or computed)."""
@@ -94,15 +96,25 @@ class RoundTools:
         dim = self.algorithm.noise_dim
         return None if dim is None else step_noise(self.seed, round_, client, step, rows, dim, self.x.device)
 
+    def dp_noise(self, round_: int, client: int, step: int) -> dict[str, torch.Tensor] | None:
+        """The step's ``batch["dp_noise"]`` under sample-level DP: standard normal, shaped like
+        the parameters, a pure function of (seed, round, client, step)."""
+        if self.dp_shapes is None:
+            return None
+        return gaussian(list(self.dp_shapes), self.x.device, self.seed, PRIVACY_SAMPLE, round_, client, step)
+
     def batch(
-        self, payload: dict[str, Any], idx: torch.Tensor, w: torch.Tensor, noise: torch.Tensor | None = None
+        self, payload: dict[str, Any], idx: torch.Tensor, w: torch.Tensor, noise: torch.Tensor | None = None,
+        dp_noise: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, Any]:
-        """A local step's batch: inputs, labels, sample weights, the step's noise if any, and
-        teacher outputs if any (rows of the round's cached table, or computed on the batch
-        when caching is off)."""
+        """A local step's batch: inputs, labels, sample weights, the step's noise and DP noise
+        if any, and teacher outputs if any (rows of the round's cached table, or computed on
+        the batch when caching is off)."""
         out = {"x": rows(self.x, idx), "y": rows(self.y, idx), "w": w}
         if noise is not None:
             out["noise"] = noise
+        if dp_noise is not None:
+            out["dp_noise"] = dp_noise
         if self.algorithm.teacher is None:
             return out
         if self.teacher_cache is not None:

@@ -81,7 +81,7 @@ class BatchedExecutor:
     def _vstep(self, tools: RoundTools) -> Any:
         key = (id(tools.algorithm), id(tools.optimizer))
         if key not in self._steps:  # one batched step per (algorithm, optimiser): training, personalisation
-            step = make_step(tools.algorithm, tools.vmap_apply or tools.apply, tools.optimizer, functional=True)
+            step = make_step(tools.algorithm, tools.vmap_apply or tools.apply, tools.optimizer, functional=True, dp=tools.dp)
             self._steps = {key: (tools.algorithm, tools.optimizer, vmap(step, in_dims=(0, 0, 0, None, 0)))}
         return self._steps[key][2]
 
@@ -114,7 +114,8 @@ class BatchedExecutor:
             noise = None
             if alg.noise_dim is not None:
                 noise = torch.stack([tools.noise(round_, j.client_id, s, batch_size) for j in jobs])
-            batch = tools.batch(payload, idx_all[s], w_all[s], noise)
+            dp_noise = stack([tools.dp_noise(round_, j.client_id, s) for j in jobs]) if tools.dp is not None else None
+            batch = tools.batch(payload, idx_all[s], w_all[s], noise, dp_noise)
             new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
             if s < min(steps):  # every client still training: nothing to mask (and no pass over the stack)
                 params, opt_state = new_params, new_state
