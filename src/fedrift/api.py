@@ -110,7 +110,7 @@ def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
         seed=prep.config.seed,
         projection_dim=model.projection_dim,
         batch_size=tc.batch_size,
-        apply=make_apply(model.to(prep.device), buffers, prefers_channels_last(model, prep.device)),
+        apply=make_apply(model.to(prep.device), buffers, prefers_channels_last(model, prep.device), prep.dataset.pixel_norm),
         holdout_x=prep.dataset.x_train[held].to(prep.device) if len(held) else None,
         holdout_y=prep.dataset.y_train[held].to(prep.device) if len(held) else None,
     )

@@ -81,7 +81,7 @@ def run_federation(
     sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
     model = model.to(device)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size)
+    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size, fed.pixel_norm)
     chunk = tools.eval_batch
     apply = tools.apply
     store = ClientStateStore(algorithm.init_client, params, mode=cfg.engine.client_state,

@@ -174,7 +174,7 @@ def build_run_tools(cfg: Config) -> RoundTools:
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
     x, y = prep.dataset.x_train.to(prep.device), prep.dataset.y_train.to(prep.device)
-    return make_tools(model.to(prep.device), algorithm, cfg.train, x, y, cfg.seed, cfg.eval.batch_size)
+    return make_tools(model.to(prep.device), algorithm, cfg.train, x, y, cfg.seed, cfg.eval.batch_size, prep.dataset.pixel_norm)
 
 
 def _describe(err: BaseException) -> dict[str, Any]:
