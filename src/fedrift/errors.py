@@ -28,3 +28,8 @@ class DivergenceError(FedriftError):
     def __init__(self, message: str, result: object | None = None) -> None:
         super().__init__(message)
         self.result = result
+
+
+class DataError(FedriftError):
+    """A dataset file that is missing, truncated or not in its published format; the message
+    names the file and what was expected. Raised while loading, before any output is written."""

@@ -86,3 +86,29 @@ class Dataset:
     def inputs(self, x: torch.Tensor) -> torch.Tensor:
         """Model input for rows ``x`` of this dataset (uint8 images normalised, floats as they are)."""
         return self.pixel_norm(x) if self.pixel_norm is not None and x.dtype == torch.uint8 else x
+
+
+def image_dataset(
+    name: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    num_classes: int,
+    train_groups: np.ndarray | None = None,
+    test_groups: np.ndarray | None = None,
+) -> Dataset:
+    """A Dataset of uint8 images ``(n, C, H, W)``, normalised with its training split's
+    per-channel statistics (no test statistic leaks into training)."""
+    xt = torch.from_numpy(np.ascontiguousarray(x_train, dtype=np.uint8))
+    return Dataset(
+        name,
+        xt,
+        torch.from_numpy(np.asarray(y_train, dtype=np.int64)),
+        torch.from_numpy(np.ascontiguousarray(x_test, dtype=np.uint8)),
+        torch.from_numpy(np.asarray(y_test, dtype=np.int64)),
+        num_classes,
+        train_groups,
+        test_groups,
+        pixel_norm=PixelNorm.of(xt),
+    )
