@@ -77,6 +77,11 @@ def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: l
     device = resolve_device(cfg.engine.device)
     root = Path(cfg.data.root).expanduser() if cfg.data.root else None
     dataset = load_dataset(cfg.data.name, root, options["data"])
+    if cfg.data.augment and len(dataset.input_shape) != 3:
+        raise ConfigError(
+            f"data.augment: crops and flips images (channels, height, width); {cfg.data.name} has inputs of "
+            f"shape {dataset.input_shape}; allowed: false with {cfg.data.name}"
+        )
     partition = partition_dataset(dataset, cfg.partition.name, options["partition"], cfg.seed, cfg.partition.holdout)
     return Prepared(cfg, options, dataset, partition, device)
 

@@ -108,11 +108,12 @@ def make_step(
 
 def make_tools(
     model: nn.Module, algorithm: Algorithm, train: Any, x: torch.Tensor, y: torch.Tensor, seed: int,
-    eval_batch: int | None = None, prepare: Callable[..., Any] | None = None,
+    eval_batch: int | None = None, prepare: Callable[..., Any] | None = None, augment: Any = None,
 ) -> Any:
     """The run's ``RoundTools``: apply, the local optimiser (the algorithm's own, else SGD from
     the train section) and the step; one place, for the loop and for worker processes.
-    ``prepare``: the dataset's ``pixel_norm`` for uint8 images (see :func:`make_apply`)."""
+    ``prepare``: the dataset's ``pixel_norm`` for uint8 images (see :func:`make_apply`);
+    ``augment``: the training batches' ``engine.augment.Augment`` (None: off)."""
     from fedrift.engine.executors.base import RoundTools  # executors import this module
     from fedrift.algorithms.terms import CHUNK
     from fedrift.engine.optim import sgd
@@ -125,5 +126,6 @@ def make_tools(
     return RoundTools(
         algorithm, apply, optimizer, make_step(algorithm, apply, optimizer, inplace=True), x, y, seed=seed,
         vmap_apply=make_apply(model, buffers, prepare=prepare), eval_batch=eval_batch or (CHUNK if channels_last else 1024),
-        teacher_memo=TeacherMemo(len(x)) if algorithm.teacher is not None else None,
+        teacher_memo=TeacherMemo(len(x)) if algorithm.teacher is not None and augment is None else None,
+        augment=augment,
     )

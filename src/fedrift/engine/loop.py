@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from fedrift.algorithms.base import Algorithm, RoundInfo
 from fedrift.config import Config
+from fedrift.engine.augment import Augment
 from fedrift.engine.executors.base import ClientJob, Executor, RoundTools
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_tools
@@ -81,7 +82,8 @@ def run_federation(
     sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
     model = model.to(device)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size, fed.pixel_norm)
+    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size, fed.pixel_norm,
+                       Augment.from_config(cfg.data))
     chunk = tools.eval_batch
     apply = tools.apply
     store = ClientStateStore(algorithm.init_client, params, mode=cfg.engine.client_state,

@@ -13,6 +13,7 @@ import torch
 SAMPLING = 1
 BATCHES = 2
 NOISE = 3
+AUGMENT = 4
 
 
 def generator(seed: int, purpose: int, *keys: int) -> np.random.Generator:

@@ -114,7 +114,10 @@ class BatchedExecutor:
             noise = None
             if alg.noise_dim is not None:
                 noise = torch.stack([tools.noise(round_, j.client_id, s, batch_size) for j in jobs])
-            batch = tools.batch(payload, idx_all[s], w_all[s], noise)
+            views = None
+            if tools.augment is not None:
+                views = torch.stack([tools.views(round_, j.client_id, s, batch_size) for j in jobs])
+            batch = tools.batch(payload, idx_all[s], w_all[s], noise, views)
             new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
             if s < min(steps):  # every client still training: nothing to mask (and no pass over the stack)
                 params, opt_state = new_params, new_state

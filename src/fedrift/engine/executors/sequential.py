@@ -41,7 +41,9 @@ class SequentialExecutor:
             aux_sum: dict[str, torch.Tensor] = {}
             for s, idx in enumerate(job.schedule):
                 w = torch.full((idx.numel(),), 1.0 / idx.numel(), device=idx.device)
-                batch = tools.batch(payload, idx, w, tools.noise(round_, job.client_id, s, idx.numel()))
+                n = idx.numel()
+                batch = tools.batch(payload, idx, w, tools.noise(round_, job.client_id, s, n),
+                                    tools.views(round_, job.client_id, s, n))
                 params, opt_state, loss, aux = tools.step(params, opt_state, batch, payload, ctx)
                 loss_sum = loss_sum + loss
                 for k, v in aux.items():
