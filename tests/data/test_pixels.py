@@ -12,7 +12,7 @@ from fedrift.data.base import Dataset, PixelNorm
 
 def test_pixel_norm_matches_numpy_statistics():
     x = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (37, 3, 5, 4), dtype=np.uint8))
-    norm = PixelNorm.of(x, chunk=8)  # several chunks, the last one short
+    norm = PixelNorm.of(x)
     ref = x.numpy().astype(np.float64) / 255.0
     assert np.allclose(norm.mean, ref.mean(axis=(0, 2, 3)), rtol=0, atol=1e-12)
     assert np.allclose(norm.std, ref.std(axis=(0, 2, 3)), rtol=0, atol=1e-12)
