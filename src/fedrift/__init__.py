@@ -3,8 +3,8 @@
 from fedrift.api import RunResult, run
 from fedrift.grid import compare, write_report
 from fedrift.config import Config, load_config
-from fedrift.errors import ConfigError, DivergenceError, FedriftError
+from fedrift.errors import ConfigError, DataError, DivergenceError, FedriftError
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "DivergenceError", "FedriftError", "RunResult", "compare", "load_config", "run",
+__all__ = ["Config", "ConfigError", "DataError", "DivergenceError", "FedriftError", "RunResult", "compare", "load_config", "run",
            "write_report", "__version__"]

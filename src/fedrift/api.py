@@ -78,6 +78,11 @@ def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: l
     device = resolve_device(cfg.engine.device)
     root = Path(cfg.data.root).expanduser() if cfg.data.root else None
     dataset = load_dataset(cfg.data.name, root, options["data"])
+    if cfg.data.augment and len(dataset.input_shape) != 3:
+        raise ConfigError(
+            f"data.augment: crops and flips images (channels, height, width); {cfg.data.name} has inputs of "
+            f"shape {dataset.input_shape}; allowed: false with {cfg.data.name}"
+        )
     partition = partition_dataset(dataset, cfg.partition.name, options["partition"], cfg.seed, cfg.partition.holdout)
     return Prepared(cfg, options, dataset, partition, device)
 
@@ -111,7 +116,7 @@ def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
         seed=prep.config.seed,
         projection_dim=model.projection_dim,
         batch_size=tc.batch_size,
-        apply=make_apply(model.to(prep.device), buffers, prefers_channels_last(model, prep.device)),
+        apply=make_apply(model.to(prep.device), buffers, prefers_channels_last(model, prep.device), prep.dataset.pixel_norm),
         holdout_x=prep.dataset.x_train[held].to(prep.device) if len(held) else None,
         holdout_y=prep.dataset.y_train[held].to(prep.device) if len(held) else None,
     )

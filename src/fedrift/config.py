@@ -38,6 +38,10 @@ class NamedSection(BaseModel):
 class DataConfig(NamedSection):
     name: str = "mnist5k"
     root: str | None = None
+    # local training batches: random crop with zero padding and horizontal flip (engine/augment.py)
+    augment: bool = False
+    crop_padding: Annotated[int, Field(ge=0)] = 4
+    flip: bool = True
 
 
 class PartitionConfig(NamedSection):

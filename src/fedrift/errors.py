@@ -36,3 +36,8 @@ class NoClientsError(DivergenceError):
     the metrics written so far are kept."""
 
     status = "no_clients"
+
+
+class DataError(FedriftError):
+    """A dataset file that is missing, truncated or not in its published format; the message
+    names the file and what was expected. Raised while loading, before any output is written."""

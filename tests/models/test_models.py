@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, FedModel, build_model
 from fedrift.models.mlp import MLPParams
-from fedrift.models.resnet import ResNetParams, group_norm
+from fedrift.models.resnet import ResNet18Params, ResNetParams, group_norm
 
 # (model, options, input shape): every registered model on shapes it should take.
 CASES = [
@@ -24,6 +24,9 @@ CASES = [
     ("logreg", None, (1, 8, 8)),
     ("resnet8", None, (3, 32, 32)),
     ("resnet8", ResNetParams(width=8, group_channels=4), (1, 8, 8)),
+    ("resnet18", ResNet18Params(width=8, group_channels=4), (3, 32, 32)),
+    ("resnet18", ResNet18Params(width=8, group_channels=4), (3, 64, 64)),
+    ("resnet18", ResNet18Params(width=4, group_channels=2, stem="imagenet"), (1, 8, 8)),
 ]
 # Smaller cases for the torch.func checks (3 copies, gradients).
 FUNC_CASES = [
@@ -32,6 +35,8 @@ FUNC_CASES = [
     ("logreg", None, (60,)),
     ("resnet8", ResNetParams(width=8, group_channels=4), (3, 8, 8)),
     ("resnet8", None, (3, 16, 16)),
+    # 16x16: at 8x8 the last stage's groups hold 2 numbers, and GroupNorm turns rounding into 1e-3
+    ("resnet18", ResNet18Params(width=4, group_channels=4), (3, 16, 16)),
 ]
 NUM_CLASSES = 10
 
@@ -46,7 +51,7 @@ def _input(shape, n=4, seed=0):
 
 
 def test_all_registered_models_are_covered():
-    assert sorted({n for n, _, _ in CASES}) == MODELS.names() == ["cnn", "logreg", "mlp", "resnet8"]
+    assert sorted({n for n, _, _ in CASES}) == MODELS.names() == ["cnn", "logreg", "mlp", "resnet18", "resnet8"]
 
 
 @pytest.mark.parametrize("name,options,shape", CASES, ids=_ids(CASES))
@@ -139,7 +144,7 @@ def test_seeded_build(name, options, shape):
     assert torch.equal(drawn, torch.rand(3))
 
 
-@pytest.mark.parametrize("name", ["cnn", "resnet8"])
+@pytest.mark.parametrize("name", ["cnn", "resnet8", "resnet18"])
 def test_image_models_refuse_vectors(name):
     with pytest.raises(ConfigError) as err:
         build_model(name, None, (60,), NUM_CLASSES, seed=0)
@@ -211,3 +216,29 @@ def test_vmap_grad_matches_autograd(name, options, shape):
         F.cross_entropy(m(x), y).backward()
         for k, p in m.named_parameters():
             torch.testing.assert_close(grads[k][i], p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_resnet18_parameter_counts_are_the_published_ones():
+    """GroupNorm has BatchNorm's affine parameters, so the counts are the BatchNorm models':
+    the CIFAR ResNet-18 (3x3 stem) on 10 classes, and torchvision's resnet18 (7x7 stem) on
+    1,000 classes (11,689,512) with its classifier cut to 200 classes (Tiny-ImageNet)."""
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    cifar = build_model("resnet18", None, (3, 32, 32), 10, seed=0)
+    assert count(cifar) == 11_173_962 and cifar.stem_kind == "cifar" and cifar.feature_dim == 512
+    tiny = build_model("resnet18", None, (3, 64, 64), 200, seed=0)
+    assert tiny.stem_kind == "imagenet" and tiny.stem.kernel_size == (7, 7)
+    assert count(tiny) == 11_689_512 - (512 * 1000 + 1000) + (512 * 200 + 200)
+    assert build_model("resnet18", ResNet18Params(stem="cifar"), (3, 64, 64), 200, seed=0).stem_kind == "cifar"
+
+
+def test_resnet18_stages_groups_and_projection_head():
+    model = build_model("resnet18", ResNet18Params(width=8, group_channels=4, projection_dim=6), (3, 32, 32), 5, seed=0)
+    norms = {(m.num_channels, m.num_groups) for m in model.modules() if isinstance(m, nn.GroupNorm)}
+    assert norms == {(8, 2), (16, 4), (32, 8), (64, 16)}
+    assert model.feature_dim == 6 and model.proj[0].in_features == 64 and model.fc.in_features == 6
+    x = _input((3, 32, 32))
+    h = model(x, mode="features")
+    assert h.shape == (4, 6) and model(x).shape == (4, 5)
+    # 32x32 through the CIFAR stem and three stride-2 stages: 4x4 before the pooling
+    inner = model.layer4(model.layer3(model.layer2(model.layer1(F.relu(model.stem_norm(model.stem(x)))))))
+    assert inner.shape == (4, 64, 4, 4)

@@ -85,7 +85,7 @@ def require_projection(name: str, setup: Setup) -> None:
     if setup.projection_dim is None:
         raise ConfigError(
             f"model.projection_dim: algorithm {name} needs a model with a projection head and this "
-            "model has none; set model.projection_dim (256 in the paper, as MOON's) on cnn, mlp or resnet8"
+            "model has none; set model.projection_dim (256 in the paper, as MOON's) on cnn, mlp, resnet8 or resnet18"
         )
 
 

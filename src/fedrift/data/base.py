@@ -2,28 +2,77 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 
 @dataclass(frozen=True)
+class PixelNorm:
+    """How uint8 images become model inputs: ``(x / 255 - mean[c]) / std[c]`` per channel.
+
+    Image datasets keep their pixels as uint8 (CIFAR-10's train set: 150 MB, not 600 MB as
+    float32) and every batch is turned into float32 on the device when a model reads it
+    (``engine.local.make_apply``): one multiply-add per element, where the batch already is.
+    """
+
+    mean: tuple[float, ...]  # per channel, of x / 255
+    std: tuple[float, ...]
+    _consts: dict = field(default_factory=dict, compare=False, repr=False)  # device -> (scale, shift)
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> "PixelNorm":
+        """Per-channel mean and std of uint8 images ``(n, C, H, W)`` (a training split), from
+        each channel's exact histogram of the 256 grey levels: no float copy of the set, and
+        on CIFAR-10's train set 0.45 s where float64 sums over chunks took 4.4 s."""
+        levels = torch.arange(256, dtype=torch.float64) / 255.0
+        means, stds = [], []
+        for c in range(x.shape[1]):
+            counts = torch.bincount(x[:, c].reshape(-1), minlength=256).to(torch.float64)
+            total = counts.sum().clamp(min=1)
+            mean = (counts * levels).sum() / total
+            var = (counts * (levels - mean) ** 2).sum() / total
+            std = float(var.sqrt())
+            means.append(float(mean))
+            stds.append(std if std > 1e-6 else 1.0)  # a constant channel (std: rounding noise): shift only
+        return cls(tuple(means), tuple(stds))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 inputs from uint8 images ``(..., C, H, W)``, on ``x``'s device."""
+        consts = self._consts.get(x.device)
+        if consts is None:
+            std = torch.tensor(self.std, dtype=torch.float64)
+            scale = (1.0 / (255.0 * std)).float().view(-1, 1, 1)
+            shift = (-torch.tensor(self.mean, dtype=torch.float64) / std).float().view(-1, 1, 1)
+            consts = self._consts[x.device] = (scale.to(x.device), shift.to(x.device))
+        scale, shift = consts
+        return x.to(torch.float32) * scale + shift
+
+
+@dataclass(frozen=True)
 class Dataset:
     """Train and test tensors, held whole in memory; clients are index arrays into them.
 
-    ``train_groups``/``test_groups`` carry a natural client id per sample (the writer, the
-    generator's device) for datasets that have one, else None.
+    ``x`` is float32 model input, or uint8 images ``(n, C, H, W)`` with ``pixel_norm`` saying
+    how a batch becomes model input (:meth:`inputs`). ``train_groups``/``test_groups`` carry
+    a natural client id per sample (the writer, the generator's device) for datasets that
+    have one, else None.
     """
 
     name: str
-    x_train: torch.Tensor  # float32, shape (n_train, *input_shape)
+    x_train: torch.Tensor  # float32 or uint8, shape (n_train, *input_shape)
     y_train: torch.Tensor  # int64, shape (n_train,)
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
     train_groups: np.ndarray | None = None  # int64 (n_train,)
     test_groups: np.ndarray | None = None  # int64 (n_test,)
+    pixel_norm: PixelNorm | None = None  # set exactly when x is uint8
+
+    def __post_init__(self) -> None:
+        if (self.x_train.dtype == torch.uint8) != (self.pixel_norm is not None):
+            raise ValueError("Dataset: uint8 images need a pixel_norm, float inputs take none")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -32,3 +81,33 @@ class Dataset:
     @property
     def num_train(self) -> int:
         return int(self.y_train.shape[0])
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Model input for rows ``x`` of this dataset (uint8 images normalised, floats as they are)."""
+        return self.pixel_norm(x) if self.pixel_norm is not None and x.dtype == torch.uint8 else x
+
+
+def image_dataset(
+    name: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    num_classes: int,
+    train_groups: np.ndarray | None = None,
+    test_groups: np.ndarray | None = None,
+) -> Dataset:
+    """A Dataset of uint8 images ``(n, C, H, W)``, normalised with its training split's
+    per-channel statistics (no test statistic leaks into training)."""
+    xt = torch.from_numpy(np.ascontiguousarray(x_train, dtype=np.uint8))
+    return Dataset(
+        name,
+        xt,
+        torch.from_numpy(np.asarray(y_train, dtype=np.int64)),
+        torch.from_numpy(np.ascontiguousarray(x_test, dtype=np.uint8)),
+        torch.from_numpy(np.asarray(y_test, dtype=np.int64)),
+        num_classes,
+        train_groups,
+        test_groups,
+        pixel_norm=PixelNorm.of(xt),
+    )

@@ -16,8 +16,14 @@ Params = dict[str, torch.Tensor]
 StepFn = Callable[[Params, Any, dict, dict, dict], tuple[Params, Any, torch.Tensor, dict]]
 
 
-def make_apply(model: nn.Module, buffers: dict[str, torch.Tensor], channels_last: bool = False) -> Callable[..., Any]:
+def make_apply(
+    model: nn.Module, buffers: dict[str, torch.Tensor], channels_last: bool = False, prepare: Callable[..., Any] | None = None
+) -> Callable[..., Any]:
     """``apply(params, x, mode)``: the model run with given parameters (strict: no fallbacks).
+
+    ``prepare`` turns uint8 image rows into model input (``data.base.PixelNorm``): every
+    caller (training steps, teachers, evaluation) hands ``apply`` raw rows of the dataset,
+    so this is the one place where a batch is normalised, on its device.
 
     ``channels_last=True`` hands every 4-D parameter (convolution kernels) to the model in the
     channels-last layout, a differentiable copy of a few kB per call: oneDNN then runs the
@@ -28,6 +34,8 @@ def make_apply(model: nn.Module, buffers: dict[str, torch.Tensor], channels_last
     """
 
     def apply(params: Params, x: torch.Tensor, mode: str = "logits") -> Any:
+        if prepare is not None and x.dtype == torch.uint8:
+            x = prepare(x)
         return functional_call(model, (params, buffers), (x,), {"mode": mode}, strict=True)
 
     if not channels_last:
@@ -105,11 +113,13 @@ def make_step(
 
 
 def make_tools(
-    model: nn.Module, algorithm: Algorithm, train: Any, x: torch.Tensor, y: torch.Tensor, seed: int, eval_batch: int | None = None,
-    privacy: Any = None,
+    model: nn.Module, algorithm: Algorithm, train: Any, x: torch.Tensor, y: torch.Tensor, seed: int,
+    eval_batch: int | None = None, prepare: Callable[..., Any] | None = None, augment: Any = None, privacy: Any = None,
 ) -> Any:
     """The run's ``RoundTools``: apply, the local optimiser (the algorithm's own, else SGD from
-    the train section) and the step; one place, for the loop and for worker processes."""
+    the train section) and the step; one place, for the loop and for worker processes.
+    ``prepare``: the dataset's ``pixel_norm`` for uint8 images (see :func:`make_apply`);
+    ``augment``: the training batches' ``engine.augment.Augment`` (None: off)."""
     from fedrift.engine.executors.base import RoundTools  # executors import this module
     from fedrift.algorithms.terms import CHUNK
     from fedrift.engine.optim import sgd
@@ -117,14 +127,14 @@ def make_tools(
 
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     channels_last = prefers_channels_last(model, x.device)
-    apply = make_apply(model, buffers, channels_last)
+    apply = make_apply(model, buffers, channels_last, prepare)
     optimizer = algorithm.optimizer or sgd(train.lr, train.momentum, train.weight_decay, train.clip_grad_norm)
     # sample-level DP without clipping has no noise either (config): plain SGD, as FedAvg
     dp = (privacy.clip, privacy.noise_multiplier) if privacy is not None and privacy.level == "sample" and privacy.clip else None
     shapes = tuple((k, tuple(v.shape)) for k, v in model.named_parameters()) if dp is not None else None
     return RoundTools(
         algorithm, apply, optimizer, make_step(algorithm, apply, optimizer, inplace=True, dp=dp), x, y, seed=seed,
-        dp=dp, dp_shapes=shapes,
-        vmap_apply=make_apply(model, buffers), eval_batch=eval_batch or (CHUNK if channels_last else 1024),
-        teacher_memo=TeacherMemo(len(x)) if algorithm.teacher is not None else None,
+        vmap_apply=make_apply(model, buffers, prepare=prepare), eval_batch=eval_batch or (CHUNK if channels_last else 1024),
+        teacher_memo=TeacherMemo(len(x)) if algorithm.teacher is not None and augment is None else None,
+        augment=augment, dp=dp, dp_shapes=shapes,
     )

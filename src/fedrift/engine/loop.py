@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from fedrift.algorithms.base import Algorithm, RoundInfo
 from fedrift.config import Config
+from fedrift.engine.augment import Augment
 from fedrift.engine.executors.base import ClientJob, Executor, RoundTools
 from fedrift.engine.failures import fates, train_clients
 from fedrift.engine.federation import Federation, client_job
@@ -83,7 +84,8 @@ def run_federation(
     sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
     model = model.to(device)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size, cfg.privacy)
+    tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size, fed.pixel_norm,
+                       Augment.from_config(cfg.data), cfg.privacy)
     accountant = None if cfg.privacy.level == "none" else Accountant(
         cfg.privacy, m, fed.num_clients, list(fed.sizes), tc.batch_size, tc.local_epochs, tc.local_steps)
     epsilon = None

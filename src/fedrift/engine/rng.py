@@ -13,10 +13,11 @@ import torch
 SAMPLING = 1
 BATCHES = 2
 NOISE = 3
-DROPOUT = 4  # engine.dropout: does a sampled client return
-STRAGGLERS = 5  # engine.stragglers: does it stop early, and after how much of its work
-PRIVACY_SAMPLE = 6  # privacy.level sample: DP-SGD noise, per (round, client, step)
-PRIVACY_CLIENT = 7  # privacy.level client: DP-FedAvg noise on the round's sum, per round
+AUGMENT = 4  # data.augment: each training row's crop and flip
+DROPOUT = 5  # engine.dropout: does a sampled client return
+STRAGGLERS = 6  # engine.stragglers: does it stop early, and after how much of its work
+PRIVACY_SAMPLE = 7  # privacy.level sample: DP-SGD noise, per (round, client, step)
+PRIVACY_CLIENT = 8  # privacy.level client: DP-FedAvg noise on the round's sum, per round
 
 
 def generator(seed: int, purpose: int, *keys: int) -> np.random.Generator:

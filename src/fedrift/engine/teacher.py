@@ -2,8 +2,9 @@
 and a model's outputs reused across rounds while it stays a teacher.
 
 In every distillation method here the teacher is fixed for the round and the same for all
-clients (it comes from the broadcast), and the data are not augmented, so its outputs are a
-function of the sample alone. The engine computes them once for the round's clients, in
+clients (it comes from the broadcast), so without augmentation its outputs are a function of
+the sample alone. (With ``data.augment`` they are not: the teacher runs on each step's
+augmented batch, the student's view, and no table or memo is kept.) The engine computes them once for the round's clients, in
 large no-grad batches, into a table indexed by training-sample index; each local step reads
 its rows as ``batch["teacher"]``. With ``engine.teacher_cache: false`` the executors call the
 algorithm's ``teacher`` hook on every batch instead (same values up to float rounding).
@@ -130,7 +131,10 @@ def teacher_table(tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJ
 
 
 def with_teacher(tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], cache: bool) -> RoundTools:
-    """The round's tools, carrying the teacher table when the algorithm has a cacheable teacher."""
-    if tools.algorithm.teacher is None or not cache:
+    """The round's tools, carrying the teacher table when the algorithm has a cacheable teacher.
+
+    With augmentation there is none: the teacher must see the view the student trains on,
+    new at every step, so it runs on each augmented batch (``RoundTools.batch``)."""
+    if tools.algorithm.teacher is None or not cache or tools.augment is not None:
         return tools
     return replace(tools, teacher_cache=teacher_table(tools, payload, jobs))

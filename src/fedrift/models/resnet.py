@@ -1,5 +1,6 @@
-"""``resnet8``: the CIFAR ResNet-8 of FedDF (Lin et al. 2020) and FedGKD (Yao et al. 2023),
-with GroupNorm in place of BatchNorm.
+"""``resnet8``: the CIFAR ResNet-8 of FedDF (Lin et al. 2020) and FedGKD (Yao et al. 2023), and
+``resnet18`` (He et al. 2016; FedGKD's CIFAR-100 and Tiny-ImageNet model), with GroupNorm in
+place of BatchNorm.
 
 A 3x3 convolution stem of ``width`` channels, then three stages of one BasicBlock each
 (widths ``width``, ``2*width``, ``4*width``; strides 1, 2, 2), global average pooling (the
@@ -11,7 +12,7 @@ parameters. Option ``projection_dim`` adds a projection head before ``fc`` (see
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field
@@ -117,3 +118,76 @@ class ResNet8(FedModel):
 )
 def build_resnet8(options: ResNetParams, input_shape: tuple[int, ...], num_classes: int) -> ResNet8:
     return ResNet8(tuple(input_shape), num_classes, options.width, options.group_channels, options.projection_dim)
+
+
+@params
+class ResNet18Params:
+    """``width``: channels of the first stage (64 as published; stages ``w, 2w, 4w, 8w``);
+    ``group_channels``: channels per GroupNorm group (16 as in FedGKD); ``stem``: ``cifar``
+    (one 3x3 convolution, stride 1: for 32x32 inputs), ``imagenet`` (7x7 stride 2 and a 3x3
+    max-pool: the usual one, for 64x64 and up) or ``auto`` (cifar up to 32x32, else imagenet).
+    ``projection_dim``: the optional projection head (see ``ResNetParams``)."""
+
+    width: Annotated[int, Field(ge=1)] = 64
+    group_channels: Annotated[int, Field(ge=1)] = 16
+    stem: Literal["auto", "cifar", "imagenet"] = "auto"
+    projection_dim: Annotated[int, Field(ge=1)] | None = None
+
+
+class ResNet18(FedModel):
+    """A stem, four stages of two BasicBlocks (strides 1, 2, 2, 2), global average pooling
+    (the representation, ``8*width`` wide) and ``fc``. Width 64 with the CIFAR stem on
+    3x32x32 and 10 classes: 11,173,962 parameters (as the usual CIFAR ResNet-18); with the
+    ImageNet stem and 1,000 classes: torchvision's 11,689,512."""
+
+    head_prefixes = ("fc",)
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        width: int = 64,
+        group_channels: int = 16,
+        stem: str = "auto",
+        projection_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.input_shape = tuple(input_shape)
+        self.num_classes = num_classes
+        if stem == "auto":
+            stem = "cifar" if max(input_shape[1:]) <= 32 else "imagenet"
+        self.stem_kind = stem
+        if stem == "cifar":
+            self.stem = _conv3x3(input_shape[0], width)
+        else:
+            self.stem = nn.Conv2d(input_shape[0], width, kernel_size=7, stride=2, padding=3, bias=False)
+        self.stem_norm = group_norm(width, group_channels)
+        widths = [width, 2 * width, 4 * width, 8 * width]
+        cin = width
+        for i, (cout, stride) in enumerate(zip(widths, (1, 2, 2, 2)), 1):
+            blocks = [BasicBlock(cin, cout, stride, group_channels), BasicBlock(cout, cout, 1, group_channels)]
+            setattr(self, f"layer{i}", nn.Sequential(*blocks))
+            cin = cout
+        self._classifier(8 * width, num_classes, projection_dim)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.stem_norm(self.stem(x)))
+        if self.stem_kind == "imagenet":
+            x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.proj(x.mean(dim=(-2, -1)))
+
+
+@register_model(
+    "resnet18",
+    "ResNet-18 with GroupNorm; CIFAR stem up to 32x32, ImageNet stem above (model.stem); (C,H,W), H,W >= 8",
+    ResNet18Params,
+    _check,
+)
+def build_resnet18(options: ResNet18Params, input_shape: tuple[int, ...], num_classes: int) -> ResNet18:
+    return ResNet18(
+        tuple(input_shape), num_classes, options.width, options.group_channels, options.stem, options.projection_dim
+    )

@@ -36,7 +36,7 @@ def run_features(run: Run, points: int = 1000, seed: int = 0) -> tuple[np.ndarra
     idx = np.sort(np.random.default_rng(seed).choice(n, size=min(points, n), replace=False))
     x = ds.x_test[torch.as_tensor(idx)]
     with torch.no_grad():
-        h = torch.cat([model(x[i : i + 512], mode="features") for i in range(0, len(x), 512)])
+        h = torch.cat([model(ds.inputs(x[i : i + 512]), mode="features") for i in range(0, len(x), 512)])
     return h.reshape(len(h), -1).double().numpy(), ds.y_test[torch.as_tensor(idx)].numpy()
 
 

@@ -72,6 +72,7 @@ class RoundTools:
     vmap_apply: Callable[..., Any] | None = None  # ``apply`` usable under vmap (None: ``apply`` is)
     eval_batch: int = 1024  # rows per inference pass (``eval.batch_size`` resolved for the model)
     teacher_memo: Any = None  # engine.teacher.TeacherMemo: teacher outputs kept across rounds
+    augment: Any = None  # engine.augment.Augment: training batches' random crop and flip (None: off)
     dp: tuple[float, float] | None = None  # sample-level DP: (clip C, noise multiplier z) of the step
     dp_shapes: tuple[tuple[str, tuple[int, ...]], ...] | None = None  # ... and the parameters' shapes
 
@@ -96,6 +97,11 @@ class RoundTools:
         dim = self.algorithm.noise_dim
         return None if dim is None else step_noise(self.seed, round_, client, step, rows, dim, self.x.device)
 
+    def views(self, round_: int, client: int, step: int, rows: int) -> torch.Tensor | None:
+        """The step's augmentation draws (``Augment.views``) when ``data.augment`` is on."""
+        aug = self.augment
+        return None if aug is None else aug.views(self.seed, round_, client, step, rows, self.x.device)
+
     def dp_noise(self, round_: int, client: int, step: int) -> dict[str, torch.Tensor] | None:
         """The step's ``batch["dp_noise"]`` under sample-level DP: standard normal, shaped like
         the parameters, a pure function of (seed, round, client, step)."""
@@ -105,12 +111,17 @@ class RoundTools:
 
     def batch(
         self, payload: dict[str, Any], idx: torch.Tensor, w: torch.Tensor, noise: torch.Tensor | None = None,
-        dp_noise: dict[str, torch.Tensor] | None = None,
+        views: torch.Tensor | None = None, dp_noise: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, Any]:
-        """A local step's batch: inputs, labels, sample weights, the step's noise and DP noise
-        if any, and teacher outputs if any (rows of the round's cached table, or computed on
-        the batch when caching is off)."""
-        out = {"x": rows(self.x, idx), "y": rows(self.y, idx), "w": w}
+        """A local step's batch: inputs (augmented by ``views``, one row per sample of ``idx``,
+        when given), labels, sample weights, the step's noise and DP noise if any, and teacher
+        outputs if any (rows of the round's cached table, or computed on the batch, so on its
+        augmented view, when there is no table)."""
+        x = rows(self.x, idx)
+        if views is not None:
+            lead = idx.dim()
+            x = self.augment(x.reshape(-1, *x.shape[lead:]), views.reshape(-1, 3)).view(x.shape)
+        out = {"x": x, "y": rows(self.y, idx), "w": w}
         if noise is not None:
             out["noise"] = noise
         if dp_noise is not None:

@@ -114,8 +114,11 @@ class BatchedExecutor:
             noise = None
             if alg.noise_dim is not None:
                 noise = torch.stack([tools.noise(round_, j.client_id, s, batch_size) for j in jobs])
+            views = None
+            if tools.augment is not None:
+                views = torch.stack([tools.views(round_, j.client_id, s, batch_size) for j in jobs])
             dp_noise = stack([tools.dp_noise(round_, j.client_id, s) for j in jobs]) if tools.dp is not None else None
-            batch = tools.batch(payload, idx_all[s], w_all[s], noise, dp_noise)
+            batch = tools.batch(payload, idx_all[s], w_all[s], noise=noise, views=views, dp_noise=dp_noise)
             new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
             if s < min(steps):  # every client still training: nothing to mask (and no pass over the stack)
                 params, opt_state = new_params, new_state

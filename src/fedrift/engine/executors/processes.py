@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from fedrift.config import Config
+from fedrift.engine.augment import Augment
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.engine.teacher import with_teacher
@@ -174,7 +175,8 @@ def build_run_tools(cfg: Config) -> RoundTools:
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
     x, y = prep.dataset.x_train.to(prep.device), prep.dataset.y_train.to(prep.device)
-    return make_tools(model.to(prep.device), algorithm, cfg.train, x, y, cfg.seed, cfg.eval.batch_size, cfg.privacy)
+    return make_tools(model.to(prep.device), algorithm, cfg.train, x, y, cfg.seed, cfg.eval.batch_size,
+                      prep.dataset.pixel_norm, Augment.from_config(cfg.data), cfg.privacy)
 
 
 def _describe(err: BaseException) -> dict[str, Any]:

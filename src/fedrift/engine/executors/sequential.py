@@ -41,8 +41,9 @@ class SequentialExecutor:
             aux_sum: dict[str, torch.Tensor] = {}
             for s, idx in enumerate(job.schedule):
                 w = torch.full((idx.numel(),), 1.0 / idx.numel(), device=idx.device)
-                batch = tools.batch(payload, idx, w, tools.noise(round_, job.client_id, s, idx.numel()),
-                                    tools.dp_noise(round_, job.client_id, s))
+                n = idx.numel()
+                batch = tools.batch(payload, idx, w, noise=tools.noise(round_, job.client_id, s, n),
+                                    views=tools.views(round_, job.client_id, s, n), dp_noise=tools.dp_noise(round_, job.client_id, s))
                 params, opt_state, loss, aux = tools.step(params, opt_state, batch, payload, ctx)
                 loss_sum = loss_sum + loss
                 for k, v in aux.items():

@@ -1,0 +1,93 @@
+"""FEMNIST from LEAF's JSON shards, with each writer as a natural client.
+
+``data.root`` holds LEAF's ``train/`` and ``test/`` folders (``leaf/data/femnist/data``),
+each of ``*.json`` shards ``{"users": [...], "num_samples": [...], "user_data": {user:
+{"x": [[784 floats]], "y": [ints]}}}``. Pixels are LEAF's floats in [0, 1]; being multiples
+of 1/255 they are kept as uint8 (``x * 255``, exact), else as float32 inputs. Writers are the
+``natural`` partition's groups (``partition.name=natural``), numbered by sorted writer id.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrift.data import DATASETS
+from fedrift.data.base import Dataset, image_dataset
+from fedrift.data.files import DataError, malformed, need_dir, need_root
+
+CLASSES = 62  # digits, upper and lower case letters
+EXPECTED = 'a LEAF JSON shard: {"users": [...], "num_samples": [...], "user_data": {user: {"x": [[784 floats]], "y": [ints]}}}'
+
+
+def _shard(path: Path) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
+    try:
+        doc: Any = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise malformed(path, EXPECTED, f"{type(err).__name__}: {err}") from None
+    if not isinstance(doc, dict) or not all(k in doc for k in ("users", "num_samples", "user_data")):
+        raise malformed(path, EXPECTED, "missing users, num_samples or user_data")
+    users, counts, data = doc["users"], doc["num_samples"], doc["user_data"]
+    if not isinstance(users, list) or not isinstance(counts, list) or len(users) != len(counts) or not isinstance(data, dict):
+        raise malformed(path, EXPECTED, "users and num_samples differ in length")
+    xs, ys = [], []
+    for user, n in zip(users, counts):
+        d = data.get(user)
+        if not isinstance(d, dict) or "x" not in d or "y" not in d:
+            raise malformed(path, EXPECTED, f"user_data has no x and y for user {user!r}")
+        try:
+            x = np.asarray(d["x"], dtype=np.float32)
+            y = np.asarray(d["y"], dtype=np.int64)
+        except (ValueError, TypeError) as err:
+            raise malformed(path, EXPECTED, f"user {user!r}: {err}") from None
+        if x.shape != (n, 784) or y.shape != (n,):
+            raise malformed(path, EXPECTED, f"user {user!r}: num_samples {n}, x {x.shape}, y {y.shape}")
+        if n and (y.min() < 0 or y.max() >= CLASSES or x.min() < 0 or x.max() > 1):
+            raise malformed(path, EXPECTED, f"user {user!r}: labels outside 0..{CLASSES - 1} or pixels outside [0, 1]")
+        xs.append(x)
+        ys.append(y)
+    return [str(u) for u in users], xs, ys
+
+
+def _split(folder: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    shards = sorted(need_dir(folder, "LEAF's JSON shards (*.json)").glob("*.json"))
+    if not shards:
+        raise DataError(f"data: {folder} has no .json shards; expected {EXPECTED}")
+    users, xs, ys = [], [], []
+    for path in shards:
+        u, x, y = _shard(path)
+        users += [name for name, part in zip(u, y) for _ in range(len(part))]
+        xs += x
+        ys += y
+    return np.concatenate(xs), np.concatenate(ys), users
+
+
+@DATASETS.register(
+    "femnist", "FEMNIST from LEAF's JSON shards in data.root/train, test (1x28x28, 62 classes, writers: natural)"
+)
+def load_femnist(root: Path | None, options: None) -> Dataset:
+    root = need_root(root, "femnist", "LEAF's train/ and test/ folders of JSON shards")
+    x_train, y_train, u_train = _split(root / "train")
+    x_test, y_test, u_test = _split(root / "test")
+    # train writers first, so that client k is the k-th writer; writers seen only in test
+    # get ids after them (no client's local test set takes their samples)
+    names = sorted(set(u_train)) + sorted(set(u_test) - set(u_train))
+    ids = {u: k for k, u in enumerate(names)}
+    g_train = np.asarray([ids[u] for u in u_train], dtype=np.int64)
+    g_test = np.asarray([ids[u] for u in u_test], dtype=np.int64)
+    scaled_train, scaled_test = x_train * 255, x_test * 255
+    exact = all(np.abs(s - np.round(s)).max(initial=0) < 1e-3 for s in (scaled_train, scaled_test))
+    shape = (-1, 1, 28, 28)
+    if exact:
+        return image_dataset(
+            "femnist", np.round(scaled_train).astype(np.uint8).reshape(shape), y_train,
+            np.round(scaled_test).astype(np.uint8).reshape(shape), y_test, CLASSES, g_train, g_test,
+        )
+    return Dataset(
+        "femnist", torch.from_numpy(x_train.reshape(shape)), torch.from_numpy(y_train),
+        torch.from_numpy(x_test.reshape(shape)), torch.from_numpy(y_test), CLASSES, g_train, g_test,
+    )
