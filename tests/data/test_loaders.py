@@ -275,3 +275,32 @@ def test_femnist_missing_split_folder(tmp_path):
     __import__("shutil").rmtree(tmp_path / "test")
     with pytest.raises(DataError, match="folder .*test is missing"):
         load("femnist", tmp_path)
+
+
+def test_femnist_pixels_that_are_not_grey_levels_stay_floats(tmp_path):
+    import json
+
+    formats.femnist(tmp_path)
+    for shard in (tmp_path / "train").glob("*.json"):
+        doc = json.loads(shard.read_text())
+        for d in doc["user_data"].values():
+            d["x"] = [[0.5] * 784 for _ in d["x"]]  # 127.5 / 255: no grey level
+        shard.write_text(json.dumps(doc))
+    ds = load("femnist", tmp_path)
+    assert ds.pixel_norm is None and ds.x_train.dtype == torch.float32
+    assert torch.all(ds.x_train == 0.5)
+    # the test split (grey levels) comes back as floats too, k / 255
+    test_doc = json.loads(sorted((tmp_path / "test").glob("*.json"))[0].read_text())
+    first = np.asarray(test_doc["user_data"][test_doc["users"][0]]["x"][0], dtype=np.float32)
+    assert np.allclose(ds.x_test[0].numpy().ravel(), first, atol=1e-7)
+
+
+def test_cifar_archive_without_a_batch_is_refused(tmp_path, monkeypatch):
+    folder = formats.cifar10(tmp_path / "src")
+    (folder / "data_batch_5").unlink()
+    packed = formats.archive(folder, tmp_path / "cifar-10-python.tar.gz")
+    from fedrift.data.files import md5sum
+
+    monkeypatch.setattr(cifar, "CIFAR10", dataclasses.replace(cifar.CIFAR10, md5=md5sum(packed)))
+    with pytest.raises(DataError, match=r"cifar-10-python.tar.gz:cifar-10-batches-py/data_batch_5 is missing from the archive"):
+        load("cifar10", tmp_path)

@@ -108,6 +108,12 @@ def test_the_teacher_sees_the_students_augmented_view(tiny):
     batch = tools.batch({}, idx, torch.full((5,), 0.2), views=tools.views(1, 0, 0, 5))
     assert torch.equal(batch["teacher"]["seen"], batch["x"])
     assert not torch.equal(batch["x"], x[idx])  # the view is not the stored image
+    # nor a cross-round memo: a model's outputs on the stored images are never the student's view
+    from fedrift.engine.local import make_tools
+
+    model = build_model("mlp", None, (1, 8, 8), 10, 0)
+    assert make_tools(model, algorithm, prep.config.train, x, y, 0).teacher_memo is not None
+    assert make_tools(model, algorithm, prep.config.train, x, y, 0, augment=Augment()).teacher_memo is None
 
 
 def test_augment_needs_images(capsys, tmp_path):

@@ -15,6 +15,7 @@ order, so a reshape gives (N, 3, 32, 32). Images stay uint8 (``data.base.PixelNo
 
 from __future__ import annotations
 
+import io
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,20 +73,22 @@ def _reader(root: Path, fmt: CifarFormat) -> Reader:
             f"{fmt.folder} folder ({', '.join(names)}) or the published archive"
         )
     check_md5(archive, fmt.md5)
-    try:
-        tar = tarfile.open(archive, "r:gz")
-        members = {m.name: m for m in tar.getmembers() if m.isfile()}
+    wanted = {f"{fmt.folder}/{n}": n for n in names}
+    files: dict[str, bytes] = {}
+    try:  # one pass over the archive (gzip streams), keeping the set's files as bytes
+        with tarfile.open(archive, "r:gz") as tar:
+            for info in tar:
+                if info.isfile() and info.name in wanted:
+                    f = tar.extractfile(info)
+                    files[wanted[info.name]] = f.read() if f is not None else b""
     except (tarfile.TarError, OSError, EOFError) as err:
         raise malformed(archive, f"the {fmt.archive} archive", str(err)) from None
 
     def read(member: str) -> tuple[Any, str]:
         where = f"{archive}:{fmt.folder}/{member}"
-        info = members.get(f"{fmt.folder}/{member}")
-        if info is None:
+        if member not in files:
             raise DataError(f"data: {where} is missing from the archive; expected {_what(fmt, member)}")
-        f = tar.extractfile(info)
-        assert f is not None  # a regular member
-        return load_pickle(f, where, _what(fmt, member)), where
+        return load_pickle(io.BytesIO(files[member]), where, _what(fmt, member)), where
 
     return read
 

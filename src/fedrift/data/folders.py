@@ -64,7 +64,7 @@ def load_imagefolder(root: Path | None, options: ImageFolderParams) -> Dataset:
         raise DataError(f"data: {top} has no class folders; expected {top}/<class>/<image files>")
     for name in classes:
         if not image_files(top / name):
-            raise DataError(f"data: {top / name} has no image files; expected images ({', '.join(('.jpg', '.png', '...'))})")
+            raise DataError(f"data: {top / name} has no image files; expected images (.jpg, .png, ...) of class {name}")
     size, ch = options.size, options.channels
     if split:
         extra = sorted(p.name for p in (root / "test").iterdir() if p.is_dir() and p.name not in classes)

@@ -57,6 +57,13 @@ def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, kernel_size=3, stride=stride, padding=1, bias=False)
 
 
+def _init_convs(model: nn.Module) -> None:
+    """He initialisation (fan-out, ReLU) of every convolution, as torchvision's ResNets."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+
 class BasicBlock(nn.Module):
     """conv3x3-GN-ReLU-conv3x3-GN plus a shortcut (1x1 conv + GN when the shape changes)."""
 
@@ -100,9 +107,7 @@ class ResNet8(FedModel):
         self.stage2 = BasicBlock(width, 2 * width, 2, group_channels)
         self.stage3 = BasicBlock(2 * width, 4 * width, 2, group_channels)
         self._classifier(4 * width, num_classes, projection_dim)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        _init_convs(self)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.stem_norm(self.stem(x)))
@@ -169,9 +174,7 @@ class ResNet18(FedModel):
             setattr(self, f"layer{i}", nn.Sequential(*blocks))
             cin = cout
         self._classifier(8 * width, num_classes, projection_dim)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        _init_convs(self)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.stem_norm(self.stem(x)))
