@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedrift.api import prepare, run_prepared
+import fedrift
+from fedrift.api import prepare, resolve_options, run_prepared
 from fedrift.data.base import Dataset, PixelNorm
+from fedrift.models import build_model
 
 
 def test_pixel_norm_matches_numpy_statistics():
@@ -88,3 +90,21 @@ def test_federation_keeps_images_as_uint8(tiny):
     fed = Federation(as_uint8, prep.partition, torch.device("cpu"))
     assert fed.x.dtype == torch.uint8 and fed.x_test.dtype == torch.uint8
     assert fed.x.element_size() * fed.x.numel() == as_uint8.x_train.numel()
+
+
+def test_tsne_features_of_a_uint8_run_are_those_of_the_normalised_images(tiny, tmp_path):
+    """The report rebuilds the model and feeds it the test images: normalised, as in training."""
+    from fedrift.report.table import load_run
+    from fedrift.report.tsne import run_features
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (40, 6, 6, 3), dtype=np.uint8)
+    np.savez(tmp_path / "d.npz", x_train=x[:30], y_train=np.arange(30) % 3, x_test=x[30:], y_test=np.arange(10) % 3)
+    result = fedrift.run(tiny(data={"name": "npz", "root": str(tmp_path)}, partition={"name": "iid", "num_clients": 3}))
+    h, y = run_features(load_run(result.output_dir), points=10)
+    prep = prepare(tiny(data={"name": "npz", "root": str(tmp_path)}))
+    model = build_model("mlp", resolve_options(prep.config)["model"], (3, 6, 6), 3, 0)
+    model.load_state_dict(result.global_state)
+    with torch.no_grad():
+        want = model(prep.dataset.pixel_norm(prep.dataset.x_test), mode="features")
+    assert np.allclose(h, want.double().numpy(), atol=1e-6) and y.tolist() == prep.dataset.y_test.tolist()

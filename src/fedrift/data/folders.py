@@ -1,6 +1,6 @@
 """Image folder trees: ``imagefolder`` (root/<class>/<images>) and Tiny-ImageNet.
 
-Images are decoded with Pillow (already installed: matplotlib depends on it), converted to
+Images are decoded with Pillow (declared, and already required by matplotlib), converted to
 RGB or grey and resized bilinearly to a fixed square size, then kept as uint8.
 """
 
