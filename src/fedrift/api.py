@@ -155,6 +155,8 @@ def run_prepared(prep: Prepared) -> RunResult:
     model, algorithm = build_run(prep)
     executor_name = resolve_executor(cfg, prep, model)
     executor = EXECUTORS.get(executor_name, "engine.executor").factory(cfg)
+    if hasattr(executor, "use_prepared"):  # executors that ship the prepared data (ray)
+        executor.use_prepared(prep)
 
     label = f"{cfg.algorithm.name}-{cfg.data.name}-{cfg.partition.name}-s{cfg.seed}"
     out_dir = Path(cfg.output.dir) if cfg.output.dir else auto_dir(Path("runs"), label)

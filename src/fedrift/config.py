@@ -91,7 +91,8 @@ class EngineConfig(_Section):
     max_parallel_clients: PositiveInt | None = None  # batched: clients per vmap call (None: from memory)
     threads: PositiveInt | None = None
     client_state: Literal["memory", "disk", "auto"] = "auto"  # per-client state store; auto: disk above 1 GiB
-    workers: PositiveInt | None = None  # processes: worker processes (None: the CPUs available)
+    workers: PositiveInt | None = None  # processes: worker processes, ray: actors (None: the CPUs available)
+    ray_address: str | None = None  # ray: an existing cluster's address (None: a local Ray for the run)
     # client failures (engine/failures.py), each a pure function of (seed, round, client)
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0  # probability that a sampled client never returns
     stragglers: Annotated[float, Field(ge=0, le=1)] = 0.0  # probability that a client stops its work early

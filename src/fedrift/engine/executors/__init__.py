@@ -31,6 +31,13 @@ def processes(cfg: Config) -> ProcessesExecutor:
     return ProcessesExecutor(cfg)
 
 
+@EXECUTORS.register("ray", "clients spread over Ray actors, on a local Ray or a cluster (engine.ray_address)")
+def ray(cfg: Config):  # noqa: ANN201 - ray is an optional extra, imported on use
+    from fedrift.engine.executors.ray_actors import RayExecutor
+
+    return RayExecutor(cfg)
+
+
 @EXECUTORS.register("auto", "the default: batched on a GPU; processes for compute-bound models on CPUs; batched for small models with many clients")
 def auto(cfg: Config) -> SequentialExecutor:  # pragma: no cover - api.run resolves auto first
     raise RuntimeError("engine.executor auto is resolved by fedrift.api before executors are built")

@@ -167,11 +167,18 @@ def _fingerprint(tools: RoundTools) -> dict[str, Any]:
 
 def build_run_tools(cfg: Config) -> RoundTools:
     """The run's training tools rebuilt from its config, exactly as ``api.run_prepared`` builds them."""
-    from fedrift.api import build_algorithm, prepare  # here: fedrift.api imports the executors
+    from fedrift.api import prepare  # here: fedrift.api imports the executors
+
+    return tools_from_prepared(prepare(cfg))
+
+
+def tools_from_prepared(prep: Any) -> RoundTools:
+    """The training tools of a prepared run (``api.Prepared``: config, data, partition)."""
+    from fedrift.api import build_algorithm
     from fedrift.engine.local import make_tools
     from fedrift.models import build_model
 
-    prep = prepare(cfg)
+    cfg = prep.config
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
     algorithm = build_algorithm(prep, model)
     x, y = prep.dataset.x_train.to(prep.device), prep.dataset.y_train.to(prep.device)

@@ -1,0 +1,195 @@
+"""Clients spread over Ray actors, on a local Ray or an existing cluster (``engine.ray_address``).
+
+The same design as the ``processes`` executor, with Ray doing the transport: each actor
+(one CPU, one torch thread) rebuilds the run's training tools once from the validated config
+and the run's prepared data, which go into Ray's object store once (so a node without the
+data files gets them from there, never per round). Per round the payload is put once and
+shared by every actor; each actor trains its share of the clients (``split_jobs``, a pure
+function of the jobs) with the sequential executor's code and returns their outputs, which
+come back in job order. So results equal one-thread ``sequential`` bit for bit, as
+``processes`` does, client state and pre-phases included (both stay with the server).
+
+An actor that dies mid-round (its node lost, its process killed) is replaced by a new actor
+and its clients are trained again there: their work is a pure function of the payload and
+their jobs, so the round's result does not change. Up to ``RETRIES`` replacements a round.
+
+Ray is an optional extra (``pip install 'fedrift[ray]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch
+
+from fedrift.config import Config
+from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
+from fedrift.engine.executors.processes import (
+    _fingerprint, _portable, _same_run, _teacher_rows, _with_teacher_rows, available_cpus, split_jobs, tools_from_prepared,
+)
+from fedrift.engine.executors.sequential import SequentialExecutor
+from fedrift.engine.teacher import with_teacher
+from fedrift.errors import ConfigError
+
+RETRIES = 3  # actors replaced per round before the round fails
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("engine.executor: ray needs the ray package; install it with pip install 'fedrift[ray]'") from None
+    return ray
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse at once an address where nothing listens (``ray.init`` would retry for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5):
+            pass
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"engine.ray_address: no Ray head node answers at {address!r} ({err}); allowed: "
+                          "host:port of a running head node (ray start --head), or null for a local Ray") from None
+
+
+class _ClientActor:
+    """One actor: the run's tools, built once; trains the clients it is sent."""
+
+    def __init__(self, prepared: Any) -> None:
+        torch.set_num_threads(1)
+        self.tools = tools_from_prepared(prepared)
+        self.sequential = SequentialExecutor()
+
+    def ready(self) -> tuple[int, str, dict[str, Any]]:
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id(), _fingerprint(self.tools)
+
+    def train(self, round_: int, jobs: list[ClientJob], payload: dict[str, Any], teacher: Any) -> list[ClientOutput]:
+        tools = self.tools
+        if teacher == "build":
+            tools = with_teacher(tools, payload, jobs, True)
+        else:
+            tools = _with_teacher_rows(tools, teacher)
+        return [_portable(o) for o in self.sequential.run_round(tools, payload, jobs, round_)]
+
+
+class RayExecutor:
+    """Clients spread over ``engine.workers`` Ray actors (default: the cluster's CPUs)."""
+
+    builds_teacher = True  # as processes: each actor builds its clients' teacher rows
+    one_client_at_a_time = True
+
+    def __init__(self, cfg: Config) -> None:
+        self.ray = require_ray()
+        self.cfg = cfg
+        self.workers = cfg.engine.workers
+        self._prepared: Any = None
+        self._actors: list[Any] = []
+        self._started_ray = False
+        self._tools: RoundTools | None = None
+        self._expect: dict[str, Any] = {}
+        self._local = SequentialExecutor()
+        self._cache = cfg.engine.teacher_cache
+        self.nodes: set[str] = set()  # the cluster nodes the actors ran on
+        self.replaced = 0  # actors lost and replaced so far
+
+    def use_prepared(self, prepared: Any) -> None:
+        """The run's prepared data (api.run_prepared hands it over): what actors build from."""
+        self._prepared = prepared
+
+    # -- the contract ------------------------------------------------------------------
+
+    def run_round(self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int) -> list[ClientOutput]:
+        if not jobs:
+            return []
+        if self._tools is None:
+            self._tools, self._expect = tools, _fingerprint(tools)
+        if not _same_run(tools, self._tools):  # tools the actors do not hold (personalisation)
+            return self._local.run_round(tools, payload, jobs, round_)
+        ray = self.ray
+        self._start()
+        teacher = "build" if self._cache and tools.algorithm.teacher is not None and tools.teacher_cache is None else None
+        buckets = split_jobs(jobs, min(len(self._actors), len(jobs)))
+        payload_ref = ray.put(_portable(payload))
+        work = []
+        for b, bucket in enumerate(buckets):
+            mine = [_portable(jobs[i]) for i in bucket]
+            work.append((mine, teacher or _teacher_rows(tools, mine)))
+        futures = {b: self._actors[b].train.remote(round_, mine, payload_ref, part) for b, (mine, part) in enumerate(work)}
+        results: dict[int, list[ClientOutput]] = {}
+        lost = 0
+        while futures:
+            b, ref = next(iter(futures.items()))
+            try:
+                results[b] = ray.get(ref)
+                del futures[b]
+            except ray.exceptions.RayActorError as err:
+                lost += 1
+                if lost > RETRIES:
+                    raise RuntimeError(f"ray executor: {lost} actors lost in round {round_}; last: {err}") from err
+                self._actors[b] = self._new_actors(1)[0]
+                self.replaced += 1
+                mine, part = work[b]
+                futures[b] = self._actors[b].train.remote(round_, mine, payload_ref, part)
+        out: list[ClientOutput | None] = [None] * len(jobs)
+        device = tools.x.device
+        for b, bucket in enumerate(buckets):
+            for i, o in zip(bucket, results[b]):
+                out[i] = o if device.type == "cpu" else _portable(o, device)
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for actor in self._actors:
+            try:
+                self.ray.kill(actor)
+            except Exception:  # already gone with its node
+                pass
+        self._actors = []
+        if self._started_ray and self.ray.is_initialized():
+            self.ray.shutdown()
+        self._started_ray = False
+
+    # -- actors ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        ray = self.ray
+        if not ray.is_initialized():
+            address = self.cfg.engine.ray_address
+            if address:
+                _check_reachable(address)
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                         **({} if address else {"num_cpus": self.workers or available_cpus()}))
+            except ConnectionError as err:
+                raise ConfigError(f"engine.ray_address: no Ray cluster at {address!r} ({err}); allowed: the "
+                                  "address of a running head node (ray start --head), or null for a local Ray") from None
+            self._started_ray = not address  # a cluster's connection stays for the next run
+        if self._actors:
+            return
+        if self._prepared is None:  # not given by the API: load it as the run did
+            from fedrift.api import prepare
+
+            self._prepared = prepare(self.cfg)
+        self._prepared_ref = ray.put(self._prepared)
+        n = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._actors = self._new_actors(n)
+
+    def _new_actors(self, n: int) -> list[Any]:
+        ray = self.ray
+        cls = ray.remote(num_cpus=1, max_restarts=0)(_ClientActor)
+        actors = [cls.remote(self._prepared_ref) for _ in range(n)]
+        for pid, node, found in ray.get([a.ready.remote() for a in actors]):
+            self.nodes.add(node)
+            for what, value in self._expect.items():
+                if found[what] != value:
+                    raise ConfigError(f"engine.executor: ray actors rebuilt a different {what} ({found[what]}) "
+                                      f"than this run's ({value}); allowed: sequential or batched")
+        return actors
+
+    def actor_pids(self) -> list[int]:
+        """The actors' process ids (for tests that kill one)."""
+        return [pid for pid, _, _ in self.ray.get([a.ready.remote() for a in self._actors])]
