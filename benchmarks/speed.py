@@ -76,8 +76,6 @@ THROUGHPUT: dict[str, dict[str, Any]] = {
            "train": {"rounds": 6, "clients_per_round": 4, "local_steps": 50, "batch_size": 32, "optimizer": "adamw",
                      "lr": 1e-3}},
 }
-for _cfg in THROUGHPUT.values():
-    _cfg["eval"] = {"every": 1000}  # the last round only: evaluation is not what is measured
 WORKLOADS.update(THROUGHPUT)
 S3 = {"fedavg": {}, "fedgkd": {"gamma": 0.2, "M": 5}, "fedgkd_vote": {"M": 5, "lam": 0.1}}
 
@@ -258,17 +256,18 @@ def main() -> int:
                     help="run each workload at these clients per round (rows labelled WORKLOAD@N)")
     ap.add_argument("--no-usual-loop", action="store_true", help="skip the usual-loop baseline (throughput "
                     "is measured against the compute limit)")
+    ap.add_argument("--no-flower", action="store_true", help="skip Flower's simulation even when installed")
     ap.add_argument("--sst5", default="../shared/data/sst5", help="SST-5's folder (T, TF)")
     ap.add_argument("--out", default="runs/speed")
     args = ap.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
-    roots = {"cifar": str(cifar_shaped(root / "cifar")), "sst5": str(Path(args.sst5).resolve())}
+    roots = {"cifar": lambda: str(cifar_shaped(root / "cifar")), "sst5": lambda: str(Path(args.sst5).resolve())}
     os.environ.setdefault("FEDRIFT_CACHE", str((root / "cache").resolve()))  # frozen-encoder embeddings
     cores = len(os.sched_getaffinity(0))
     # Flower's simulation engine (the optional `bench` extra) is a baseline when installed.
-    flower = all(importlib.util.find_spec(m) is not None for m in ("flwr", "ray"))
-    if not flower:
+    flower = not args.no_flower and all(importlib.util.find_spec(m) is not None for m in ("flwr", "ray"))
+    if not flower and not args.no_flower:
         print("flwr[simulation] is not installed (pip install -e '.[bench]'): the Flower column is skipped", flush=True)
     rows = []
     for name in args.workloads:
@@ -280,7 +279,7 @@ def main() -> int:
         for label, cfg in variants.items():
             cfg = copy.deepcopy(cfg)
             if cfg["data"].get("root") in roots:
-                cfg["data"]["root"] = roots[cfg["data"]["root"]]
+                cfg["data"]["root"] = roots[cfg["data"]["root"]]()
             if args.rounds:
                 cfg["train"]["rounds"] = args.rounds
             per_round = samples_per_round(cfg)

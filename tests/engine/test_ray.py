@@ -6,6 +6,7 @@ mid-round is replaced and the run's result does not change."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import secrets
 import signal
@@ -140,6 +141,16 @@ def test_a_plugin_algorithm_model_and_dataset_on_the_cluster(cluster, tiny):
     for k in ref.global_state:
         assert torch.equal(ref.global_state[k], got.global_state[k]), k
     assert [r["test_accuracy"] for r in got.history] == [r["test_accuracy"] for r in ref.history]
+
+
+def test_no_address_starts_a_ray_of_its_own_beside_a_running_cluster(cluster, tmp_path):
+    """engine.ray_address null means a local Ray for the run, even while a `ray start` cluster
+    runs on this machine (a bare ray.init would join it and refuse num_cpus with a traceback)."""
+    proc = subprocess.run([sys.executable, "-m", "fedrift.cli", "run", "-c", "examples/compare.yaml", "train.rounds=1",
+                           "train.clients_per_round=2", "eval.drift=false", "engine.executor=ray", "engine.workers=1",
+                           f"output.dir={tmp_path / 'r'}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "completed"
 
 
 def test_no_cluster_at_the_address_is_one_line(tmp_path):

@@ -164,7 +164,9 @@ class RayExecutor:
             if address:
                 _check_reachable(address)
             try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                # "local": a Ray of the run's own even when a cluster started with `ray start` runs on
+                # this machine (a bare init joins that one, and refuses num_cpus with a traceback)
+                ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, configure_logging=False,
                          **({} if address else {"num_cpus": self.workers or available_cpus()}))
             except ConnectionError as err:
                 raise ConfigError(f"engine.ray_address: no Ray cluster at {address!r} ({err}); allowed: the "
