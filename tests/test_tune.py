@@ -129,6 +129,9 @@ def test_a_stopped_tune_resumes_without_repeating_finished_trials(tiny, tmp_path
     assert "2 of 3 trials finished before, 1 left running marked failed" in capsys.readouterr().out
     states = sorted(t["state"] for t in results["fedavg"]["trials"])
     assert states == ["complete", "complete", "complete", "fail"]
+    # the resumed trial is a new point, not a replay of the sampler's first proposal
+    lrs = [t["params"]["train.lr"] for t in results["fedavg"]["trials"] if t["state"] == "complete"]
+    assert len(set(lrs)) == 3, lrs
     assert {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials" / "fedavg").glob("trial*/metrics.jsonl")
             if p.parent.name in first} == first  # the finished trials were not run again
     # the same folder with another space is refused

@@ -442,16 +442,22 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
         if missing <= 0:
             continue
         points: list[Any] = _missing_points(st, study)[:missing] if study.grid is not None else [None] * missing
+        # A resumed study's samplers get seeds no earlier call used (past the trials it holds):
+        # seeded as before, they replayed the same start-up proposals as the finished trials.
+        # A fresh study (offset 0) draws exactly as it always did.
+        offset = len(st.trials)
         if jobs <= 1 or missing == 1:
             objective = _objective(tune, study, False, echo)
             if study.grid is None:
+                if offset:
+                    st = _open_study(tune, study, tune.seed + 1 + offset, pruner)
                 st.optimize(objective, n_trials=missing, catch=())
             else:
                 for point in points:
                     _open_study(tune, study, tune.seed, pruner, point).optimize(objective, n_trials=1, catch=())
             continue
         with ProcessPoolExecutor(max_workers=min(jobs, missing), mp_context=_pool_context(), initializer=_worker_init) as pool:
-            for fut in [pool.submit(_worker, (tune, i, tune.seed + 1 + k, p)) for k, p in enumerate(points)]:
+            for fut in [pool.submit(_worker, (tune, i, tune.seed + 1 + offset + k, p)) for k, p in enumerate(points)]:
                 fut.result()
 
 
