@@ -143,12 +143,15 @@ def test_a_plugin_algorithm_model_and_dataset_on_the_cluster(cluster, tiny):
     assert [r["test_accuracy"] for r in got.history] == [r["test_accuracy"] for r in ref.history]
 
 
-def test_no_address_starts_a_ray_of_its_own_beside_a_running_cluster(cluster, tmp_path):
-    """engine.ray_address null means a local Ray for the run, even while a `ray start` cluster
-    runs on this machine (a bare ray.init would join it and refuse num_cpus with a traceback)."""
+def test_no_address_starts_a_ray_of_its_own_where_ray_would_join_another(tmp_path):
+    """engine.ray_address null means a local Ray for the run, even where a bare ray.init would
+    join an existing cluster (RAY_ADDRESS, or the one `ray start` leaves in
+    /tmp/ray/ray_current_cluster) and refuse num_cpus with a traceback. RAY_ADDRESS stands
+    for that cluster here: nothing listens there."""
+    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{_free_port()}"}
     proc = subprocess.run([sys.executable, "-m", "fedrift.cli", "run", "-c", "examples/compare.yaml", "train.rounds=1",
                            "train.clients_per_round=2", "eval.drift=false", "engine.executor=ray", "engine.workers=1",
-                           f"output.dir={tmp_path / 'r'}"], capture_output=True, text=True, timeout=300)
+                           f"output.dir={tmp_path / 'r'}"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "completed"
 
