@@ -20,7 +20,7 @@ from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.privacy import Accountant, private_mean
 from fedrift.engine.local import make_tools
 from fedrift.engine.outputs import RunWriter
-from fedrift.engine.sampling import SAMPLERS, cohort_size
+from fedrift.engine.sampling import SAMPLERS, cohort_size, eval_clients
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.tree import all_finite, shares_memory, signature, stack, tree_bytes
 from fedrift.errors import DivergenceError, NoClientsError
@@ -101,6 +101,7 @@ def run_federation(
     uploads = UploadStack(reuse=getattr(executor, "one_client_at_a_time", False))
     probe = probe_indices(len(fed.y_test), cfg.eval.probe_size, cfg.seed).to(device)
     # test_*, then val_* on the union of the clients' validation splits (partition.val_share)
+    panel = eval_clients(fed.num_clients, cfg.eval.clients_sample, cfg.seed)  # personal models: whose
     evaluated = [("test", fed.x_test, fed.y_test)] + ([("val", fed.x_val, fed.y_val)] if len(fed.y_val) else [])
 
     out = LoopResult()
@@ -186,9 +187,9 @@ def run_federation(
                 if algorithm.predict is not None:
                     predict = partial(algorithm.predict, server, apply=apply)
                 for prefix, x_eval, y_eval in evaluated:
-                    if algorithm.personal:  # every client's own model, as the store holds it now
-                        models = (store.get(k)["params"] for k in range(fed.num_clients))  # one at a time
-                        local = fed.test_indices if prefix == "test" else None
+                    if algorithm.personal:  # each panel client's own model, as the store holds it now
+                        models = (store.get(k)["params"] for k in panel)  # one at a time
+                        local = [fed.test_indices(k) for k in panel] if prefix == "test" else None
                         row.update(evaluate_personal(apply, models, local, x_eval, y_eval, chunk, predict, prefix))
                     else:
                         row.update(evaluate(apply, server["params"], x_eval, y_eval, chunk, predict, prefix))
