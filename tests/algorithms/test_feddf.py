@@ -96,7 +96,7 @@ def test_proxy_and_validation_come_from_the_holdout_and_no_client_holds_them(tin
                   RoundInfo(1, 6, (0, 1)))
     rows = {r.numpy().tobytes() for r in torch.cat(seen)}
     holdout_rows = {r.numpy().tobytes() for r in x_train[ix].reshape(len(ix), -1)}
-    client_rows = {r.numpy().tobytes() for r in x_train[np.concatenate(doc["train"])].reshape(-1, 64)}
+    client_rows = {r.numpy().tobytes() for r in x_train[part.train.values].reshape(-1, 64)}
     assert rows and rows <= holdout_rows and not rows & client_rows
 
 
