@@ -147,6 +147,7 @@ def run_federation(
             outputs, failed = train_clients(executor, round_tools, payload, jobs, t, cfg.engine.accept_failures)
             if not outputs:
                 raise _no_clients(t, f"all {len(jobs)} clients that trained failed (engine.accept_failures)", writer)
+            jobs = round_tools = None  # the clients' states and teacher rows: not held past training
             if failed:  # the others' weights renormalised; the aggregation sees who returned
                 weights = _weights(fed, [o.client_id for o in outputs], uniform)
                 info = replace(info, sampled=tuple(o.client_id for o in outputs))
@@ -161,6 +162,10 @@ def run_federation(
             bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
             if bad:
                 raise _diverged(t, f"client {bad[0]} produced a non-finite training loss", writer)
+            if algorithm.init_client is not None:  # stored now: not held beside the stacked uploads
+                for o in outputs:
+                    store.put(o.client_id, o.state)
+                    o.state = {}
             if cfg.privacy.level == "client":  # one upload, the noised mean of the clipped models
                 stacked, agg_weights = private_mean([o.upload for o in outputs], payload["params"], cfg.privacy,
                                                     cfg.seed, t, algorithm.name)
@@ -172,9 +177,6 @@ def run_federation(
             uploads.release_if_held(server)
             if not all_finite(server["params"]):
                 raise _diverged(t, "the aggregated global model has non-finite parameters", writer)
-            if algorithm.init_client is not None:
-                for o in outputs:
-                    store.put(o.client_id, o.state)
             up += sum(tree_bytes(o.upload) for o in outputs)
             seconds = time.perf_counter() - start
             totals["bytes_down"] += down
@@ -223,6 +225,7 @@ def run_federation(
                                 prefix_sha256(writer.dir / "metrics.jsonl", size), memo, state)
                 checkpoints.save(snap, store)
             bar.update(1)
+            outputs = stacked = None  # this round's: not held while the next one trains
     except DivergenceError as err:
         out.summary = _summary(out, totals, best, tc.rounds, status=err.status, message=str(err))
         err.result = out  # fedrift.api writes summary.json, with the run's facts
