@@ -23,6 +23,8 @@ from fedrift.errors import FedriftError
 FORMAT = "fedrift-partition"
 VERSION = 2
 _I32_MAX = np.iinfo(np.int32).max
+_BLOCK = 1 << 16  # clients per block of vectorised work
+_CHUNK = 1 << 20  # array entries converted and written at a time
 
 
 class PartitionFileError(FedriftError):
@@ -91,7 +93,9 @@ class Ragged(Sequence[np.ndarray]):
             yield self.values[self.offsets[k] : self.offsets[k + 1]]
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (Ragged, list, tuple)) or len(self) != len(other):
+        if isinstance(other, Ragged):
+            return np.array_equal(self.offsets, other.offsets) and np.array_equal(self.values, other.values)
+        if not isinstance(other, (list, tuple)) or len(self) != len(other):
             return False
         return all(np.array_equal(a, b) for a, b in zip(self, other))
 
@@ -151,11 +155,18 @@ class Partition:
         """Every client's validation samples, sorted (indices into the training set)."""
         return np.sort(self.val.values).astype(np.int64)
 
-    def counts(self, labels: np.ndarray, num_classes: int) -> np.ndarray:
-        """Client x class sample counts of the training split (one bincount for all)."""
+    def counts(self, labels: np.ndarray, num_classes: int, dtype: Any = np.int64) -> np.ndarray:
+        """Client x class sample counts of the training split: one bincount per block of
+        clients (no per-client loop, and temporaries bounded by the block)."""
         labels = np.asarray(labels)
-        flat = self.train.owners() * num_classes + labels[self.train.values]
-        return np.bincount(flat, minlength=self.num_clients * num_classes).reshape(self.num_clients, num_classes)
+        out = np.empty((self.num_clients, num_classes), dtype=dtype)
+        o = self.train.offsets
+        for a in range(0, self.num_clients, _BLOCK):
+            b = min(a + _BLOCK, self.num_clients)
+            owner = np.repeat(np.arange(b - a, dtype=np.int64) * num_classes, np.diff(o[a : b + 1]))
+            owner += labels[self.train.values[o[a] : o[b]]]
+            out[a:b] = np.bincount(owner, minlength=(b - a) * num_classes).reshape(b - a, num_classes)
+        return out
 
     # -- files ----------------------------------------------------------------------------
 
@@ -177,16 +188,21 @@ class Partition:
         path = Path(path)
         data = path.with_suffix(".bin")
         layout, at = {}, 0
-        chunks = []
-        for name, arr in self._arrays().items():
+        arrays = self._arrays()
+        for name, arr in arrays.items():
             small = not name.endswith("_offsets") and (arr.size == 0 or int(arr.max()) <= _I32_MAX)
-            out = np.ascontiguousarray(arr, dtype="<i4" if small else "<i8")
-            layout[name] = {"dtype": out.dtype.str, "offset": at, "count": int(out.size)}
-            chunks.append(out)
-            at += out.nbytes
+            dtype = np.dtype("<i4" if small else "<i8")
+            layout[name] = {"dtype": dtype.str, "offset": at, "count": int(arr.size)}
+            at += arr.size * dtype.itemsize
         doc = {"format": FORMAT, "version": VERSION, "name": self.name, "options": self.options,
                "num_clients": self.num_clients, "data": data.name, "bytes": at, "arrays": layout}
-        _atomic_write(data, lambda f: [f.write(memoryview(c).cast("B")) for c in chunks])
+
+        def write(f: Any) -> None:
+            for name, arr in arrays.items():
+                for i in range(0, arr.size, _CHUNK):  # converted a chunk at a time: no full copy
+                    f.write(np.ascontiguousarray(arr[i : i + _CHUNK], dtype=layout[name]["dtype"]).tobytes())
+
+        _atomic_write(data, write)
         _atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode() + b"\n"))
 
     @classmethod

@@ -37,9 +37,11 @@ class Federation:
         val = torch.as_tensor(partition.val_union(), dtype=torch.int64)
         self.x_val, self.y_val = dataset.x_train[val].to(device), dataset.y_train[val].to(device)
         self.sizes = partition.sizes()
-        counts = partition.counts(dataset.y_train.numpy(), dataset.num_classes)  # one bincount
+        # client x class counts, made once as float32 (exact below 2**24 samples of a class):
+        # hooks read rows of the tensor; samplers the numpy array (the same memory on the CPU)
+        counts = partition.counts(dataset.y_train.numpy(), dataset.num_classes, dtype=np.float32)
+        self.label_counts = torch.from_numpy(counts).to(device)
         self.label_counts_np = counts
-        self.label_counts = torch.as_tensor(counts, dtype=torch.float32, device=device)
         self.device = device
         self._scalars: dict[float, torch.Tensor] = {}
 
