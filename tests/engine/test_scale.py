@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import fedrift
-from fedrift.api import prepare
+from fedrift.engine.build import prepare
 from fedrift.data.partition_base import Partition, Ragged
 from fedrift.engine import loop
 from fedrift.engine.federation import Federation
