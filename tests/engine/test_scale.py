@@ -10,7 +10,7 @@ import torch
 import fedrift
 from fedrift.engine.build import prepare
 from fedrift.data.partition_base import Partition, Ragged
-from fedrift.engine import loop
+from fedrift.engine import server
 from fedrift.engine.federation import Federation
 from fedrift.engine.sampling import eval_clients
 
@@ -65,14 +65,14 @@ def test_personal_models_are_evaluated_on_the_panel(tiny, monkeypatch):
         {k: v for k, v in r.items() if k not in ("seconds", "wall_seconds")} for r in same.history]
 
     seen: list[tuple[int, list[torch.Tensor] | None]] = []
-    evaluate_personal = loop.evaluate_personal
+    evaluate_personal = server.evaluate_personal
 
     def record(apply, models, local, *args, **kwargs):
         models = list(models)
         seen.append((len(models), local))
         return evaluate_personal(apply, models, local, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "evaluate_personal", record)
+    monkeypatch.setattr(server, "evaluate_personal", record)
     r = fedrift.run({**base, "eval": {"clients_sample": 4}, "output": {**base["output"], "overwrite": True}})
     part = Partition.load(r.output_dir / "partition.json")
     panel = eval_clients(6, 4, seed=0)
