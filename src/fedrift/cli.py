@@ -278,7 +278,7 @@ def _partition(args: argparse.Namespace) -> int:
     with writing("--out", "; allowed: a folder this user can create and write"):
         bubble_plot(counts, out / "partition.png", title)
         prep.partition.save(out / "partition.json")
-    print(f"plot in {out / 'partition.png'}, partition in {out / 'partition.json'}")
+    print(f"plot in {out / 'partition.png'}, partition in {out / 'partition.json'} and {out / 'partition.bin'}")
     return 0
 
 

@@ -229,8 +229,12 @@ class Partition:
 
     @classmethod
     def _load_binary(cls, path: Path, doc: dict[str, Any]) -> "Partition":
+        if Path(doc["data"]).name != doc["data"]:
+            raise ValueError(f"data file {doc['data']!r} is not a name beside the header")
         data = path.parent / doc["data"]
-        size = data.stat().st_size if data.is_file() else None
+        if not data.is_file():
+            raise PartitionFileError(f"{data}: missing (its header {path.name} names it; the two files go together)")
+        size = data.stat().st_size
         if size != doc["bytes"]:
             raise PartitionFileError(f"{data}: {size} bytes, but its header {path.name} says {doc['bytes']}")
         arrays = {}
