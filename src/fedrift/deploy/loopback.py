@@ -10,6 +10,7 @@ SuperLink installs no app dependencies (fedrift is already importable).
 from __future__ import annotations
 
 import datetime
+import io
 import ipaddress
 import json
 import os
@@ -84,6 +85,8 @@ class LoopbackFederation:
         # Flower starts its helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH
         path = f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}"
         self.env = {**os.environ, "PATH": path, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": str(folder / "flwr-home")}
+        if os.environ.get("PYTHONPATH"):  # the processes run in ``folder``: its entries made absolute
+            self.env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)
         self.procs: list[subprocess.Popen] = []
         self.port = free_port()
 
@@ -134,12 +137,25 @@ class LoopbackFederation:
         text = (self.folder / "intruder.log").read_text(errors="replace")
         return proc.poll() not in (None, 0), text
 
-    def flwr(self, *args: str, timeout: float = 120) -> str:
-        done = subprocess.run([str(self.bin / "flwr"), *args], env=self.env, cwd=self.folder, capture_output=True,
-                              text=True, timeout=timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"flwr {' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}")
-        return done.stdout
+    def flwr(self, *args: str) -> str:
+        """The ``flwr`` command line, run in this process (a ``flwr`` process costs seconds of
+        CPU to start); its output, or a RuntimeError with it. Its ``--format json`` output
+        goes to ``sys.__stdout__``, caught here for the call."""
+        from flwr.cli.app import app
+        from flwr.supercore.logger import console_handler
+        from typer.testing import CliRunner
+
+        caught, saved, stream = io.StringIO(), sys.__stdout__, console_handler.stream
+        sys.__stdout__ = caught  # type: ignore[misc]
+        try:
+            result = CliRunner().invoke(app, list(args), env={"FLWR_HOME": self.env["FLWR_HOME"],
+                                                              "FLWR_TELEMETRY_ENABLED": "0"})
+        finally:
+            sys.__stdout__, console_handler.stream = saved, stream  # type: ignore[misc]
+        output = caught.getvalue() or result.output
+        if result.exit_code != 0:
+            raise RuntimeError(f"flwr {' '.join(args)} failed ({result.exit_code}): {output}")
+        return output
 
     def nodes_online(self) -> int:
         out = json.loads(self.flwr("supernode", "list", CONNECTION, "--format", "json"))
