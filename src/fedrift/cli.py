@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     # compare and report take key=value tokens before and after their --options
-    tail = {"compare": "grid", "tune": "grid", "report": "options", "list": "options"}.get(args.command)
+    tail = {"compare": "grid", "tune": "grid", "report": "options", "list": "options", "flower": "overrides"}.get(args.command)
     if extra and (tail is None or any(x.startswith("-") or "=" not in x for x in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if tail:
