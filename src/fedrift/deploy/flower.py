@@ -132,8 +132,7 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float) ->
     """The deployed run of config ``doc`` through ``grid``; its summary (also in the run folder)."""
     import torch
 
-    from fedrift.config import to_yaml
-    from fedrift.deploy.project import resolved_doc
+    from fedrift.deploy.project import resolved_yaml
     from fedrift.engine.build import build_run, prepare
     from fedrift.engine.federation import Federation
     from fedrift.engine.outputs import RunWriter, auto_dir
@@ -154,7 +153,7 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float) ->
              "num_params": sum(p.numel() for p in model.parameters()), "executor": "flower",
              "device": str(prep.device), "threads": torch.get_num_threads()}
     try:
-        writer.write_text("config.yaml", yaml_text(resolved_doc(prep)))
+        writer.write_text("config.yaml", resolved_yaml(prep))
         writer.write_partition(prep.partition)
         fed = Federation(prep.dataset, prep.partition, prep.device)
         start = time.perf_counter()
@@ -190,12 +189,6 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float) ->
         return summary
     finally:
         writer.release()
-
-
-def yaml_text(doc: dict[str, Any]) -> str:
-    import yaml
-
-    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def discover(grid: Grid, num_clients: int, wait: float) -> dict[int, int]:

@@ -38,7 +38,7 @@ def require_flwr() -> Any:
     return flwr
 
 
-def check_deployable(cfg: Config, algorithm: Algorithm) -> None:
+def check_deployable(cfg: "Config", algorithm: "Algorithm") -> None:
     """Refuse what a deployment cannot do: whatever reads the clients' states or local models
     on the server, which stay on the devices."""
     if algorithm.personal:
@@ -51,14 +51,12 @@ def check_deployable(cfg: Config, algorithm: Algorithm) -> None:
                               "deployment; allowed: false")
 
 
-def resolved_doc(prep: Prepared) -> dict[str, Any]:
+def resolved_yaml(prep: "Prepared") -> str:
     """The config as a run folder's ``config.yaml`` holds it: every option resolved."""
-    import yaml
-
     from fedrift.config import to_yaml
 
     options = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {} for k, v in prep.options.items()}
-    return yaml.safe_load(to_yaml(prep.config, options))
+    return to_yaml(prep.config, options)
 
 
 def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list[str] | None = None,
@@ -68,7 +66,8 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
     require_flwr()
     import tomli_w  # comes with flwr
 
-    from fedrift.config import to_yaml
+    import yaml
+
     from fedrift.engine.build import build_run, prepare
 
     prep = prepare(config, overrides)
@@ -76,7 +75,8 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
     check_deployable(prep.config, algorithm)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"DIR: {str(out)!r} exists and is not an empty folder; allowed: a new folder")
-    doc = resolved_doc(prep)
+    text = resolved_yaml(prep)
+    doc = yaml.safe_load(text)
     name = f"fedrift-{prep.config.algorithm.name}".replace("_", "-")
     project = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
@@ -92,5 +92,5 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
     with writing("DIR", "; allowed: a folder this user can write"):
         out.mkdir(parents=True, exist_ok=True)
         (out / "pyproject.toml").write_text(tomli_w.dumps(project))
-        (out / "fedrift.yaml").write_text(to_yaml(prep.config))  # to read; the run uses pyproject's copy
+        (out / "fedrift.yaml").write_text(text)  # to read; the run uses pyproject's copy
     return out
