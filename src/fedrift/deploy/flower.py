@@ -159,7 +159,7 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float) ->
         start = time.perf_counter()
         nodes = discover(grid, fed.num_clients, wait)
         facts["connect_seconds"] = time.perf_counter() - start
-        server = Server(cfg, fed, model, algorithm, writer, clients_build_teacher=True)
+        server = Server(cfg, fed, model, algorithm, writer, clients_build_teacher=True, prephase_on_clients=True)
         try:
             for t in server.rounds():
                 rnd = server.open(t)
