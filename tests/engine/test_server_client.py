@@ -24,7 +24,7 @@ def _by_hand(cfg: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
     model, algorithm = build_run(prep)
     fed = Federation(prep.dataset, prep.partition, prep.device)
     writer = RunWriter(Path(prep.config.output.dir), overwrite=False)
-    server = Server(prep.config, fed, model, algorithm, writer, clients_build_teacher=True)
+    server = Server(prep.config, fed, model, algorithm, writer, clients_build_teacher=True, prephase_on_clients=True)
     tools = client_tools(prep)  # the clients' own tools, as a device builds them from the config
     initial = {k: v.detach().clone() for k, v in model.named_parameters()}
     device_states: dict[int, dict] = {}

@@ -103,8 +103,8 @@ class Server:
     """The server's state and its side of every round (see the module's docstring).
 
     ``clients_build_teacher``: the clients compute their teacher rows themselves (worker
-    processes, Ray actors, devices), so the server builds no teacher table unless its own
-    pre-phase reads it. ``reuse_uploads``: see :class:`UploadStack`. ``extra_state``: what
+    processes, Ray actors, devices), so the server builds no teacher table unless a pre-phase
+    it runs itself reads it (``prephase_on_clients``: the clients run it too, as devices do). ``reuse_uploads``: see :class:`UploadStack`. ``extra_state``: what
     the executor keeps between rounds, saved with each checkpoint.
     """
 
@@ -112,12 +112,13 @@ class Server:
         self, cfg: Config, fed: Federation, model: FedModel, algorithm: Algorithm, writer: RunWriter,
         checkpoints: Checkpointer | None = None, resume: Snapshot | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None, clients_build_teacher: bool = False,
-        reuse_uploads: bool = False, extra_state: Callable[[], Any] | None = None,
+        reuse_uploads: bool = False, extra_state: Callable[[], Any] | None = None, prephase_on_clients: bool = False,
     ) -> None:
         tc = cfg.train
         self.cfg, self.fed, self.model, self.algorithm, self.writer = cfg, fed, model, algorithm, writer
         self.checkpoints, self.on_round, self.extra_state = checkpoints, on_round, extra_state
         self.clients_build_teacher = clients_build_teacher
+        self.prephase_on_clients = prephase_on_clients
         self.m = cohort_size(fed.num_clients, tc.clients_per_round, tc.participation)
         self.sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
         model = model.to(fed.device)
@@ -175,8 +176,9 @@ class Server:
         down = len(sampled) * tree_bytes(payload)  # the dropped received the broadcast too
         weights = self.weights(fate.returning)
         # the teacher table sees the broadcast payload; the pre-phase may read it. Clients that
-        # build their own rows (workers, actors, devices) need none when no pre-phase reads it.
-        own = self.clients_build_teacher and alg.client_summary is None
+        # build their own rows (workers, actors, devices) need none unless the server runs a
+        # pre-phase that reads it.
+        own = self.clients_build_teacher and (alg.client_summary is None or self.prephase_on_clients)
         tools = self.tools if own else with_teacher(self.tools, payload, jobs, cfg.engine.teacher_cache)
         return Round(t, info, list(sampled), fate, payload, jobs, weights, tools, down, 0, start)
 
