@@ -21,24 +21,24 @@ import tempfile
 import time
 
 
-def config(store: str, rounds: int, out: str) -> dict:
+def config(store: str, rounds: int, out: str, executor: str = "auto") -> dict:
     return {
         "data": {"name": "synthetic", "alpha": 1.0, "beta": 1.0, "num_devices": 10_000},
         "partition": {"name": "natural"},
         "model": {"name": "mlp", "hidden": [512, 256, 64]},  # 60 -> 512 -> 256 -> 64 -> 10: 179,594 parameters
         "algorithm": {"name": "scaffold"},
         "train": {"rounds": rounds, "clients_per_round": 100, "local_steps": 20, "batch_size": 10, "lr": 0.05},
-        "engine": {"client_state": store, "threads": 1},
+        "engine": {"client_state": store, "threads": 1, "executor": executor},
         "eval": {"every": rounds},
         "output": {"dir": out, "overwrite": True, "progress": False, "save_model": False},
     }
 
 
-def child(store: str, rounds: int, out: str) -> dict:
+def child(store: str, rounds: int, out: str, executor: str = "auto") -> dict:
     import fedrift
 
     start = time.perf_counter()
-    r = fedrift.run(config(store, rounds, out))
+    r = fedrift.run(config(store, rounds, out, executor))
     return {
         "store": store, "rounds": rounds, "executor": r.summary["executor"], "num_params": r.summary["num_params"],
         "clients": r.summary["num_clients"], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -51,16 +51,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="+", default=["disk", "memory"], choices=["disk", "memory", "auto"])
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--executor", default="auto", help="engine.executor (auto: the rule's choice, batched here)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.rounds, args.out)))
+        print(json.dumps(child(args.child, args.rounds, args.out, args.executor)))
         return
     rows = []
     for store in args.runs:
         with tempfile.TemporaryDirectory() as out:
-            cmd = [sys.executable, __file__, "--child", store, "--rounds", str(args.rounds), "--out", out]
+            cmd = [sys.executable, __file__, "--child", store, "--rounds", str(args.rounds), "--out", out,
+                   "--executor", args.executor]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)

@@ -87,6 +87,8 @@ def test_every_readme_command(capsys, tmp_path, monkeypatch):
             continue
         if argv[:2] == ["ray", "start"]:  # Ray's own CLI, starting a cluster (tests/engine/test_ray.py does)
             continue
+        if argv[0] in ("flwr", "flower-superlink", "flower-supernode"):  # Flower's own CLI (tests/deploy/test_flower.py runs it)
+            continue
         if argv[:3] == ["pip", "install", "-e"]:  # the example plugin: installed in the test environment
             assert (ROOT / argv[3] / "pyproject.toml").is_file()
             continue
@@ -108,12 +110,14 @@ def test_every_readme_command(capsys, tmp_path, monkeypatch):
         elif args[0] == "tune":  # its trials are runs: fewer and shorter ones
             fast = [a for a in args if a not in ("--jobs", "2", "--trials", "6")]
             assert main([*fast, *SHORT, "--trials", "1", "--no-report"]) == 0, capsys.readouterr().err
+        elif args[0] == "flower":  # the app project: as written, with the config's folder on this machine
+            assert main([a.replace("/srv/runs", str(tmp_path / "srv")) for a in args]) == 0, capsys.readouterr().err
         elif args[0] == "download":  # needs the network: parsed, and the name checked against the table
             ns = _parser().parse_args(args)
             assert source(ns.name).url.startswith(("https://", "http://")) and ns.root
         else:  # list, partition, report: as written
             assert main(args) == 0, capsys.readouterr().err
         ran.add(args[0])
-    assert {"run", "compare", "report", "list", "partition", "tune", "download"} <= ran
+    assert {"run", "compare", "report", "list", "partition", "tune", "download", "flower"} <= ran
     assert (work / "runs" / "fedavg-a05" / "summary.json").is_file()
     assert (work / "runs" / "compare-compare" / "report.html").is_file()

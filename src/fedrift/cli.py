@@ -1,4 +1,4 @@
-"""``fedrift run | compare | tune | report | list | partition | download``: user mistakes get one line and exit 2, never a traceback."""
+"""``fedrift run | compare | tune | report | list | partition | download | flower``: user mistakes get one line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fedrift.errors import ConfigError, FedriftError, writing
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedrift", description="Federated learning under client drift.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{run,compare,tune,report,list,partition,download}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{run,compare,tune,report,list,partition,download,flower}")
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
@@ -90,6 +90,20 @@ def _parser() -> argparse.ArgumentParser:
     down.add_argument("--mirror", default=None, metavar="URL",
                       help="fetch URL/<archive file name> instead of the official host (default: $FEDRIFT_DOWNLOAD_MIRROR)")
     down.add_argument("--force", action="store_true", help="download again even if a complete copy is there")
+
+    flower = sub.add_parser("flower", help="deploy a config with Flower (SuperLink, SuperNodes): pip install 'fedrift[flower]'")
+    fsub = flower.add_subparsers(dest="flower_command", required=True, metavar="{app}")
+    app = fsub.add_parser(
+        "app", help="write a Flower app project that runs the config (flwr run DIR SUPERLINK)",
+        description="Write DIR/pyproject.toml: a Flower app whose ServerApp runs the config's server half on the "
+        "SuperLink's machine (the run folder is written there) and whose ClientApp trains one fedrift client on "
+        "each SuperNode (node config partition-id=K, data-root=DIR). Start it with: flwr run DIR SUPERLINK.",
+    )
+    app.add_argument("dir", metavar="DIR", help="a new folder for the app project")
+    app.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
+    app.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
+                     help="how long the ServerApp waits for every client's SuperNode (default 600)")
+    app.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.rounds=10")
     return p
 
 
@@ -97,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     # compare and report take key=value tokens before and after their --options
-    tail = {"compare": "grid", "tune": "grid", "report": "options", "list": "options"}.get(args.command)
+    tail = {"compare": "grid", "tune": "grid", "report": "options", "list": "options", "flower": "overrides"}.get(args.command)
     if extra and (tail is None or any(x.startswith("-") or "=" not in x for x in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if tail:
@@ -126,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"run": _run, "compare": _compare, "tune": _tune, "report": _report, "list": _list,
-                "download": _download, "partition": _partition}
+                "download": _download, "partition": _partition, "flower": _flower}
     return commands[args.command](args)
 
 
@@ -278,7 +292,7 @@ def _partition(args: argparse.Namespace) -> int:
     with writing("--out", "; allowed: a folder this user can create and write"):
         bubble_plot(counts, out / "partition.png", title)
         prep.partition.save(out / "partition.json")
-    print(f"plot in {out / 'partition.png'}, partition in {out / 'partition.json'}")
+    print(f"plot in {out / 'partition.png'}, partition in {out / 'partition.json'} and {out / 'partition.bin'}")
     return 0
 
 
@@ -286,6 +300,14 @@ def _download(args: argparse.Namespace) -> int:
     from fedrift.data.download import download
 
     print(download(args.name, Path(args.root).expanduser(), mirror=args.mirror, force=args.force))
+    return 0
+
+
+def _flower(args: argparse.Namespace) -> int:
+    from fedrift.deploy.project import write_app
+
+    out = write_app(Path(args.dir).expanduser(), args.config, args.overrides, wait_seconds=args.wait)
+    print(f"Flower app in {out}; run it with: flwr run {out} SUPERLINK  (SuperNodes: --node-config 'partition-id=K')")
     return 0
 
 

@@ -1,7 +1,6 @@
 """FedDF: proxy/validation data, teacher, distillation, early stopping, refusal, FedAvg identity."""
 
 import dataclasses
-import json
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.algorithms.feddf import FedDFParams, distill, ensemble_probs, proxy_batches, split_holdout, validation_score
 from fedrift.algorithms.terms import kl_to_target
 from fedrift.api import prepare
+from fedrift.data.partition_base import Partition
 from fedrift.engine.local import make_apply
 from fedrift.engine.tree import stack
 from fedrift.errors import ConfigError
@@ -71,9 +71,9 @@ def test_proxy_and_validation_come_from_the_holdout_and_no_client_holds_them(tin
     cfg = tiny(partition={"holdout": 0.1}, algorithm={"name": "feddf", "steps": 10},
                train={"rounds": 1}, output={"dir": str(tmp_path / "run")})
     res = fedrift.run(cfg)
-    doc = json.loads((res.output_dir / "partition.json").read_text())
-    held = set(doc["holdout"])
-    assert held and not held & {i for ix in doc["train"] for i in ix}
+    part = Partition.load(res.output_dir / "partition.json")
+    held = set(part.holdout.tolist())
+    assert held and not held & set(part.train.values.tolist())
     # the algorithm, as the engine builds it, reads only held-out rows (recorded through its apply)
     prep = prepare(cfg)
     model = build_model("mlp", MODELS.get("mlp").params(hidden=[32]), prep.dataset.input_shape, 10, seed=0)
@@ -96,7 +96,7 @@ def test_proxy_and_validation_come_from_the_holdout_and_no_client_holds_them(tin
                   RoundInfo(1, 6, (0, 1)))
     rows = {r.numpy().tobytes() for r in torch.cat(seen)}
     holdout_rows = {r.numpy().tobytes() for r in x_train[ix].reshape(len(ix), -1)}
-    client_rows = {r.numpy().tobytes() for r in x_train[np.concatenate(doc["train"])].reshape(-1, 64)}
+    client_rows = {r.numpy().tobytes() for r in x_train[part.train.values].reshape(-1, 64)}
     assert rows and rows <= holdout_rows and not rows & client_rows
 
 

@@ -335,14 +335,14 @@ def test_partition_dataset_validates_mapping_and_name() -> None:
     assert p.num_clients == 5 and p.options["alpha"] == 1.0
     with pytest.raises(ConfigError, match=r"partition\.alpha"):
         partition_dataset(ds, "dirichlet", {"alpha": 0}, 0)
-    with pytest.raises(ConfigError, match=r"partition\.name: unknown partition 'nope'; allowed: dirichlet"):
+    with pytest.raises(ConfigError, match=r"partition\.name: unknown partition 'nope'; allowed: devices, dirichlet"):
         partition_dataset(ds, "nope", None, 0)
     with pytest.raises(ConfigError, match=r"seed"):
         partition_dataset(ds, "iid", None, -1)
 
 
 def test_registry_names() -> None:
-    assert [e.name for e in PARTITIONS if e.source == "built in"] == ["dirichlet", "domain", "iid", "natural", "quantity", "shards"]
+    assert [e.name for e in PARTITIONS if e.source == "built in"] == ["devices", "dirichlet", "domain", "iid", "natural", "quantity", "shards"]
 
 
 # --------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the per-round counts, and what a failing client does to a round with and without
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
@@ -14,10 +15,12 @@ import torch
 
 import fedrift
 from fedrift.config import EngineConfig
-from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.engine.failures import fates
 from fedrift.engine.sampling import SAMPLERS, uniform
 from fedrift.errors import DivergenceError, NoClientsError
+
+# the module (``fedrift.engine.executors.sequential`` is also the name of its registry entry)
+sequential = importlib.import_module("fedrift.engine.executors.sequential")
 
 _FIXED: dict[int, list[int]] = {}  # round -> the clients the "fixed" sampler returns
 
@@ -117,19 +120,19 @@ VICTIM = 2
 @pytest.fixture
 def victim_fails(monkeypatch):
     """Client VICTIM's training raises (``how="raise"``) or uploads NaN (``how="nan"``)."""
-    real = SequentialExecutor._client
+    real = sequential.train_client
 
     def set_(how):
-        def client(self, tools, payload, job, round_):
+        def client(tools, payload, job, round_):
             if job.client_id == VICTIM:
                 if how == "raise":
                     raise RuntimeError("the device ran out of battery")
-                out = real(self, tools, payload, job, round_)
+                out = real(tools, payload, job, round_)
                 out.upload = {**out.upload, "params": {k: torch.full_like(v, float("nan")) for k, v in out.upload["params"].items()}}
                 return out
-            return real(self, tools, payload, job, round_)
+            return real(tools, payload, job, round_)
 
-        monkeypatch.setattr(SequentialExecutor, "_client", client)
+        monkeypatch.setattr(sequential, "train_client", client)
 
     return set_
 

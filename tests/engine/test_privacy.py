@@ -3,7 +3,6 @@ identities, the noise's scale, epsilon against dp-accounting, and the refusals."
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import fedrift
 from fedrift.algorithms import make
 from fedrift.algorithms.base import Setup
 from fedrift.config import PrivacyConfig
+from fedrift.data.partition_base import Partition
 from fedrift.engine import rng
 from fedrift.engine.privacy import clip_change, dp_grad_and_value, private_mean
 from fedrift.errors import ConfigError
@@ -164,7 +164,7 @@ def test_sample_level_epsilon_and_executors_agree(tiny):
     _same(runs["sequential"].global_state, runs["processes"].global_state)
     for k, v in runs["sequential"].global_state.items():  # vmap sums in another order; the noise's
         torch.testing.assert_close(runs["batched"].global_state[k], v, rtol=0, atol=1e-3)  # step is lr z C / B = 7e-3
-    n = min(len(ix) for ix in json.loads((runs["sequential"].output_dir / "partition.json").read_text())["train"])
+    n = int(Partition.load(runs["sequential"].output_dir / "partition.json").sizes().min())
     acc = dp_accounting.rdp.RdpAccountant()
     step = dp_accounting.PoissonSampledDpEvent(8 / n, dp_accounting.GaussianDpEvent(1.1))
     acc.compose(dp_accounting.SelfComposedDpEvent(step, math.ceil(n / 8)), 2)  # tiny: one local epoch

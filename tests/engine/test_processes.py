@@ -17,7 +17,8 @@ import fedrift
 from fedrift.api import prepare
 from fedrift.config import load_config
 from fedrift.engine.executors.base import ClientJob
-from fedrift.engine.executors.processes import ProcessesExecutor, WorkerError, WorkerTraceback, build_run_tools, split_jobs
+from fedrift.engine.build import client_tools
+from fedrift.engine.executors.processes import ProcessesExecutor, WorkerError, WorkerTraceback, split_jobs
 from fedrift.engine.executors.sequential import HookError, SequentialExecutor
 from fedrift.errors import ConfigError
 from fedrift.models import build_model
@@ -61,7 +62,7 @@ def _setup(cfg):
     """The parent's copy of the run's tools and a round-1 payload (the initial model)."""
     prep = prepare(cfg)
     model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
-    return build_run_tools(cfg), {"params": {k: v.detach().clone() for k, v in model.named_parameters()}}
+    return client_tools(cfg), {"params": {k: v.detach().clone() for k, v in model.named_parameters()}}
 
 
 def _job(tools, k, indices, batch=8):
@@ -131,7 +132,7 @@ def test_a_start_up_failure_keeps_its_type(tiny, tmp_path):
     root.mkdir()
     cfg = load_config(tiny(data={"name": "digits", "root": str(root)}, engine={"executor": "processes", "workers": 1}))
     shutil.rmtree(root)
-    tools = build_run_tools(load_config(tiny()))
+    tools = client_tools(load_config(tiny()))
     ex = ProcessesExecutor(cfg)
     try:
         with pytest.raises(ConfigError, match="data.root") as info:

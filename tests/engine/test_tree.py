@@ -28,7 +28,7 @@ def test_unstack_inverts_stack():
 
 
 def test_the_upload_stack_reuses_its_memory_only_when_nothing_holds_it():
-    from fedrift.engine.loop import UploadStack
+    from fedrift.engine.server import UploadStack
 
     def uploads(seed):
         g = torch.Generator().manual_seed(seed)

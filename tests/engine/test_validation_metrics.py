@@ -12,7 +12,7 @@ import fedrift
 from conftest import ctrl_c_in_round
 from fedrift.cli import main
 from fedrift.data.partition_base import Partition
-from fedrift.engine.loop import best_validation
+from fedrift.engine.server import best_validation
 from fedrift.api import prepare
 from fedrift.models import build_model
 

@@ -705,3 +705,5 @@ __all__ = [
     "split_shards",
     "split_validation",
 ]
+
+from fedrift.data import devices  # noqa: E402,F401  (registers "devices": it builds on the helpers above)

@@ -16,7 +16,12 @@ from fedrift.engine.failures import steps_done
 
 
 class Federation:
-    """The data of a run, on its device, and the per-client facts the engine hands hooks."""
+    """The data of a run, on its device, and the per-client facts the engine hands hooks.
+
+    Per-client index lists are two flat arrays each (``train``/``test``: offsets into one
+    index array, as the partition holds them; one tensor of all indices on the device), so
+    a federation of a million clients holds a few arrays, and a client's indices are a view.
+    """
 
     def __init__(self, dataset: Dataset, partition: Partition, device: torch.device) -> None:
         self.x = dataset.x_train.to(device)
@@ -25,18 +30,30 @@ class Federation:
         self.y_test = dataset.y_test.to(device)
         self.prepare = dataset.prepare  # uint8 images, token ids: how a batch becomes model input
         self.num_clients = partition.num_clients
-        self.indices_np = [np.asarray(ix, dtype=np.int64) for ix in partition.train]
-        self.indices = [torch.as_tensor(ix, device=device) for ix in self.indices_np]
-        self.test_indices = [torch.as_tensor(ix, dtype=torch.int64, device=device) for ix in partition.test]
+        self.train, self.test = partition.train, partition.test  # Ragged: offsets + indices (numpy)
+        self._train_t = torch.from_numpy(self.train.values).to(device)
+        self._test_t = torch.from_numpy(self.test.values).to(device)
         # the union of the clients' validation splits (empty without one): val_accuracy
         val = torch.as_tensor(partition.val_union(), dtype=torch.int64)
         self.x_val, self.y_val = dataset.x_train[val].to(device), dataset.y_train[val].to(device)
         self.sizes = partition.sizes()
-        counts = partition.counts(dataset.y_train.numpy(), dataset.num_classes)
+        # client x class counts, made once as float32 (exact below 2**24 samples of a class):
+        # hooks read rows of the tensor; samplers the numpy array (the same memory on the CPU)
+        counts = partition.counts(dataset.y_train.numpy(), dataset.num_classes, dtype=np.float32)
+        self.label_counts = torch.from_numpy(counts).to(device)
         self.label_counts_np = counts
-        self.label_counts = torch.as_tensor(counts, dtype=torch.float32, device=device)
         self.device = device
         self._scalars: dict[float, torch.Tensor] = {}
+
+    def indices(self, k: int) -> torch.Tensor:
+        """Client k's training indices on the device (a view)."""
+        o = self.train.offsets
+        return self._train_t[o[k] : o[k + 1]]
+
+    def test_indices(self, k: int) -> torch.Tensor:
+        """Client k's local test split on the device (a view): indices into the test set."""
+        o = self.test.offsets
+        return self._test_t[o[k] : o[k + 1]]
 
     def scalar(self, value: float) -> torch.Tensor:
         """A 0-d float tensor of ``value`` on the device, made once (contexts hold a few per
@@ -54,7 +71,7 @@ def client_job(
     """Client k's work for a round: its batch schedule (a pure function of seed, round, k)
     and the context hooks see: num_samples, num_steps (H_k), label_counts, state. A
     straggler (``work`` < 1) runs the first steps of that schedule only."""
-    ix, own = fed.indices[k], fed.indices_np[k]
+    ix, own = fed.indices(k), fed.train[k]
     steps = None if epochs is not None else tc.local_steps
     pos = batches.schedule_table(len(own), tc.batch_size, epochs or tc.local_epochs, steps, seed, round_, k)
     if work < 1.0:

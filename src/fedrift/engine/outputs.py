@@ -1,4 +1,5 @@
-"""The run folder: config.yaml, partition.json, metrics.jsonl, summary.json, final_model.pt.
+"""The run folder: config.yaml, partition.json (+ partition.bin), metrics.jsonl, summary.json,
+final_model.pt.
 
 Metrics are appended and flushed after each evaluated round, so a run that stops (divergence,
 Ctrl-C, a crash) keeps every line it wrote. An existing run is never overwritten unless asked.
@@ -24,7 +25,7 @@ from fedrift.engine.checkpoint import FOLDER as CHECKPOINTS
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, OutputError, describe_os_error, writing
 
-OWNED = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", "final_model.pt")
+OWNED = ("config.yaml", "partition.json", "partition.bin", "metrics.jsonl", "summary.json", "final_model.pt")
 WHAT = "output.dir"
 ALLOWED = "; allowed: a folder this user can create and write, on a disk with free space"
 
@@ -111,6 +112,7 @@ class RunWriter:
             (self.dir / name).write_text(text)
 
     def write_partition(self, partition: Partition) -> None:
+        """``partition.json`` (a small header) and ``partition.bin`` (the index arrays)."""
         with writing(WHAT, ALLOWED):
             partition.save(self.dir / "partition.json")
 

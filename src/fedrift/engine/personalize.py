@@ -21,6 +21,7 @@ from fedrift.engine.executors.base import Executor, RoundTools
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_step
 from fedrift.engine.optim import Transform, chain, sgd
+from fedrift.engine.sampling import eval_clients
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
 from fedrift.metrics.evaluate import evaluate
@@ -45,7 +46,8 @@ def personalize(
     store: ClientStateStore,
     head_prefixes: tuple[str, ...],
 ) -> dict[str, Any]:
-    """Fine-tune every client's classifier for ``eval.personalize_epochs``; test on local splits.
+    """Fine-tune every client's classifier for ``eval.personalize_epochs``; test on local splits
+    (every client up to ``eval.clients_sample`` clients, else that many drawn by the seed).
 
     ``eval.personalize_loss``: ``ce`` (plus ``eval.personalize_mu``/2 ||w - w_global||^2) or
     ``algorithm`` (the run's own local loss, e.g. FedADC+'s self-confidence distillation).
@@ -53,7 +55,7 @@ def personalize(
     ev, tc = cfg.eval, cfg.train
     head = {k for k in server["params"] if k.split(".")[0] in head_prefixes}
     round_ = tc.rounds + 1  # batches drawn as for a round after the last one
-    clients = list(range(fed.num_clients))
+    clients = eval_clients(fed.num_clients, ev.clients_sample, cfg.seed)  # all, up to eval.clients_sample
     info = RoundInfo(round=round_, num_clients=fed.num_clients, sampled=tuple(clients))
     if ev.personalize_loss == "algorithm":
         tuned_alg = algorithm
@@ -76,7 +78,7 @@ def personalize(
                 for k in clients[start : start + 64]]
         chunk_tools = with_teacher(tuned, payload, jobs, cfg.engine.teacher_cache)
         for job, out in zip(jobs, executor.run_round(chunk_tools, payload, jobs, round_)):
-            local = fed.test_indices[job.client_id]
+            local = fed.test_indices(job.client_id)
             xs, ys = fed.x_test[local], fed.y_test[local]
             glob = evaluate(tools.apply, server["params"], xs, ys, tools.eval_batch)["test_accuracy"]
             pers = evaluate(tools.apply, out.end_params, xs, ys, tools.eval_batch)["test_accuracy"]

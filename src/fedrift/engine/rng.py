@@ -18,6 +18,7 @@ DROPOUT = 5  # engine.dropout: does a sampled client return
 STRAGGLERS = 6  # engine.stragglers: does it stop early, and after how much of its work
 PRIVACY_SAMPLE = 7  # privacy.level sample: DP-SGD noise, per (round, client, step)
 PRIVACY_CLIENT = 8  # privacy.level client: DP-FedAvg noise on the round's sum, per round
+EVAL_CLIENTS = 9  # eval.clients_sample: the clients whose personal models are evaluated
 
 
 def generator(seed: int, purpose: int, *keys: int) -> np.random.Generator:

@@ -80,3 +80,13 @@ def _greedy_cover(holds: np.ndarray, m: int, g: np.random.Generator) -> np.ndarr
         covered |= holds[k]
     rest = g.choice(np.flatnonzero(free), size=m - len(chosen), replace=False)
     return np.concatenate([np.asarray(chosen, dtype=np.int64), rest.astype(np.int64)])
+
+
+def eval_clients(num_clients: int, sample: int, seed: int) -> list[int]:
+    """The clients whose own models are evaluated (personal models, personalisation): all of
+    them, in order, up to ``sample`` clients; else ``sample`` of them drawn without
+    replacement by the seed (once per run, so every round sees the same panel), sorted."""
+    if num_clients <= sample:
+        return list(range(num_clients))
+    g = rng.generator(seed, rng.EVAL_CLIENTS)
+    return sorted(int(k) for k in g.choice(num_clients, size=sample, replace=False))

@@ -21,6 +21,11 @@ mapped 6 GB file reads as 6 GB of RSS by the end of a long run (measured: writin
 rows through a memmap grew ``ru_maxrss`` by 572 MB, through ``write`` by 0). Written rows
 sit in the kernel's page cache instead, which it reclaims as it needs.
 
+Nothing is allocated for a client before its first put (a million-client federation of
+which a few thousand ever train costs those few thousand states, and on disk not even
+those: rows are holes until written, and the store's own bookkeeping is one byte per client
+id up to the highest one put).
+
 A client never seen gets ``init_client(global params)``. Any other ``get`` returns tensors
 of its own: changing them in place changes nothing stored, and a state put may be changed
 by its owner afterwards. Round-trips are bit-exact (bytes are copied, never converted),
@@ -162,7 +167,7 @@ class ClientStateStore:
         self._states: dict[int, Tree] = {}  # memory
         self._layout: _Layout | None = None  # disk, from here on
         self._file: BinaryIO | None = None
-        self._present = np.zeros(num_clients or 0, dtype=bool)
+        self._present = np.zeros(0, dtype=bool)  # disk: rows written; grown to the highest id put
         self._count = 0
         self._finalizer: weakref.finalize | None = None
         self._closed = False
@@ -264,7 +269,7 @@ class ClientStateStore:
             view = memoryview(_raw(src))
             while view.nbytes:
                 view = view[self._file.write(view) :]
-        if k >= len(self._present):  # num_clients unknown: grow
+        if k >= len(self._present):  # grown by doubling: nothing kept for clients never put
             grown = np.zeros(max(k + 1, 2 * len(self._present)), dtype=bool)
             grown[: len(self._present)] = self._present
             self._present = grown

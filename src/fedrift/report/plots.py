@@ -226,10 +226,10 @@ def partition_plots(groups: Sequence[Group], folder: Path, warn: Any = print) ->
         try:
             ds = run_dataset(run.config)
             part = Partition.load(run.dir / "partition.json")
-        except (FedriftError, OSError, ValueError, KeyError) as err:
+            counts = part.counts(ds.y_train.numpy(), ds.num_classes)  # an index out of range: IndexError
+        except (FedriftError, OSError, ValueError, KeyError, IndexError) as err:
             warn(f"partition plot of {run.dir} skipped: {err}")
             continue
-        counts = part.counts(ds.y_train.numpy(), ds.num_classes)
         shown = {k: v for k, v in part.options.items() if k in ("alpha", "classes_per_client")}
         detail = ", ".join(f"{k}={v}" for k, v in shown.items())
         title = f"{ds.name}: {part.name}({detail}), {part.num_clients} clients, seed {run.seed}"

@@ -1,13 +1,14 @@
 """Clients spread over worker processes, one thread each; model and data resident between rounds.
 
 Algorithms are closures and cannot be pickled, so each worker receives the validated config
-once, builds the run's pieces itself (dataset, model, algorithm, ``apply``, optimiser) the way
-the engine does, and keeps them. Per round a worker receives the payload (pickled once, the
-same bytes for every worker) and its clients' jobs (ids, sample indices, the batch schedule
-drawn by the parent, contexts, and the rows they read of the round's teacher table when the
-engine built one), trains them one after another with the sequential executor's code, and
-sends back their outputs. Outputs are returned in job order, so the server aggregates in a
-fixed client order whatever order the workers finish in. Equality: results equal the
+once, builds the run's pieces itself (dataset, model, algorithm, ``apply``, optimiser) with
+``engine.build``, as the server did, and keeps them. Per round a worker receives the payload
+(pickled once, the same bytes for every worker) and its clients' jobs (ids, sample indices,
+the batch schedule drawn by the parent, contexts, and the rows they read of the round's
+teacher table when the engine built one), trains them one after another with the client
+function (``engine.client``), and sends back their outputs. Outputs are returned in job
+order, so the server aggregates in a fixed client order whatever order the workers finish
+in. Equality: results equal the
 ``sequential`` executor's bit for bit when it runs with one thread (``engine.threads=1``), on
 the same machine: the same code, on one thread, in the same order (tested for every
 algorithm in tests/engine/test_processes.py). With more threads ``sequential`` rounds some
@@ -50,7 +51,6 @@ from typing import Any
 import torch
 
 from fedrift.config import Config
-from fedrift.engine.augment import Augment
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.engine.teacher import with_teacher
@@ -169,29 +169,6 @@ def _fingerprint(tools: RoundTools) -> dict[str, Any]:
 # The worker side
 
 
-def build_run_tools(cfg: Config) -> RoundTools:
-    """The run's training tools rebuilt from its config, exactly as ``api.run_prepared`` builds them."""
-    from fedrift.api import prepare  # here: fedrift.api imports the executors
-
-    return tools_from_prepared(prepare(cfg))
-
-
-def tools_from_prepared(prep: Any) -> RoundTools:
-    """The training tools of a prepared run (``api.Prepared``: config, data, partition)."""
-    from fedrift.api import build_algorithm
-    from fedrift.engine.local import make_tools
-    from fedrift.models import build_model
-    from fedrift.plugins import load_plugins
-
-    cfg = prep.config
-    load_plugins(cfg.plugins)  # a Ray actor's first sight of the run: its algorithm may be a plugin's
-    model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
-    algorithm = build_algorithm(prep, model)
-    x, y = prep.dataset.x_train.to(prep.device), prep.dataset.y_train.to(prep.device)
-    return make_tools(model.to(prep.device), algorithm, cfg.train, x, y, cfg.seed, cfg.eval.batch_size,
-                      prep.dataset.prepare, Augment.from_config(cfg.data), cfg.privacy)
-
-
 def _describe(err: BaseException) -> dict[str, Any]:
     try:
         pickled: bytes | None = pickle.dumps(err, _PROTOCOL)
@@ -235,9 +212,10 @@ def _worker_main(conn: Connection, lifeline: Connection, doc: dict[str, Any]) ->
     torch.set_num_threads(1)
     _exit_with_parent(lifeline)
     from fedrift.config import load_config
+    from fedrift.engine.build import client_tools  # here: the build module imports the executors' package
 
     try:
-        tools = build_run_tools(load_config(doc))
+        tools = client_tools(load_config(doc))
         ready = ("ready", os.getpid(), _fingerprint(tools))
     except Exception as err:
         _send(conn, ("error", None, _describe(err)))
@@ -333,7 +311,7 @@ class ProcessesExecutor:
         self._memos: list[Any] = []  # a checkpoint's worker memos, sent to the workers as they start
 
     builds_teacher = True  # the loop need not build the round's teacher table (see run_round)
-    one_client_at_a_time = True  # the parent holds only the outputs while workers train (loop.UploadStack)
+    one_client_at_a_time = True  # the parent holds only the outputs while workers train (server.UploadStack)
 
     # -- the contract ------------------------------------------------------------------
 

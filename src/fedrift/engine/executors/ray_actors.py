@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from fedrift.config import Config
+from fedrift.engine.build import client_tools, prepare
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.executors.processes import (
-    _fingerprint, _portable, _same_run, _teacher_rows, _with_teacher_rows, available_cpus, split_jobs, tools_from_prepared,
+    _fingerprint, _portable, _same_run, _teacher_rows, _with_teacher_rows, available_cpus, split_jobs,
 )
 from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.engine.teacher import with_teacher
@@ -60,7 +61,7 @@ class _ClientActor:
 
     def __init__(self, prepared: Any) -> None:
         torch.set_num_threads(1)
-        self.tools = tools_from_prepared(prepared)
+        self.tools = client_tools(prepared)
         self.sequential = SequentialExecutor()
 
     def ready(self) -> tuple[int, str, dict[str, Any]]:
@@ -100,7 +101,7 @@ class RayExecutor:
         self.replaced = 0  # actors lost and replaced so far
 
     def use_prepared(self, prepared: Any) -> None:
-        """The run's prepared data (api.run_prepared hands it over): what actors build from."""
+        """The run's prepared data (``fedrift.api`` hands it over): what actors build from."""
         self._prepared = prepared
 
     # -- the contract ------------------------------------------------------------------
@@ -175,8 +176,6 @@ class RayExecutor:
         if self._actors:
             return
         if self._prepared is None:  # not given by the API: load it as the run did
-            from fedrift.api import prepare
-
             self._prepared = prepare(self.cfg)
         self._prepared_ref = ray.put(self._prepared)
         n = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
-from fedrift.errors import FedriftError
-
-
-class HookError(RuntimeError):
-    """A hook failed; the message names the hook, the round and the client."""
+from fedrift.engine.client import HookError, train_client  # noqa: F401 - HookError: its old home
 
 
 class SequentialExecutor:
-    one_client_at_a_time = True  # training holds one model beside the outputs (loop.UploadStack)
+    one_client_at_a_time = True  # training holds one model beside the outputs (server.UploadStack)
 
     def close(self) -> None:
         """Nothing to release: this executor runs in the calling process."""
@@ -23,41 +17,4 @@ class SequentialExecutor:
     def run_round(
         self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
     ) -> list[ClientOutput]:
-        return [self._client(tools, payload, job, round_) for job in jobs]
-
-    def _client(self, tools: RoundTools, payload: dict[str, Any], job: ClientJob, round_: int) -> ClientOutput:
-        alg = tools.algorithm
-        stage = "client_start"
-        try:
-            ctx = dict(job.ctx)
-            if alg.client_start is not None:
-                with torch.no_grad():
-                    ctx.update(alg.client_start(payload, ctx, tools.client_data(job, payload), tools.apply))
-            stage = "local_loss"
-            # the client's own copy: the step may update it in place (RoundTools.step)
-            params = {k: v.clone() for k, v in tools.start_params(payload, ctx).items()}
-            opt_state = tools.optimizer.init(params)
-            loss_sum = torch.zeros((), device=params[next(iter(params))].device)
-            aux_sum: dict[str, torch.Tensor] = {}
-            for s, idx in enumerate(job.schedule):
-                w = torch.full((idx.numel(),), 1.0 / idx.numel(), device=idx.device)
-                n = idx.numel()
-                batch = tools.batch(payload, idx, w, noise=tools.noise(round_, job.client_id, s, n),
-                                    views=tools.views(round_, job.client_id, s, n), dp_noise=tools.dp_noise(round_, job.client_id, s))
-                params, opt_state, loss, aux = tools.step(params, opt_state, batch, payload, ctx)
-                loss_sum = loss_sum + loss
-                for k, v in aux.items():
-                    aux_sum[k] = aux_sum.get(k, 0.0) + v
-            if alg.client_end is not None:
-                stage = "client_end"
-                with torch.no_grad():
-                    ctx.update(alg.client_end(payload, params, ctx, tools.client_data(job, payload), tools.apply))
-            stage = "client_result"
-            upload, state = alg.client_result(payload, params, ctx)
-        except FedriftError:
-            raise
-        except Exception as err:
-            raise HookError(f"{alg.name}: hook {stage} failed in round {round_}, client {job.client_id}: {err}") from err
-        steps = max(job.num_steps, 1)
-        aux_mean = {k: v / steps for k, v in aux_sum.items()}
-        return ClientOutput(job.client_id, upload, state, loss_sum / steps, aux_mean, params)
+        return [train_client(tools, payload, job, round_) for job in jobs]

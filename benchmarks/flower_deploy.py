@@ -1,0 +1,109 @@
+"""The Flower deployment's cost per round against fedrift's own engine, on the same federation.
+
+A real loopback federation (``fedrift.deploy.loopback``: a SuperLink with TLS and SuperNode
+authentication, one SuperNode per client) runs the config deployed (``fedrift flower app``,
+``flwr run``); the same config runs in-process (``sequential``, one thread). Every client
+trains every round (``clients_per_round`` = ``num_clients`` = K), for K in ``--clients``.
+
+Reported per K: the engine's seconds per round; the deployment's seconds per round (the
+ServerApp's round, from sampling to the logged row: messages out, ClientApp processes,
+training, replies, aggregation, evaluation), its overhead over the engine per round and per
+client, the time the ServerApp waited for the SuperNodes to answer who they serve, the run's
+wall time from ``flwr run`` to the run's end, and the bytes per round (Flower's messages
+against the engine's tensor bytes). The model and data are small on purpose: what is left is
+the price of the transport and of Flower's process per message.
+
+    PYTHONPATH=src python benchmarks/flower_deploy.py --clients 2 4 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+
+import numpy as np  # noqa: E402
+
+import fedrift  # noqa: E402
+from fedrift.deploy.loopback import LoopbackFederation  # noqa: E402
+from fedrift.deploy.project import write_app  # noqa: E402
+
+
+def arrays(n_train: int = 2000, n_test: int = 500, dim: int = 64, classes: int = 10, seed: int = 0) -> dict:
+    g = np.random.default_rng(seed)
+    centers = g.normal(0, 1.5, (classes, dim))
+    y_train, y_test = g.integers(0, classes, n_train), g.integers(0, classes, n_test)
+    return {"x_train": (centers[y_train] + g.normal(0, 1, (n_train, dim))).astype(np.float32), "y_train": y_train,
+            "x_test": (centers[y_test] + g.normal(0, 1, (n_test, dim))).astype(np.float32), "y_test": y_test}
+
+
+def config(root: Path, k: int, rounds: int, out: Path, algorithm: str) -> dict:
+    return {
+        "seed": 0,
+        "data": {"name": "npz", "root": str(root)},
+        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": k, "min_size": 20},
+        "model": {"name": "mlp", "hidden": [64]},
+        "algorithm": {"name": algorithm},
+        "engine": {"threads": 1, "executor": "sequential", "checkpoint_every": 0},
+        "train": {"rounds": rounds, "clients_per_round": k, "local_epochs": 1, "batch_size": 32, "lr": 0.05},
+        "output": {"dir": str(out), "progress": False},
+    }
+
+
+def measure(base: Path, k: int, rounds: int, algorithm: str) -> dict:
+    data = base / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    np.savez(data / "data.npz", **arrays())
+    engine = fedrift.run(config(data, k, rounds, base / "engine", algorithm))
+    with LoopbackFederation(base / "federation", k) as fed:
+        app = write_app(base / "app", config(data, k, rounds, base / "deployed", algorithm))
+        start = time.perf_counter()
+        entry = fed.run(app, base / "deployed" / "summary.json", timeout=1800)
+        wall = time.perf_counter() - start
+    if entry["status"] != "finished:completed":
+        raise RuntimeError(f"the deployed run failed: {entry.get('status-details')}")
+    summary = json.loads((base / "deployed" / "summary.json").read_text())
+    rows = [json.loads(line) for line in (base / "deployed" / "metrics.jsonl").read_text().splitlines()]
+    mine = statistics.median(r["seconds"] for r in rows)
+    theirs = statistics.median(r["seconds"] for r in engine.history)
+    return {
+        "clients_per_round": k, "rounds": rounds, "algorithm": algorithm,
+        "engine_s_per_round": theirs, "flower_s_per_round": mine,
+        "overhead_s_per_round": mine - theirs, "overhead_s_per_client": (mine - theirs) / k,
+        "flower_connect_s": summary["connect_seconds"], "flower_run_wall_s": wall,
+        "flower_bytes_per_round": (summary["bytes_down_total"] + summary["bytes_up_total"]) / rounds,
+        "engine_bytes_per_round": (engine.summary["bytes_down_total"] + engine.summary["bytes_up_total"]) / rounds,
+        "clientapp_seconds": entry["compute-time"]["clientapp-seconds"],
+        "same_final_accuracy": summary["final_accuracy"] == engine.summary["final_accuracy"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--algorithm", default="fedavg")
+    args = p.parse_args()
+    results = []
+    for k in args.clients:
+        with tempfile.TemporaryDirectory(prefix=f"flower-deploy-{k}-") as tmp:
+            results.append(measure(Path(tmp), k, args.rounds, args.algorithm))
+        print(json.dumps(results[-1]), flush=True)
+    print("\n| clients/round | engine s/round | Flower s/round | overhead s/round | per client | connect s | bytes/round Flower / engine |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['clients_per_round']} | {r['engine_s_per_round']:.3f} | {r['flower_s_per_round']:.2f} | "
+              f"{r['overhead_s_per_round']:.2f} | {r['overhead_s_per_client']:.2f} | {r['flower_connect_s']:.1f} | "
+              f"{r['flower_bytes_per_round']:,.0f} / {r['engine_bytes_per_round']:,.0f} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""A real Flower federation on this machine's loopback: a ``flower-superlink`` with TLS and
+SuperNode authentication, one ``flower-supernode`` per fedrift client, each with its own key
+registered first. What the deployment's tests and benchmark run against; the same steps as a
+deployment on several machines (README, "Deploying with Flower"), with certificates made here.
+
+Nothing leaves the machine: every address is 127.0.0.1, Flower's telemetry is off, and the
+SuperLink installs no app dependencies (fedrift is already importable).
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CONNECTION = "fedrift-loopback"  # the SuperLink connection's name in FLWR_HOME/config.toml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_certificates(folder: Path, nodes: int) -> None:
+    """A CA, the SuperLink's certificate (for 127.0.0.1 and localhost) signed by it, and one
+    EC key pair per SuperNode (OpenSSH format, as Flower's SuperNode authentication wants)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1))
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def pem(key: Any) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("fedrift test CA")).issuer_name(name("fedrift test CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(valid[0]).not_valid_after(valid[1])
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt = x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    cert = (x509.CertificateBuilder().subject_name(name("localhost")).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(valid[0]).not_valid_after(valid[1]).add_extension(alt, critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    (folder / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (folder / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "server.key").write_bytes(pem(key))
+    for i in range(nodes):
+        node = ec.generate_private_key(ec.SECP384R1())
+        (folder / f"node{i}").write_bytes(node.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+        (folder / f"node{i}.pub").write_bytes(node.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+
+
+class LoopbackFederation:
+    """SuperLink + ``clients`` SuperNodes (node ``k`` serves fedrift client ``k``) under
+    ``folder``; ``run(app)`` submits an app with ``flwr run`` and waits for it to finish.
+    Use as a context manager: the processes are stopped (their process groups) on exit."""
+
+    def __init__(self, folder: Path, clients: int, node_config: dict[int, str] | None = None) -> None:
+        self.folder, self.clients = folder, clients
+        self.node_config = node_config or {}
+        self.bin = Path(sys.executable).parent
+        # Flower starts its helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH
+        path = f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.env = {**os.environ, "PATH": path, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": str(folder / "flwr-home")}
+        if os.environ.get("PYTHONPATH"):  # the processes run in ``folder``: its entries made absolute
+            self.env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)
+        self.procs: list[subprocess.Popen] = []
+        self.port = free_port()
+
+    def __enter__(self) -> "LoopbackFederation":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        certs = self.folder / "certs"
+        make_certificates(certs, self.clients + 1)  # the last key is never registered
+        home = Path(self.env["FLWR_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{certs / "ca.crt"}"\n')
+        self._spawn("superlink", "flower-superlink", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--ssl-ca-certfile", str(certs / "ca.crt"), "--ssl-certfile", str(certs / "server.pem"),
+                    "--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth",
+                    "--disable-runtime-dependency-installation")
+        self._wait_listening(self.port, 60)
+        for k in range(self.clients):
+            self.flwr("supernode", "register", str(certs / f"node{k}.pub"), CONNECTION)
+        for k in range(self.clients):
+            config = f"partition-id={k}" + (f" {self.node_config[k]}" if k in self.node_config else "")
+            self._spawn(f"supernode{k}", "flower-supernode", "--superlink", f"127.0.0.1:{self.port}",
+                        "--root-certificates", str(certs / "ca.crt"), "--auth-supernode-private-key",
+                        str(certs / f"node{k}"), "--node-config", config, "--port", str(free_port()))
+        self._wait_nodes(60)
+
+    def unregistered_node_refused(self, timeout: float = 30) -> tuple[bool, str]:
+        """Start a SuperNode whose key was never registered: (whether it gave up, its log)."""
+        certs = self.folder / "certs"
+        proc = self._spawn("intruder", "flower-supernode", "--superlink", f"127.0.0.1:{self.port}",
+                           "--root-certificates", str(certs / "ca.crt"), "--auth-supernode-private-key",
+                           str(certs / f"node{self.clients}"), "--node-config", "partition-id=0",
+                           "--port", str(free_port()), "--max-retries", "0")
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        text = (self.folder / "intruder.log").read_text(errors="replace")
+        return proc.poll() not in (None, 0), text
+
+    def flwr(self, *args: str) -> str:
+        """The ``flwr`` command line, run in this process (a ``flwr`` process costs seconds of
+        CPU to start); its output, or a RuntimeError with it. Its ``--format json`` output
+        goes to ``sys.__stdout__``, caught here for the call."""
+        from flwr.cli.app import app
+        from flwr.supercore.logger import console_handler
+        from typer.testing import CliRunner
+
+        caught, saved, stream = io.StringIO(), sys.__stdout__, console_handler.stream
+        sys.__stdout__ = caught  # type: ignore[misc]
+        try:
+            result = CliRunner().invoke(app, list(args), env={"FLWR_HOME": self.env["FLWR_HOME"],
+                                                              "FLWR_TELEMETRY_ENABLED": "0"})
+        finally:
+            sys.__stdout__, console_handler.stream = saved, stream  # type: ignore[misc]
+        output = caught.getvalue() or result.output
+        if result.exit_code != 0:
+            raise RuntimeError(f"flwr {' '.join(args)} failed ({result.exit_code}): {output}")
+        return output
+
+    def nodes_online(self) -> int:
+        out = json.loads(self.flwr("supernode", "list", CONNECTION, "--format", "json"))
+        return sum(1 for n in out.get("nodes", []) if n.get("status") == "online")
+
+    def submit(self, app: Path) -> str:
+        """``flwr run app``: the run's id."""
+        return str(json.loads(self.flwr("run", str(app), CONNECTION, "--format", "json"))["run-id"])
+
+    def status(self, run_id: str) -> dict[str, Any]:
+        """The run's entry of ``flwr ls``."""
+        return json.loads(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json"))["runs"][0]
+
+    def wait(self, run_id: str, done: Path | None = None, timeout: float = 300) -> dict[str, Any]:
+        """Wait for run ``run_id`` to finish: its ``flwr ls`` entry. ``done``: a file whose
+        appearance means the run is ending (a fedrift run's summary.json), watched every 0.2 s;
+        ``flwr ls`` (a CLI start, seconds of CPU) is asked every 10 s, and then each second."""
+        deadline = time.monotonic() + timeout
+        asked = time.monotonic()
+        while time.monotonic() < deadline:
+            ending = done is not None and done.exists()
+            if ending or time.monotonic() - asked > 10:
+                entry, asked = self.status(run_id), time.monotonic()
+                if str(entry["status"]).startswith("finished"):
+                    return entry
+            time.sleep(1 if ending else 0.2)
+        raise TimeoutError(f"Flower run {run_id} did not finish within {timeout:g} s")
+
+    def run(self, app: Path, done: Path | None = None, timeout: float = 300) -> dict[str, Any]:
+        """``flwr run app`` and wait for it (see :meth:`wait`)."""
+        return self.wait(self.submit(app), done, timeout)
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs = []
+
+    def _spawn(self, name: str, program: str, *args: str) -> subprocess.Popen:
+        with open(self.folder / f"{name}.log", "wb") as out:
+            proc = subprocess.Popen([str(self.bin / program), *args], env=self.env, cwd=self.folder, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def _wait_listening(self, port: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[0].poll() is not None:
+                raise RuntimeError(f"flower-superlink exited: {self.log('superlink')[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError(f"flower-superlink did not listen on port {port} within {timeout:g} s")
+
+    def _wait_nodes(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.nodes_online() >= self.clients:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.clients} SuperNodes did not come online within {timeout:g} s")

@@ -1,0 +1,96 @@
+"""``fedrift flower app DIR``: a Flower app project that deploys one fedrift config.
+
+The project is a ``pyproject.toml`` whose ``[tool.flwr.app.components]`` point at fedrift's
+ServerApp and ClientApp (:mod:`fedrift.deploy.flower`) and whose run config carries the
+resolved fedrift config (JSON). ``flwr run DIR SUPERLINK`` sends it to a SuperLink; the
+ServerApp runs the server half there, each SuperNode's ClientApp the client half.
+Needs the ``flower`` extra (``flwr``); checked here so that a missing package is one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from fedrift.errors import ConfigError, writing
+
+if TYPE_CHECKING:  # imported where used: a SuperNode answering who it serves loads no torch
+    from fedrift.algorithms.base import Algorithm
+    from fedrift.config import Config
+    from fedrift.engine.build import Prepared
+
+CONFIG_KEY = "fedrift-config"  # run config: the resolved fedrift config, as JSON
+WAIT_KEY = "wait-seconds"  # run config: how long the ServerApp waits for every client's SuperNode
+REPLY_KEY = "reply-seconds"  # run config: how long it waits for a round's replies
+NODE_CLIENT = "partition-id"  # node config: the fedrift client id a SuperNode serves
+NODE_ROOT = "data-root"  # node config: where that SuperNode reads the dataset (data.root)
+INSTALL = "pip install 'fedrift[flower]'"
+
+
+def require_flwr() -> Any:
+    """The ``flwr`` package, or one line naming the extra that installs it."""
+    try:
+        import flwr
+    except ImportError:
+        raise ConfigError(f"flower: a Flower deployment needs the flwr package; install it with {INSTALL}") from None
+    return flwr
+
+
+def check_deployable(cfg: "Config", algorithm: "Algorithm") -> None:
+    """Refuse what a deployment cannot do: whatever reads the clients' states or local models
+    on the server, which stay on the devices."""
+    if algorithm.personal:
+        raise ConfigError(
+            f"algorithm.name: {cfg.algorithm.name} is evaluated on each client's personal model, which stays on "
+            "its device in a Flower deployment; allowed: an algorithm with one global model (fedrift list)")
+    for key, on in (("eval.personalize", cfg.eval.personalize), ("eval.drift", cfg.eval.drift)):
+        if on:
+            raise ConfigError(f"{key}: reads the clients' local models, which stay on the devices in a Flower "
+                              "deployment; allowed: false")
+
+
+def resolved_yaml(prep: "Prepared") -> str:
+    """The config as a run folder's ``config.yaml`` holds it: every option resolved."""
+    from fedrift.config import to_yaml
+
+    options = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {} for k, v in prep.options.items()}
+    return to_yaml(prep.config, options)
+
+
+def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list[str] | None = None,
+              wait_seconds: float = 600.0) -> Path:
+    """Write the app project for ``config`` into ``out`` (a new or empty folder); its path.
+    The config is checked here as ``fedrift run`` would, plus the deployment's refusals."""
+    require_flwr()
+    import tomli_w  # comes with flwr
+
+    import yaml
+
+    from fedrift.engine.build import build_run, prepare
+
+    prep = prepare(config, overrides)
+    _, algorithm = build_run(prep)
+    check_deployable(prep.config, algorithm)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"DIR: {str(out)!r} exists and is not an empty folder; allowed: a new folder")
+    text = resolved_yaml(prep)
+    doc = yaml.safe_load(text)
+    name = f"fedrift-{prep.config.algorithm.name}".replace("_", "-")
+    project = {
+        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
+        "project": {"name": name, "version": "1.0.0", "description": "fedrift deployed with Flower",
+                    "dependencies": ["fedrift[flower]"]},
+        "tool": {"flwr": {"app": {
+            "publisher": "fedrift",
+            "components": {"serverapp": "fedrift.deploy.flower:server_app",
+                           "clientapp": "fedrift.deploy.flower:client_app"},
+            "config": {CONFIG_KEY: json.dumps(doc, sort_keys=True), WAIT_KEY: float(wait_seconds), REPLY_KEY: 3600.0},
+        }}},
+    }
+    with writing("DIR", "; allowed: a folder this user can write"):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "pyproject.toml").write_text(tomli_w.dumps(project))
+        (out / "fedrift.yaml").write_text(text)  # to read; the run uses pyproject's copy
+    return out

@@ -1,0 +1,191 @@
+"""A run's pieces built from its config: dataset, partition, model, algorithm, training tools.
+
+One module, below the API, that every place a run is built calls: ``fedrift.api`` (the
+server's side), the ``processes`` executor's workers and the Ray actors (the client side),
+and the Flower apps. Whatever builds a run here builds the same one from the same config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from fedrift.algorithms import ALGORITHMS
+from fedrift.algorithms.base import Algorithm, Setup
+from fedrift.config import Config, load_config, validate_options
+from fedrift.data import DATASETS, Dataset, load_dataset
+from fedrift.data.partition import PARTITIONS, partition_dataset
+from fedrift.data.partition_base import Partition
+from fedrift.engine import privacy
+from fedrift.engine.augment import Augment
+from fedrift.engine.executors.base import RoundTools
+from fedrift.engine.local import make_apply, make_tools, prefers_channels_last
+from fedrift.engine.sampling import SAMPLERS, cohort_size
+from fedrift.engine.tensorboard import summary_writer_class
+from fedrift.errors import ConfigError
+from fedrift.models import MODELS, build_model
+from fedrift.models.base import FedModel
+from fedrift.plugins import load_plugins
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, built and validated before anything is written."""
+
+    config: Config
+    options: dict[str, Any]  # section -> validated options object
+    dataset: Dataset
+    partition: Partition
+    device: torch.device
+
+
+SECTION_REGISTRIES = {"data": DATASETS, "partition": PARTITIONS, "model": MODELS, "algorithm": ALGORITHMS}
+
+
+def shared_options(section: str, old: str, new: str) -> set[str]:
+    """Options that entries ``old`` and ``new`` of ``section`` both have from one options class
+    (``num_clients`` of every partition but ``natural``, ``aggregation`` of every algorithm):
+    an override of the section's name keeps them and drops the old entry's own."""
+    registry = SECTION_REGISTRIES[section]
+    if old not in registry or new not in registry:
+        return set()
+    a, b = registry.get(old).params, registry.get(new).params
+    if a is None or b is None:
+        return set()
+    return {k for k in getattr(a, "__dataclass_fields__", {}) if _declared_by(a, k) in b.__mro__}
+
+
+def _declared_by(cls: type, key: str) -> type | None:
+    return next((c for c in cls.__mro__ if key in c.__dict__.get("__annotations__", {})), None)
+
+
+def resolve_options(cfg: Config) -> dict[str, Any]:
+    """Validate every named section's options against its registry entry."""
+    out = {}
+    for section, registry in SECTION_REGISTRIES.items():
+        named = getattr(cfg, section)
+        entry = registry.get(named.name, f"{section}.name")
+        extra = named.options_dict
+        out[section] = validate_options(section, entry.params, extra)
+    from fedrift.engine.executors import EXECUTORS  # here: the processes executor imports this module
+
+    EXECUTORS.get(cfg.engine.executor, "engine.executor")
+    SAMPLERS.get(cfg.engine.sampling, "engine.sampling")
+    return out
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("engine.device: cuda requested but torch sees no GPU here; allowed: auto, cpu")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: list[str] | None = None) -> Prepared:
+    """The config loaded and validated, its dataset loaded and partitioned: nothing written yet."""
+    cfg = load_config(config, overrides, shared_options)
+    options = resolve_options(cfg)
+    device = resolve_device(cfg.engine.device)
+    root = Path(cfg.data.root).expanduser() if cfg.data.root else None
+    dataset = load_dataset(cfg.data.name, root, options["data"])
+    if dataset.text == "tokens" and cfg.model.name == "text" and options["model"].freeze_encoder:
+        dataset = _pooled(dataset)
+    if cfg.data.augment and len(dataset.input_shape) != 3:
+        raise ConfigError(
+            f"data.augment: crops and flips images (channels, height, width); {cfg.data.name} has inputs of "
+            f"shape {dataset.input_shape}; allowed: false with {cfg.data.name}"
+        )
+    partition = partition_dataset(
+        dataset, cfg.partition.name, options["partition"], cfg.seed, cfg.partition.holdout, cfg.partition.val_share
+    )
+    if cfg.output.tensorboard:
+        summary_writer_class()  # a missing package is refused before anything is written
+    return Prepared(cfg, options, dataset, partition, device)
+
+
+def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
+    tc = prep.config.train
+    held = torch.as_tensor(prep.partition.holdout, dtype=torch.int64)
+    buffers = {k: v.detach().to(prep.device) for k, v in model.named_buffers()}
+    setup = Setup(
+        num_classes=prep.dataset.num_classes,
+        num_clients=prep.partition.num_clients,
+        feature_dim=model.feature_dim,
+        lr=tc.lr,
+        momentum=tc.momentum,
+        weight_decay=tc.weight_decay,
+        clip_grad_norm=tc.clip_grad_norm,
+        seed=prep.config.seed,
+        projection_dim=model.projection_dim,
+        batch_size=tc.batch_size,
+        apply=make_apply(model.to(prep.device), buffers, prefers_channels_last(model, prep.device), prep.dataset.prepare),
+        holdout_x=prep.dataset.x_train[held].to(prep.device) if len(held) else None,
+        holdout_y=prep.dataset.y_train[held].to(prep.device) if len(held) else None,
+    )
+    entry = ALGORITHMS.get(prep.config.algorithm.name, "algorithm.name")
+    return entry.factory(prep.options["algorithm"], setup)
+
+
+def build_run(prep: Prepared) -> tuple[FedModel, Algorithm]:
+    """The run's model and algorithm, and the checks that need them both: what a run refuses
+    here it refuses before anything is written (``fedrift compare`` calls it per setting)."""
+    cfg = prep.config
+    cohort_size(prep.partition.num_clients, cfg.train.clients_per_round, cfg.train.participation)
+    model = build_model(cfg.model.name, prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, cfg.seed)
+    _check_text(prep, model)
+    algorithm = build_algorithm(prep, model)
+    if cfg.train.optimizer != "sgd" and (algorithm.optimizer is not None or algorithm.local_sgd):
+        raise ConfigError(
+            f"train.optimizer: {cfg.algorithm.name} runs its own local SGD (its math assumes it), so it cannot "
+            f"train with {cfg.train.optimizer}; allowed: sgd with {cfg.algorithm.name}"
+        )
+    privacy.check(cfg, algorithm)
+    if algorithm.personal and (cfg.eval.drift or cfg.eval.personalize):
+        key = "eval.drift" if cfg.eval.drift else "eval.personalize"
+        raise ConfigError(
+            f"{key}: {cfg.algorithm.name} trains personal models (there is no one global model to "
+            f"compare or calibrate); allowed: false with {cfg.algorithm.name}"
+        )
+    return model, algorithm
+
+
+def _pooled(dataset: Dataset) -> Dataset:
+    """Token ids replaced by the frozen encoder's sentence embeddings, computed once
+    (``models.text.encode_frozen``): the head-only model then trains on them."""
+    from fedrift.models.text import encode_frozen
+
+    return dataclasses.replace(dataset, x_train=encode_frozen(dataset.x_train), x_test=encode_frozen(dataset.x_test),
+                               token_cut=None, text="pooled")
+
+
+def _check_text(prep: Prepared, model: FedModel) -> None:
+    """Token ids go to the text model only, and it takes nothing else."""
+    name = prep.config.model.name
+    if prep.dataset.text is not None and not model.takes_tokens:
+        raise ConfigError(f"model.name: {name} cannot read the token ids of {prep.config.data.name}; allowed: text")
+    if model.takes_tokens and prep.dataset.text is None:
+        raise ConfigError(f"data.name: model {name} reads token ids; {prep.config.data.name} has none; allowed: sst5, agnews")
+
+
+def build_tools(prep: Prepared, model: FedModel, algorithm: Algorithm) -> RoundTools:
+    """The run's training tools (``apply``, the local step, the optimiser) on its device."""
+    cfg = prep.config
+    x, y = prep.dataset.x_train.to(prep.device), prep.dataset.y_train.to(prep.device)
+    return make_tools(model.to(prep.device), algorithm, cfg.train, x, y, cfg.seed, cfg.eval.batch_size,
+                      prep.dataset.prepare, Augment.from_config(cfg.data), cfg.privacy)
+
+
+def client_tools(config: Config | Prepared) -> RoundTools:
+    """A client side's tools rebuilt from the run's config (or its prepared pieces), as the
+    server built them: what a ``processes`` worker, a Ray actor or a Flower client trains with.
+    Plugins load first: the algorithm may be a plugin's."""
+    cfg = config.config if isinstance(config, Prepared) else config
+    load_plugins(cfg.plugins)
+    prep = config if isinstance(config, Prepared) else prepare(cfg)
+    model, algorithm = build_run(prep)
+    return build_tools(prep, model, algorithm)

@@ -1,0 +1,389 @@
+"""The server half of a run: its state, sampling, broadcast, the optional pre-phase,
+aggregation, evaluation, logging and checkpoints.
+
+A round is ``open`` (the sampled clients, the payload, their jobs), then, for algorithms
+with a pre-phase, ``combine`` (the clients' summaries), then ``close`` (the clients'
+outputs). Who runs the clients between ``open`` and ``close`` is not the server's business:
+the in-process loop hands the jobs to an executor (``engine.loop``), a Flower ServerApp sends
+them as messages to devices. Both call the same client function (``engine.client``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from fedrift.algorithms.base import Algorithm, RoundInfo
+from fedrift.config import Config
+from fedrift.engine.augment import Augment
+from fedrift.engine.checkpoint import Checkpointer, Snapshot, prefix_sha256
+from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
+from fedrift.engine.failures import Fates, fates
+from fedrift.engine.federation import Federation, client_job
+from fedrift.engine.local import make_tools
+from fedrift.engine.outputs import RunWriter
+from fedrift.engine.privacy import Accountant, private_mean
+from fedrift.engine.sampling import SAMPLERS, cohort_size, eval_clients
+from fedrift.engine.state import ClientStateStore
+from fedrift.engine.teacher import with_teacher
+from fedrift.engine.tree import all_finite, shares_memory, signature, stack, tree_bytes
+from fedrift.errors import DivergenceError, NoClientsError
+from fedrift.metrics.drift import drift_metrics, probe_indices
+from fedrift.metrics.evaluate import evaluate, evaluate_personal
+from fedrift.models.base import FedModel
+
+
+class UploadStack:
+    """The round's uploads stacked into last round's stack when the server state kept no part
+    of it: a fresh stack each round (330 MB for 50 FedAvg CNNs) costs more in page faults
+    than in copying (BENCHMARKS.md, S2). Only with ``reuse``: for executors whose training
+    holds no more than the round's outputs (one client at a time), where the kept stack
+    raises no peak; beside the batched executor's vectorised groups it would (S4: 1,923 to
+    2,058 MB, measured)."""
+
+    def __init__(self, reuse: bool) -> None:
+        self.reuse = reuse
+        self.tree: dict[str, Any] | None = None
+
+    def __call__(self, uploads: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.reuse:
+            return stack(uploads)
+        want = [(p, (len(uploads), *s), d) for p, s, d in signature(uploads[0])]
+        if self.tree is not None and signature(self.tree) == want:
+            return stack(uploads, out=self.tree)
+        self.tree = stack(uploads)
+        return self.tree
+
+    def release_if_held(self, state: dict[str, Any]) -> None:
+        """Never write into memory the server state still reads."""
+        if self.tree is not None and shares_memory(state, self.tree):
+            self.tree = None
+
+
+@dataclass
+class LoopResult:
+    history: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    global_params: dict[str, torch.Tensor] = field(default_factory=dict)
+    server_state: dict[str, Any] = field(default_factory=dict)
+    personalization: dict[str, Any] | None = None
+
+
+@dataclass
+class Round:
+    """One round as the server opened it. ``jobs`` are the returning clients' work (batch
+    schedule and context, with their stored state); ``tools`` carry the round's teacher table
+    when the server built one. ``down``/``up`` count the bytes sent so far (a deployment may
+    replace them by its transport's real sizes)."""
+
+    t: int
+    info: RoundInfo
+    sampled: list[int]
+    fate: Fates
+    payload: dict[str, Any]
+    jobs: list[ClientJob]
+    weights: torch.Tensor
+    tools: RoundTools
+    down: int
+    up: int = 0
+    start: float = 0.0
+
+    @property
+    def needs_summaries(self) -> bool:
+        """Whether the algorithm has a pre-phase: ``Server.combine`` before training."""
+        return self.tools.algorithm.client_summary is not None
+
+
+class Server:
+    """The server's state and its side of every round (see the module's docstring).
+
+    ``clients_build_teacher``: the clients compute their teacher rows themselves (worker
+    processes, Ray actors, devices), so the server builds no teacher table unless a pre-phase
+    it runs itself reads it (``prephase_on_clients``: the clients run it too, as devices do). ``reuse_uploads``: see :class:`UploadStack`. ``extra_state``: what
+    the executor keeps between rounds, saved with each checkpoint.
+    """
+
+    def __init__(
+        self, cfg: Config, fed: Federation, model: FedModel, algorithm: Algorithm, writer: RunWriter,
+        checkpoints: Checkpointer | None = None, resume: Snapshot | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None, clients_build_teacher: bool = False,
+        reuse_uploads: bool = False, extra_state: Callable[[], Any] | None = None, prephase_on_clients: bool = False,
+    ) -> None:
+        tc = cfg.train
+        self.cfg, self.fed, self.model, self.algorithm, self.writer = cfg, fed, model, algorithm, writer
+        self.checkpoints, self.on_round, self.extra_state = checkpoints, on_round, extra_state
+        self.clients_build_teacher = clients_build_teacher
+        self.prephase_on_clients = prephase_on_clients
+        self.m = cohort_size(fed.num_clients, tc.clients_per_round, tc.participation)
+        self.sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
+        model = model.to(fed.device)
+        params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        self.tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size, fed.prepare,
+                                Augment.from_config(cfg.data), cfg.privacy)
+        self.accountant = None if cfg.privacy.level == "none" else Accountant(
+            cfg.privacy, self.m, fed.num_clients, list(fed.sizes), tc.batch_size, tc.local_epochs, tc.local_steps)
+        self.epsilon = None
+        self.store = ClientStateStore(algorithm.init_client, params, mode=cfg.engine.client_state,
+                                      path=writer.dir / "client_state.bin", num_clients=fed.num_clients)
+        self.state = algorithm.init_server(params)
+        self.uniform = algorithm.hparams.aggregation == "uniform"
+        self.uploads = UploadStack(reuse=reuse_uploads)
+        self.panel = eval_clients(fed.num_clients, cfg.eval.clients_sample, cfg.seed)  # personal models: whose
+        self.probe = probe_indices(len(fed.y_test), cfg.eval.probe_size, cfg.seed).to(fed.device)
+        # test_*, then val_* on the union of the clients' validation splits (partition.val_share)
+        self.evaluated = [("test", fed.x_test, fed.y_test)] + (
+            [("val", fed.x_val, fed.y_val)] if len(fed.y_val) else [])
+        self.out = LoopResult()
+        self.totals: dict[str, Any] = {"bytes_down": 0, "bytes_up": 0, "seconds": 0.0, "clients_returned": 0,
+                                       "clients_dropped": 0, "clients_failed": 0, "clients_straggling": 0}
+        self.best: tuple[float, int] = (-1.0, 0)
+        self.first = 1
+        if resume is not None:
+            assert checkpoints is not None
+            self.state, self.out.history, self.totals, self.best = resume.server, resume.history, resume.totals, tuple(resume.best)
+            checkpoints.load_clients(resume, self.store)
+            if self.tools.teacher_memo is not None and resume.memo is not None:
+                self.tools.teacher_memo.load(resume.memo)
+            if self.accountant is not None:  # its rounds so far, not saved: composed again
+                self.epsilon = self.accountant.step(resume.round)
+            self.first = resume.round + 1
+        self.t = self.first - 1
+        self.bar = tqdm(total=tc.rounds, initial=self.first - 1, desc=algorithm.name, unit="round",
+                        disable=None if cfg.output.progress else True)
+
+    def rounds(self) -> range:
+        """The rounds still to run."""
+        return range(self.first, self.cfg.train.rounds + 1)
+
+    def open(self, t: int) -> Round:
+        """Sample round ``t``'s clients, broadcast, and plan the work of those that return."""
+        cfg, fed, alg = self.cfg, self.fed, self.algorithm
+        self.t = t
+        start = time.perf_counter()
+        sampled = self.sampler(fed.num_clients, self.m, cfg.seed, t, fed.label_counts_np, retries=cfg.engine.sampling_retries)
+        info = RoundInfo(round=t, num_clients=fed.num_clients, sampled=tuple(sampled))
+        payload = alg.broadcast(self.state, info)
+        fate = fates(cfg.engine, cfg.seed, t, sampled)
+        if not fate.returning:
+            raise self._no_clients(t, f"all {len(sampled)} sampled clients dropped out (engine.dropout)")
+        jobs = [client_job(fed, k, self.store.get(k), cfg.train, cfg.seed, t, work=fate.work.get(k, 1.0))
+                for k in fate.returning]
+        down = len(sampled) * tree_bytes(payload)  # the dropped received the broadcast too
+        weights = self.weights(fate.returning)
+        # the teacher table sees the broadcast payload; the pre-phase may read it. Clients that
+        # build their own rows (workers, actors, devices) need none unless the server runs a
+        # pre-phase that reads it.
+        own = self.clients_build_teacher and (alg.client_summary is None or self.prephase_on_clients)
+        tools = self.tools if own else with_teacher(self.tools, payload, jobs, cfg.engine.teacher_cache)
+        return Round(t, info, list(sampled), fate, payload, jobs, weights, tools, down, 0, start)
+
+    def combine(self, rnd: Round, summaries: list[dict[str, Any]]) -> None:
+        """The pre-phase's server side: the clients' summaries (in job order) combined with the
+        round's aggregation weights; the result joins the payload that goes down."""
+        extra = self.algorithm.pre_combine(rnd.payload, stack(summaries), rnd.weights.to(self.fed.device))
+        rnd.payload = {**rnd.payload, **extra}
+        rnd.down += len(rnd.jobs) * tree_bytes(extra)
+        rnd.up += sum(tree_bytes(s) for s in summaries)
+
+    def close(self, rnd: Round, outputs: list[ClientOutput], failed: list[int], up: int | None = None) -> dict[str, Any] | None:
+        """Aggregate the outputs (in job order) of the clients that returned, keep their
+        states, evaluate and log when due, checkpoint when due; the round's metrics row, or
+        None when the round is not evaluated. ``up``: the bytes uploaded, when the transport
+        measured them (else the uploads' tensor bytes)."""
+        cfg, fed, alg, t, tc = self.cfg, self.fed, self.algorithm, rnd.t, self.cfg.train
+        if not outputs:
+            raise self._no_clients(t, f"all {len(rnd.jobs)} clients that trained failed (engine.accept_failures)")
+        info, weights = rnd.info, rnd.weights
+        if failed:  # the others' weights renormalised; the aggregation sees who returned
+            weights = self.weights([o.client_id for o in outputs])
+            info = replace(info, sampled=tuple(o.client_id for o in outputs))
+        elif rnd.fate.dropped:
+            info = replace(info, sampled=tuple(rnd.fate.returning))
+        counts = {"clients_returned": len(outputs), "clients_dropped": len(rnd.fate.dropped),
+                  "clients_failed": len(failed), "clients_straggling": len(rnd.fate.work)}
+        for key, value in counts.items():
+            self.totals[key] += value
+
+        losses = torch.stack([o.loss.double().cpu() for o in outputs])
+        bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
+        if bad:
+            raise self._diverged(t, f"client {bad[0]} produced a non-finite training loss")
+        if alg.init_client is not None:  # stored now: not held beside the stacked uploads
+            for o in outputs:
+                if o.state is not None:  # None: the client keeps its state itself (a device)
+                    self.store.put(o.client_id, o.state)
+                    o.state = None
+        if cfg.privacy.level == "client":  # one upload, the noised mean of the clipped models
+            stacked, agg_weights = private_mean([o.upload for o in outputs], rnd.payload["params"], cfg.privacy,
+                                                cfg.seed, t, alg.name)
+        else:
+            stacked, agg_weights = self.uploads([o.upload for o in outputs]), weights.to(fed.device)
+        self.state = alg.aggregate(self.state, stacked, agg_weights, info)
+        if self.accountant is not None:
+            self.epsilon = self.accountant.step()
+        self.uploads.release_if_held(self.state)
+        if not all_finite(self.state["params"]):
+            raise self._diverged(t, "the aggregated global model has non-finite parameters")
+        up_bytes = rnd.up + (sum(tree_bytes(o.upload) for o in outputs) if up is None else up)
+        seconds = time.perf_counter() - rnd.start
+        self.totals["bytes_down"] += rnd.down
+        self.totals["bytes_up"] += up_bytes
+        self.totals["seconds"] += seconds
+
+        row = None
+        if t % cfg.eval.every == 0 or t == tc.rounds:
+            row = {"round": t, **self.evaluate(), **_aux_metrics(outputs, weights)}
+            if cfg.eval.drift:
+                local = [o.end_params for o in outputs]
+                row.update(drift_metrics(self.tools.apply, rnd.payload["params"], local, fed.x_test, fed.y_test,
+                                         self.probe, self.tools.eval_batch))
+            row.update(
+                train_loss=float((weights * losses).sum()),
+                seconds=seconds,
+                wall_seconds=self.totals["seconds"],
+                bytes_down=rnd.down,
+                bytes_up=up_bytes,
+                clients=len(rnd.sampled),
+                **counts,
+            )
+            if self.accountant is not None:
+                row["epsilon"] = self.epsilon
+            self.writer.log(row)
+            self.out.history.append(row)
+            if self.on_round is not None:
+                self.on_round(row)
+            if row["test_accuracy"] > self.best[0]:
+                self.best = (row["test_accuracy"], t)
+            self.bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", best=f"{self.best[0]:.3f}")
+        if self.checkpoints is not None and self.checkpoints.due(t, tc.rounds):
+            self.checkpoint(t)
+        self.bar.update(1)
+        return row
+
+    def evaluate(self) -> dict[str, float]:
+        """The global model (or, for personal algorithms, each client's own: every client up
+        to ``eval.clients_sample`` clients, else a seeded panel of that many) on the test set
+        and the validation union."""
+        fed, alg, apply, chunk = self.fed, self.algorithm, self.tools.apply, self.tools.eval_batch
+        predict = partial(alg.predict, self.state, apply=apply) if alg.predict is not None else None
+        row: dict[str, float] = {}
+        for prefix, x_eval, y_eval in self.evaluated:
+            if alg.personal:  # each panel client's own model, as the store holds it now
+                models = (self.store.get(k)["params"] for k in self.panel)  # one at a time
+                local = [fed.test_indices(k) for k in self.panel] if prefix == "test" else None
+                row.update(evaluate_personal(apply, models, local, x_eval, y_eval, chunk, predict, prefix))
+            else:
+                row.update(evaluate(apply, self.state["params"], x_eval, y_eval, chunk, predict, prefix))
+        return row
+
+    def checkpoint(self, t: int) -> None:
+        assert self.checkpoints is not None
+        memo = self.tools.teacher_memo.dump() if self.tools.teacher_memo is not None else None
+        extra = self.extra_state() if self.extra_state is not None else None
+        size = self.writer.sync()
+        snap = Snapshot(t, self.state, self.out.history, self.totals, self.best, size,
+                        prefix_sha256(self.writer.dir / "metrics.jsonl", size), memo, extra)
+        self.checkpoints.save(snap, self.store)
+
+    def weights(self, clients: list[int]) -> torch.Tensor:
+        """Aggregation weights over the clients that return: p_k by samples, or uniform."""
+        n = torch.tensor([float(self.fed.sizes[k]) for k in clients], dtype=torch.float64)
+        return torch.full_like(n, 1.0 / len(n)) if self.uniform else n / n.sum()
+
+    def release(self) -> None:
+        """Close the progress bar and the client-state store (its disk file is deleted)."""
+        self.bar.close()
+        self.store.close()
+
+    def result(self, status: str = "completed", message: str = "") -> LoopResult:
+        """The run's result so far: history, summary, and (completed) the final state."""
+        out, tc = self.out, self.cfg.train
+        if status == "completed":
+            out.global_params = self.state["params"]
+            out.server_state = self.state
+        out.summary = _summary(out, self.totals, self.best, tc.rounds, status, message)
+        if status == "completed":
+            if self.accountant is not None:
+                out.summary.update(epsilon=self.epsilon, delta=self.cfg.privacy.delta)
+            if self.cfg.eval.at_rounds:
+                at = {r["round"]: r["test_accuracy"] for r in out.history}
+                out.summary["accuracy_at"] = {str(r): at.get(r) for r in self.cfg.eval.at_rounds}
+            if out.personalization is not None:
+                out.summary["personalized_accuracy"] = out.personalization["personalized_accuracy"]
+                out.summary["global_local_accuracy"] = out.personalization["global_local_accuracy"]
+        return out
+
+    def interrupted(self) -> str:
+        """The message of a run stopped by Ctrl-C in round ``self.t``."""
+        out, checkpoints = self.out, self.checkpoints
+        done = int(out.history[-1]["round"]) if out.history else 0
+        where = (f"; it continues from the checkpoint of round {checkpoints.last_round}"
+                 if checkpoints and checkpoints.last_round else "; it starts again from round 1 (no checkpoint yet)")
+        return (
+            f"interrupted in round {self.t} (metrics up to round {done} kept in {self.writer.dir / 'metrics.jsonl'}); "
+            f"continue with: fedrift run --resume {self.writer.dir}{where}"
+        )
+
+    def _no_clients(self, t: int, what: str) -> NoClientsError:
+        return NoClientsError(
+            f"round {t}: no client returned ({what}); the run stopped and the metrics of earlier "
+            f"rounds are kept in {self.writer.dir / 'metrics.jsonl'}"
+        )
+
+    def _diverged(self, t: int, what: str) -> DivergenceError:
+        return DivergenceError(
+            f"training diverged in round {t}: {what}; the run stopped and the metrics of earlier "
+            f"rounds are kept in {self.writer.dir / 'metrics.jsonl'} (try a lower train.lr or set train.clip_grad_norm)"
+        )
+
+
+def _aux_metrics(outputs: list[ClientOutput], weights: torch.Tensor) -> dict[str, float]:
+    """The p_k-weighted mean over clients of each scalar the local losses reported."""
+    keys = sorted({k for o in outputs for k in o.aux})
+    out = {}
+    for k in keys:
+        vals = torch.stack([o.aux[k].double().cpu() if k in o.aux else torch.tensor(float("nan")) for o in outputs])
+        out[k] = float((weights.cpu() * vals).sum())
+    return out
+
+
+def best_validation(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """``best_val_accuracy``, ``best_val_round`` (the first evaluated round with the best
+    validation accuracy) and ``test_accuracy_at_best_val`` (the test accuracy of that round:
+    the model validation selects, never chosen by the test set); {} without validation."""
+    rows = [r for r in history if r.get("val_accuracy") is not None]
+    if not rows:
+        return {}
+    pick = max(rows, key=lambda r: r["val_accuracy"])  # the first of equals
+    return {"best_val_accuracy": pick["val_accuracy"], "best_val_round": pick["round"],
+            "test_accuracy_at_best_val": pick.get("test_accuracy")}
+
+
+def _summary(out: LoopResult, totals: dict, best: tuple[float, int], rounds: int, status: str, message: str = "") -> dict:
+    last = out.history[-1] if out.history else {}
+    done = int(last.get("round", 0))
+    summary: dict[str, Any] = {
+        "status": status,
+        "final_accuracy": last.get("test_accuracy"),
+        "final_loss": last.get("test_loss"),
+        "best_accuracy": best[0] if best[1] else None,
+        "best_round": best[1] or None,
+        **best_validation(out.history),
+        "rounds": done,
+        "rounds_planned": rounds,
+        "wall_seconds": totals["seconds"],
+        "seconds_per_round": totals["seconds"] / done if done else None,
+        "bytes_down_total": totals["bytes_down"],
+        "bytes_up_total": totals["bytes_up"],
+        **{f"{k}_total": totals[k] for k in ("clients_returned", "clients_dropped", "clients_failed", "clients_straggling")},
+    }
+    if "local_accuracy" in last:  # personal models (FedProto): on the clients' own splits
+        summary["final_local_accuracy"] = last["local_accuracy"]
+    if message:
+        summary["message"] = message
+    return summary

@@ -1,0 +1,211 @@
+"""The Flower deployment end to end: a real ``flower-superlink`` (TLS with certificates made
+here, SuperNode authentication on) and two ``flower-supernode`` processes on loopback, each
+registered with its own key and serving one fedrift client. FedAvg, FedGKD (a teacher) and
+SCAFFOLD (client state, kept on the devices) deployed give the global model of fedrift's own
+simulation of the same federation: the same clients each round, the same batches, the same
+functions in the same order, so equal bit for bit here (asserted within 1e-6).
+
+Each SuperNode reads its own ``data-root`` (node config), where the other client's training
+inputs are NaN, and the server's copy has every training input NaN: a deployed run that read
+any input it should not would not equal the simulation. The three runs go to the SuperLink
+at once (a Flower deployment starts a process per message: most of the time is their start).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fedrift
+from fedrift.cli import main
+
+# flwr is an optional extra that `make test` installs: its absence is a set-up error, not a skip
+assert importlib.util.find_spec("flwr") is not None, "the flower extra is missing: make test installs it (pip install 'fedrift[flower]')"
+
+from fedrift.deploy.loopback import LoopbackFederation  # noqa: E402
+from fedrift.deploy.project import write_app  # noqa: E402
+
+ALGORITHMS = ("fedavg", "fedgkd", "scaffold")
+CLIENTS = 2
+TOL = 1e-6
+
+
+def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    """Four Gaussian classes in 12 dimensions: 240 training samples, 80 test samples."""
+    g = np.random.default_rng(seed)
+    centers = g.normal(0, 2, (4, 12))
+    y_train, y_test = g.integers(0, 4, 240), g.integers(0, 4, 80)
+    return {"x_train": (centers[y_train] + g.normal(0, 1, (240, 12))).astype(np.float32), "y_train": y_train,
+            "x_test": (centers[y_test] + g.normal(0, 1, (80, 12))).astype(np.float32), "y_test": y_test}
+
+
+def _config(root: Path, algorithm: str, out: Path) -> dict:
+    return {
+        "seed": 0,
+        "data": {"name": "npz", "root": str(root)},
+        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": CLIENTS, "min_size": 5},
+        "model": {"name": "mlp", "hidden": [16]},
+        "algorithm": {"name": algorithm},
+        "engine": {"threads": 1, "executor": "sequential"},
+        "train": {"rounds": 2, "clients_per_round": CLIENTS, "local_epochs": 1, "batch_size": 16, "lr": 0.05},
+        "output": {"dir": str(out), "progress": False},
+    }
+
+
+def _roots(base: Path) -> tuple[Path, dict[int, Path]]:
+    """The full data (the simulation's), the server's copy (no training inputs) and each
+    device's (only its own client's training inputs); labels everywhere: the partition is
+    drawn from them."""
+    full = _arrays()
+    np.savez(_mkdir(base / "full") / "data.npz", **full)
+    partition = fedrift.api.prepare(_config(base / "full", "fedavg", base / "unused")).partition
+    hidden = {**full, "x_train": np.full_like(full["x_train"], np.nan)}
+    np.savez(_mkdir(base / "server") / "data.npz", **hidden)
+    devices = {}
+    for k in range(CLIENTS):
+        x = hidden["x_train"].copy()
+        own = np.asarray(partition.train[k])
+        x[own] = full["x_train"][own]
+        np.savez(_mkdir(base / f"device{k}") / "data.npz", **{**full, "x_train": x})
+        devices[k] = base / f"device{k}"
+    return base / "full", devices
+
+
+def _mkdir(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """Every algorithm deployed at once on one loopback federation, and simulated meanwhile:
+    {algorithm: (flwr ls entry, run folder, simulation result)}, and whether a SuperNode
+    with an unregistered key was refused."""
+    base = tmp_path_factory.mktemp("flower")
+    full, devices = _roots(base / "data")
+    node_config = {k: f'data-root="{root}"' for k, root in devices.items()}
+    with LoopbackFederation(base / "federation", CLIENTS, node_config) as fed:
+        runs = {}
+        for alg in ALGORITHMS:
+            write_app(base / f"app-{alg}", _config(base / "data" / "server", alg, base / f"deployed-{alg}"))
+            runs[alg] = fed.submit(base / f"app-{alg}")
+        refused: list = []
+        intruder = threading.Thread(target=lambda: refused.append(fed.unregistered_node_refused()))
+        intruder.start()
+        simulated = {alg: fedrift.run(_config(full, alg, base / f"simulated-{alg}")) for alg in ALGORITHMS}
+        entries = {alg: fed.wait(runs[alg], base / f"deployed-{alg}" / "summary.json") for alg in ALGORITHMS}
+        intruder.join()
+        logs = {name: fed.log(name) for name in ("superlink", "supernode0", "supernode1")}
+    return {alg: (entries[alg], base / f"deployed-{alg}", simulated[alg]) for alg in ALGORITHMS}, refused[0], logs
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_deployed_equals_simulation(deployed, algorithm):
+    runs, _, logs = deployed
+    entry, folder, sim = runs[algorithm]
+    assert entry["status"] == "finished:completed", (entry["status-details"], logs["superlink"][-3000:])
+    model = torch.load(folder / "final_model.pt")
+    assert model.keys() == sim.global_state.keys()
+    for key in model:
+        diff = (model[key] - sim.global_state[key]).abs().max().item()
+        assert diff <= TOL, f"{algorithm}: {key} differs by {diff}"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["executor"] == "flower"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [r["round"] for r in sim.history] == [1, 2]
+    for mine, theirs in zip(rows, sim.history):
+        assert mine["test_accuracy"] == pytest.approx(theirs["test_accuracy"], abs=TOL)
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], abs=TOL)
+        assert mine["clients"] == theirs["clients"] == CLIENTS
+        # Flower's messages carry the tensors and their framing: more than the tensors, not much more
+        for key in ("bytes_down", "bytes_up"):
+            assert theirs[key] < mine[key] < 1.5 * theirs[key] + 20_000, (key, mine[key], theirs[key])
+    # the run's traffic as the SuperLink counted it (both ways, with the discovery round and
+    # the HTTP requests' own bytes) covers what the rows report
+    traffic = entry["network-traffic"]
+    assert traffic["outbound-bytes"] + traffic["inbound-bytes"] >= summary["bytes_down_total"] + summary["bytes_up_total"]
+
+
+def test_supernode_authentication_is_on(deployed):
+    _, (refused, log), _ = deployed
+    assert refused, log[-2000:]
+    assert "Failed to activate SuperNode" in log
+
+
+def test_client_state_stays_on_the_devices(deployed):
+    """SCAFFOLD's controls were put in the devices' Flower context, none in the server's run
+    folder; its run folder holds what fedrift run writes."""
+    runs, _, _ = deployed
+    _, folder, _ = runs["scaffold"]
+    assert not (folder / "client_state.bin").exists()
+    assert {p.name for p in folder.iterdir()} >= {"config.yaml", "partition.json", "metrics.jsonl", "summary.json",
+                                                  "final_model.pt"}
+
+
+def test_app_project(tmp_path, capsys):
+    """``fedrift flower app`` writes a Flower app whose run config carries the resolved config."""
+    import tomllib
+
+    assert main(["flower", "app", str(tmp_path / "app"), "train.rounds=3", "data.name=digits"]) == 0
+    project = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
+    app = project["tool"]["flwr"]["app"]
+    assert app["components"] == {"serverapp": "fedrift.deploy.flower:server_app",
+                                 "clientapp": "fedrift.deploy.flower:client_app"}
+    doc = json.loads(app["config"]["fedrift-config"])
+    assert doc["train"]["rounds"] == 3 and doc["algorithm"]["name"] == "fedavg"
+    assert fedrift.api.prepare(doc).config.train.rounds == 3  # a config fedrift reads back
+    assert "flwr run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["algorithm.name=fedproto"], "algorithm.name: fedproto is evaluated on each client's personal model"),
+    (["eval.drift=true"], "eval.drift: reads the clients' local models"),
+    (["eval.personalize=true"], "eval.personalize: reads the clients' local models"),
+])
+def test_refusals(tmp_path, args, message, capsys):
+    assert main(["flower", "app", str(tmp_path / "app"), "data.name=digits", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not (tmp_path / "app").exists()
+
+
+def test_existing_folder_is_kept(tmp_path, capsys):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "mine.txt").write_text("keep")
+    assert main(["flower", "app", str(tmp_path / "app"), "data.name=digits"]) == 2
+    assert "exists and is not an empty folder" in capsys.readouterr().err
+    assert (tmp_path / "app" / "mine.txt").read_text() == "keep"
+
+
+def test_missing_flwr_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr now raises ImportError
+    assert main(["flower", "app", str(tmp_path / "app"), "data.name=digits"]) == 2
+    err = capsys.readouterr().err
+    assert err == "fedrift: error: flower: a Flower deployment needs the flwr package; install it with " \
+                  "pip install 'fedrift[flower]'\n"
+
+
+def test_records_round_trip():
+    """Payloads, uploads and states travel as Flower records bit for bit, nesting, key order,
+    scalars and empty dicts kept."""
+    from fedrift.deploy.flower import decode, encode
+
+    tree = {"params": {"fc.weight": torch.randn(3, 4).t(), "fc.bias": torch.zeros(3, dtype=torch.float64)},
+            "teachers": {"1": {"w": torch.arange(5)}, "0": {"w": torch.ones(2, 2, dtype=torch.bfloat16).float()}},
+            "kd_on": 1.0, "round": 3, "flag": True, "name": "x", "empty": {}, "scalar": torch.tensor(2.5)}
+    back = decode(encode(tree, "payload"), "payload")
+    assert list(back) == list(tree) and list(back["teachers"]) == ["1", "0"]
+    for path in (("params", "fc.weight"), ("params", "fc.bias"), ("teachers", "1", "w"), ("scalar",)):
+        a, b = tree, back
+        for p in path:
+            a, b = a[p], b[p]
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    assert (back["kd_on"], back["round"], back["flag"], back["name"], back["empty"]) == (1.0, 3, True, "x", {})
+    assert type(back["round"]) is int and type(back["flag"]) is bool
