@@ -172,3 +172,13 @@ def test_a_tune_folder_in_use_is_refused(tiny, tmp_path):
         with pytest.raises(fedrift.FedriftError, match="is in use by another fedrift process"):
             fedrift.tune(_cfg(tiny, rounds=1), algorithms=["fedavg"], space={"train.lr": "0.1"}, trials=1, out=out)
     assert not (out / "study.db").exists()
+
+
+@pytest.mark.parametrize("key", ["output.dir=x", "output.progress=false"])
+def test_output_keys_are_the_tuners_and_refused_in_one_line(capsys, tmp_path, key):
+    from conftest import one_line_refusal
+
+    name = key.partition("=")[0]
+    one_line_refusal(capsys, ["tune", "--out", str(tmp_path / "t"), "partition.val_share=0.2", key],
+                     f"{name}: the tuner sets every trial's output keys", "allowed: --out")
+    assert not (tmp_path / "t").exists()  # refused before anything is written

@@ -215,7 +215,8 @@ def build_tune(
     overrides = list(overrides or [])
     for o in overrides:
         if o.partition("=")[0].strip().startswith("output."):
-            raise ConfigError(f"{o.partition('=')[0]}: every trial has its own folder in the tune folder; use --out for it")
+            raise ConfigError(f"{o.partition('=')[0]}: the tuner sets every trial's output keys (its folder in the tune "
+                              "folder, no progress bar); allowed: --out for the tune folder, no output.* key")
     base = apply_overrides(_base_doc(config), overrides)
     entries = list(algorithms) if algorithms else [str((base.get("algorithm") or {}).get("name", "fedavg"))]
     if len(set(entries)) != len(entries):
