@@ -248,6 +248,6 @@ def flower_case(cfg: dict[str, Any], cores: int | None = None, verbose: bool = F
 
 
 def _own_peak_mb() -> float:
-    from speed import _peak_mb  # one definition: VmHWM, not the inherited ru_maxrss
+    from fresh import peak_mb  # one definition: VmHWM, not the inherited ru_maxrss
 
-    return _peak_mb()
+    return peak_mb()

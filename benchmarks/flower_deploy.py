@@ -32,16 +32,8 @@ os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 import numpy as np  # noqa: E402
 
 import fedrift  # noqa: E402
-from fedrift.deploy.loopback import LoopbackFederation  # noqa: E402
+from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
-
-
-def arrays(n_train: int = 2000, n_test: int = 500, dim: int = 64, classes: int = 10, seed: int = 0) -> dict:
-    g = np.random.default_rng(seed)
-    centers = g.normal(0, 1.5, (classes, dim))
-    y_train, y_test = g.integers(0, classes, n_train), g.integers(0, classes, n_test)
-    return {"x_train": (centers[y_train] + g.normal(0, 1, (n_train, dim))).astype(np.float32), "y_train": y_train,
-            "x_test": (centers[y_test] + g.normal(0, 1, (n_test, dim))).astype(np.float32), "y_test": y_test}
 
 
 def config(root: Path, k: int, rounds: int, out: Path, algorithm: str) -> dict:
@@ -60,7 +52,7 @@ def config(root: Path, k: int, rounds: int, out: Path, algorithm: str) -> dict:
 def measure(base: Path, k: int, rounds: int, algorithm: str) -> dict:
     data = base / "data"
     data.mkdir(parents=True, exist_ok=True)
-    np.savez(data / "data.npz", **arrays())
+    np.savez(data / "data.npz", **gaussian_blobs(2000, 500, dim=64, classes=10, spread=1.5))
     engine = fedrift.run(config(data, k, rounds, base / "engine", algorithm))
     with LoopbackFederation(base / "federation", k) as fed:
         app = write_app(base / "app", config(data, k, rounds, base / "deployed", algorithm))

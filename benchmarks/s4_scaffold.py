@@ -1,7 +1,7 @@
 """BENCH.md S4 end to end: SCAFFOLD through ``fedrift.run`` on ``synthetic`` with 10,000
 clients, an MLP of over 100k parameters, 100 clients a round: peak memory.
 
-Each configuration runs in a fresh process (its ``ru_maxrss`` is its own). SCAFFOLD keeps a
+Each configuration runs in a fresh process (its peak memory is its own). SCAFFOLD keeps a
 model-sized control variate per client; ``engine.client_state: disk`` keeps only the round's
 clients' rows in memory, ``memory`` keeps every state put (run it with fewer rounds: it grows
 with the clients seen).
@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
-import subprocess
-import sys
 import tempfile
 import time
+
+from fresh import in_fresh_process, peak_mb
 
 
 def config(store: str, rounds: int, out: str, executor: str = "auto") -> dict:
@@ -41,7 +39,7 @@ def child(store: str, rounds: int, out: str, executor: str = "auto") -> dict:
     r = fedrift.run(config(store, rounds, out, executor))
     return {
         "store": store, "rounds": rounds, "executor": r.summary["executor"], "num_params": r.summary["num_params"],
-        "clients": r.summary["num_clients"], "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "clients": r.summary["num_clients"], "peak_rss_mb": peak_mb(),
         "s_per_round": r.summary["seconds_per_round"], "end_to_end_s": time.perf_counter() - start,
         "final_accuracy": r.summary["final_accuracy"],
     }
@@ -61,11 +59,8 @@ def main() -> None:
     rows = []
     for store in args.runs:
         with tempfile.TemporaryDirectory() as out:
-            cmd = [sys.executable, __file__, "--child", store, "--rounds", str(args.rounds), "--out", out,
-                   "--executor", args.executor]
-            done = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(json.dumps(rows[-1]), flush=True)
+            rows.append(in_fresh_process(__file__, ["--child", store, "--rounds", str(args.rounds), "--out", out,
+                                                    "--executor", args.executor]))
     print("\n| client state | rounds | executor | peak RSS | s/round | end to end | final accuracy |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

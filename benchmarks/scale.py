@@ -4,14 +4,14 @@
 
 The federation: ``mnist5k`` shared out by the ``devices`` partition (each client 8 training
 samples of 2 classes, 10 local test samples), an MLP 784-64-10, one local epoch of batch 8,
-one thread. Each (algorithm, N) runs in a fresh process, so ``ru_maxrss`` is its own.
+one thread. Each (algorithm, N) runs in a fresh process, so its peak memory is its own.
 
 - start-up: from calling ``fedrift.run`` to the start of round 1 (data, partition, its files,
   the federation, the model; measured as the first metrics row's time less that round's
   seconds, so round 1's evaluation, a few milliseconds, is in it);
 - s/round: the median of the rounds' ``seconds`` (training and aggregation, no evaluation)
   after the first two;
-- peak RSS: the process's ``ru_maxrss`` at the end.
+- peak RSS: the process's peak resident memory (VmHWM) at the end.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scale.py --clients 1000 10000 100000 1000000
 """
@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+
+from fresh import in_fresh_process, peak_mb
 
 
 def config(algorithm: str, clients: int, rounds: int, out: str) -> dict:
@@ -53,7 +52,7 @@ def child(algorithm: str, clients: int, rounds: int, out: str) -> dict:
         "algorithm": algorithm, "clients": clients, "rounds": rounds,
         "startup_s": seen[0] - start - secs[0], "s_per_round": statistics.median(secs[2:]),
         "first_round_s": secs[0], "end_to_end_s": end - start,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_mb(),
         "partition_mb": sum(os.path.getsize(os.path.join(out, f)) for f in ("partition.json", "partition.bin")) / 2**20,
         "final_accuracy": r.summary["final_accuracy"],
     }
@@ -74,11 +73,8 @@ def main() -> None:
     for algorithm in args.algorithms:
         for n in args.clients:
             with tempfile.TemporaryDirectory() as out:
-                cmd = [sys.executable, __file__, "--child", algorithm, str(n), "--rounds", str(args.rounds), "--out", out]
-                done = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                                      env={**os.environ, "OMP_NUM_THREADS": "1"})
-                rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-                print(json.dumps(rows[-1]), flush=True)
+                rows.append(in_fresh_process(__file__, ["--child", algorithm, str(n), "--rounds", str(args.rounds),
+                                                        "--out", out]))
     print("\n| algorithm | clients N | start-up | s/round (median) | peak RSS | partition files | final accuracy |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

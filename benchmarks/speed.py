@@ -22,12 +22,13 @@ import importlib.util
 import json
 import multiprocessing as mp
 import os
-import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from fresh import peak_mb
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     # 1,000 small clients, 100 per round, 20 local steps of batch 10
@@ -80,15 +81,6 @@ WORKLOADS.update(THROUGHPUT)
 S3 = {"fedavg": {}, "fedgkd": {"gamma": 0.2, "M": 5}, "fedgkd_vote": {"M": 5, "lam": 0.1}}
 
 
-def _peak_mb() -> float:
-    """This process's own peak resident memory (VmHWM). Not ru_maxrss: a spawned child
-    inherits its parent's peak as a floor there."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def fedrift_case(cfg: dict[str, Any], out: str) -> dict[str, Any]:
     import fedrift
 
@@ -100,7 +92,7 @@ def fedrift_case(cfg: dict[str, Any], out: str) -> dict[str, Any]:
     secs = [r["seconds"] for r in result.history]
     steady = statistics.median(secs[1:]) if len(secs) > 1 else secs[0]
     return {"s_per_round": steady, "first_round_s": secs[0], "end_to_end_s": wall, "rounds_s": secs,
-            "final_accuracy": result.summary["final_accuracy"], "peak_mb": _peak_mb()}
+            "final_accuracy": result.summary["final_accuracy"], "peak_mb": peak_mb()}
 
 
 def usual_local_training(model: Any, x: Any, y: Any, tc: Any) -> None:
@@ -157,7 +149,7 @@ def usual_case(cfg: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             acc = (model(ds.inputs(ds.x_test)).argmax(1) == ds.y_test).float().mean().item()
     return {"s_per_round": statistics.median(secs[1:]) if len(secs) > 1 else secs[0], "first_round_s": secs[0],
-            "end_to_end_s": time.perf_counter() - start, "final_accuracy": acc, "peak_mb": _peak_mb()}
+            "end_to_end_s": time.perf_counter() - start, "final_accuracy": acc, "peak_mb": peak_mb()}
 
 
 def compute_limit(cfg: dict[str, Any], seconds: float = 4.0) -> dict[str, Any]:
@@ -186,7 +178,7 @@ def compute_limit(cfg: dict[str, Any], seconds: float = 4.0) -> dict[str, Any]:
         n += 1
     one = seen / (time.perf_counter() - start)
     cores = len(os.sched_getaffinity(0))
-    return {"samples_per_s_one_thread": one, "cores": cores, "limit_samples_per_s": one * cores, "peak_mb": _peak_mb()}
+    return {"samples_per_s_one_thread": one, "cores": cores, "limit_samples_per_s": one * cores, "peak_mb": peak_mb()}
 
 
 def cifar_shaped(folder: Path, per_batch: int = 400) -> Path:

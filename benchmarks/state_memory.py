@@ -7,7 +7,7 @@ gets their states (the engine builds its jobs), changes them, and puts them back
 aggregation), as ``engine/loop.py`` does. ``--prefill`` first puts every client's state,
 the steady state of a long run in which every client has been seen.
 
-Each (mode, clients) runs in a fresh process, so each peak RSS (``ru_maxrss``) is its own.
+Each (mode, clients) runs in a fresh process, so each peak RSS is its own.
 Memory mode holds every client's state in RAM (~6 GB at 10,000): run it with fewer clients
 and read the extrapolation, which is linear in the clients held.
 
@@ -20,18 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from fresh import in_fresh_process, peak_mb
+
 MLP = [512, 256, 64, 10]
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def child(mode: str, clients: int, per_round: int, rounds: int, prefill: bool, folder: str) -> dict:
@@ -51,7 +46,7 @@ def child(mode: str, clients: int, per_round: int, rounds: int, prefill: bool, f
 
     state_bytes = sum(v.numel() * 4 for v in params.values()) + 8
     path = Path(folder) / f"client_state-{mode}-{clients}.bin"
-    rss0 = _rss_mb()
+    rss0 = peak_mb()
     store = ClientStateStore(init_client, params, mode=mode, path=path, num_clients=clients)
     fill_s = 0.0
     if prefill:
@@ -75,7 +70,7 @@ def child(mode: str, clients: int, per_round: int, rounds: int, prefill: bool, f
     store.close()
     return {
         "mode": mode, "clients": clients, "state_kb": state_bytes / 1024, "stored": clients if prefill else None,
-        "rss_before_store_mb": rss0, "peak_rss_mb": _rss_mb(), "prefill_s": fill_s,
+        "rss_before_store_mb": rss0, "peak_rss_mb": peak_mb(), "prefill_s": fill_s,
         "s_per_round": sum(seconds) / len(seconds), "s_per_round_max": max(seconds), "file_mb_on_disk": disk_mb,
     }
 
@@ -100,12 +95,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         for run in args.runs:
             mode, clients = run.split(":")
-            cmd = [sys.executable, __file__, "--child", mode, clients, "--per-round", str(args.per_round),
-                   "--rounds", str(args.rounds), "--dir", folder] + (["--prefill"] if args.prefill else [])
-            env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(json.dumps(rows[-1]), flush=True)
+            rows.append(in_fresh_process(__file__, ["--child", mode, clients, "--per-round", str(args.per_round),
+                                                    "--rounds", str(args.rounds), "--dir", folder]
+                                         + (["--prefill"] if args.prefill else [])))
 
     print(f"\n{args.per_round} clients a round, {args.rounds} rounds, prefill={args.prefill}\n")
     print("| mode | clients | state per client | peak RSS | RSS before the store | s/round (max) | file on disk |")

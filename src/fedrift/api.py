@@ -13,16 +13,17 @@ import torch
 import yaml
 
 from fedrift.algorithms.base import Algorithm
-from fedrift.config import Config, apply_overrides, read_yaml, to_yaml
+from fedrift.config import Config, apply_overrides, read_yaml
 from fedrift.engine.build import (  # noqa: F401 - the API's names for them (tools and tests use them)
-    SECTION_REGISTRIES, Prepared, build_algorithm, build_run, prepare, resolve_device, resolve_options, shared_options,
+    SECTION_REGISTRIES, Prepared, build_algorithm, build_run, final_state, prepare, resolve_device, resolve_options,
+    resolved_yaml, run_facts, run_folder, shared_options,
 )
 from fedrift.engine.checkpoint import Checkpointer, CheckpointError, Snapshot, prefix_sha256
 from fedrift.engine.executors import EXECUTORS, choose_executor
 from fedrift.engine.executors.processes import available_cpus
 from fedrift.engine.federation import Federation
 from fedrift.engine.loop import run_federation
-from fedrift.engine.outputs import RunWriter, auto_dir
+from fedrift.engine.outputs import RunWriter
 from fedrift.engine.sampling import cohort_size
 from fedrift.engine.tensorboard import Board
 from fedrift.errors import ConfigError, DivergenceError, FedriftError, OutputError, describe_os_error, writing
@@ -88,11 +89,10 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
     model, algorithm = build_run(prep)
     executor_name = resolve_executor(cfg, prep, model)
 
-    label = f"{cfg.algorithm.name}-{cfg.data.name}-{cfg.partition.name}-s{cfg.seed}"
     if resume and not cfg.output.dir:
         raise ConfigError("output.dir: resuming needs the run's folder; allowed: the folder of a stopped run")
-    out_dir = Path(cfg.output.dir) if cfg.output.dir else auto_dir(Path("runs"), label)
-    config_text = to_yaml(cfg, {k: _as_dict(v) for k, v in prep.options.items()})
+    out_dir = run_folder(cfg)
+    config_text = resolved_yaml(prep)
     doc = yaml.safe_load(config_text)
     doc["engine"].update(executor=executor_name, device=str(prep.device))  # as resolved: both change results
     checkpoints = Checkpointer(out_dir, doc, cfg.engine.checkpoint_every)
@@ -111,17 +111,7 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
                 board = Board(out_dir, resume_from=(snap.round + 1 if snap else 1) if resume else None)
             on_round = _both(board.log, on_round)
         fed = Federation(prep.dataset, prep.partition, prep.device)
-        facts = {
-            "algorithm": cfg.algorithm.name,
-            "dataset": cfg.data.name,
-            "partition": cfg.partition.name,
-            "model": cfg.model.name,
-            "seed": cfg.seed,
-            "num_clients": prep.partition.num_clients,
-            "num_params": sum(p.numel() for p in model.parameters()),
-            "executor": executor_name,
-            "device": str(prep.device),
-        }
+        facts = run_facts(prep, model, executor_name)
         threads = torch.get_num_threads()  # restored after the run
         if cfg.engine.threads is not None:
             torch.set_num_threads(cfg.engine.threads)
@@ -147,7 +137,7 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
                 board.close()
             executor.close()
             torch.set_num_threads(threads)
-        state = {k: v.detach().cpu() for k, v in {**loop.global_params, **dict(model.named_buffers())}.items()}
+        state = final_state(loop.global_params, model)
         summary = {**loop.summary, **facts}
         if resume:
             summary["resumed_from_round"] = snap.round if snap else 0
@@ -219,7 +209,3 @@ def _both(first: Callable[[dict[str, Any]], None], then: Callable[[dict[str, Any
         if then is not None:
             then(row)
     return call
-
-
-def _as_dict(options: Any) -> dict[str, Any]:
-    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}

@@ -29,7 +29,7 @@ from fedrift.cli import main
 # flwr is an optional extra that `make test` installs: its absence is a set-up error, not a skip
 assert importlib.util.find_spec("flwr") is not None, "the flower extra is missing: make test installs it (pip install 'fedrift[flower]')"
 
-from fedrift.deploy.loopback import LoopbackFederation  # noqa: E402
+from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
 ALGORITHMS = ("fedavg", "fedgkd", "scaffold")
@@ -39,11 +39,7 @@ TOL = 1e-6
 
 def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
     """Four Gaussian classes in 12 dimensions: 240 training samples, 80 test samples."""
-    g = np.random.default_rng(seed)
-    centers = g.normal(0, 2, (4, 12))
-    y_train, y_test = g.integers(0, 4, 240), g.integers(0, 4, 80)
-    return {"x_train": (centers[y_train] + g.normal(0, 1, (240, 12))).astype(np.float32), "y_train": y_train,
-            "x_test": (centers[y_test] + g.normal(0, 1, (80, 12))).astype(np.float32), "y_test": y_test}
+    return gaussian_blobs(240, 80, dim=12, classes=4, spread=2.0, seed=seed)
 
 
 def _config(root: Path, algorithm: str, out: Path) -> dict:

@@ -10,7 +10,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import pytest
 import torch
 
 import fedrift
+from fedrift.deploy.loopback import free_port
 from fedrift.engine.executors.ray_actors import RayExecutor
 
 # ray is an optional extra that `make test` installs: its absence is a set-up error, not a
@@ -31,16 +31,10 @@ assert importlib.util.find_spec("ray") is not None, "the ray extra is missing: m
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """``host:port`` of a head node plus one worker node, one CPU each; stopped afterwards."""
-    port = _free_port()
+    port = free_port()
     # token authentication (Ray's default for clusters): a fresh token for this cluster, given
     # to both nodes and this driver (newer Rays no longer make one at `ray start --head`); the
     # driver's settings must be in place before ray loads
@@ -148,7 +142,7 @@ def test_no_address_starts_a_ray_of_its_own_where_ray_would_join_another(tmp_pat
     join an existing cluster (RAY_ADDRESS, or the one `ray start` leaves in
     /tmp/ray/ray_current_cluster) and refuse num_cpus with a traceback. RAY_ADDRESS stands
     for that cluster here: nothing listens there."""
-    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{_free_port()}"}
+    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{free_port()}"}
     proc = subprocess.run([sys.executable, "-m", "fedrift.cli", "run", "-c", "examples/compare.yaml", "train.rounds=1",
                            "train.clients_per_round=2", "eval.drift=false", "engine.executor=ray", "engine.workers=1",
                            f"output.dir={tmp_path / 'r'}"], env=env, capture_output=True, text=True, timeout=300)
@@ -157,7 +151,7 @@ def test_no_address_starts_a_ray_of_its_own_where_ray_would_join_another(tmp_pat
 
 
 def test_no_cluster_at_the_address_is_one_line(tmp_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.run([sys.executable, "-m", "fedrift.cli", "run", "-c", "examples/compare.yaml", "train.rounds=1",
                            "engine.executor=ray", f"engine.ray_address=127.0.0.1:{port}", f"output.dir={tmp_path / 'r'}"],
                           capture_output=True, text=True, timeout=120)

@@ -24,7 +24,6 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -132,10 +131,9 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float) ->
     """The deployed run of config ``doc`` through ``grid``; its summary (also in the run folder)."""
     import torch
 
-    from fedrift.deploy.project import resolved_yaml
-    from fedrift.engine.build import build_run, prepare
+    from fedrift.engine.build import build_run, final_state, prepare, resolved_yaml, run_facts, run_folder
     from fedrift.engine.federation import Federation
-    from fedrift.engine.outputs import RunWriter, auto_dir
+    from fedrift.engine.outputs import RunWriter
     from fedrift.engine.server import Server
     from fedrift.errors import DivergenceError
 
@@ -145,13 +143,8 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float) ->
     check_deployable(cfg, algorithm)
     if cfg.engine.threads is not None:
         torch.set_num_threads(cfg.engine.threads)
-    label = f"{cfg.algorithm.name}-{cfg.data.name}-{cfg.partition.name}-s{cfg.seed}"
-    out_dir = Path(cfg.output.dir) if cfg.output.dir else auto_dir(Path("runs"), label)
-    writer = RunWriter(out_dir, cfg.output.overwrite)
-    facts = {"algorithm": cfg.algorithm.name, "dataset": cfg.data.name, "partition": cfg.partition.name,
-             "model": cfg.model.name, "seed": cfg.seed, "num_clients": prep.partition.num_clients,
-             "num_params": sum(p.numel() for p in model.parameters()), "executor": "flower",
-             "device": str(prep.device), "threads": torch.get_num_threads()}
+    writer = RunWriter(run_folder(cfg), cfg.output.overwrite)
+    facts = {**run_facts(prep, model, "flower"), "threads": torch.get_num_threads()}
     try:
         writer.write_text("config.yaml", resolved_yaml(prep))
         writer.write_partition(prep.partition)
@@ -181,10 +174,9 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float) ->
         finally:
             server.release()
         result = server.result()
-        state = {k: v.detach().cpu() for k, v in {**result.global_params, **dict(model.named_buffers())}.items()}
         summary = {**result.summary, **facts}
         if cfg.output.save_model:
-            writer.save_model(state)
+            writer.save_model(final_state(result.global_params, model))
         writer.write_summary(summary)
         return summary
     finally:
@@ -329,13 +321,13 @@ class Device:
         self.params = {n: p.detach().clone() for n, p in model.to(prep.device).named_parameters()}
 
     def state(self, context: Context) -> dict[str, Any]:
-        """The client's state as this device kept it, or the algorithm's initial one."""
-        from fedrift.engine.state import ClientStateStore
-
-        store = ClientStateStore(self.algorithm.init_client, self.params, mode="memory", num_clients=self.fed.num_clients)
+        """The client's state as this device kept it, or the algorithm's initial one (made from
+        the initial model, as the engine's client-state store makes it for a client never seen)."""
+        if self.algorithm.init_client is None:
+            return {}
         if "fedrift-state" in context.state:
-            store.put(self.k, decode(context.state, "fedrift-state", self.fed.device))
-        return store.get(self.k)
+            return decode(context.state, "fedrift-state", self.fed.device)
+        return self.algorithm.init_client(self.params)
 
 
 _DEVICES: dict[tuple[str, str | None, int], Device] = {}  # one per process (a ClientApp process may serve many messages)

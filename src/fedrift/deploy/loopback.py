@@ -26,9 +26,22 @@ CONNECTION = "fedrift-loopback"  # the SuperLink connection's name in FLWR_HOME/
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def gaussian_blobs(n_train: int, n_test: int, dim: int, classes: int, spread: float, seed: int = 0) -> dict[str, Any]:
+    """An ``npz`` dataset's arrays: ``classes`` Gaussian blobs in ``dim`` dimensions, centres
+    drawn with standard deviation ``spread``, unit noise around them (deployments' data)."""
+    import numpy as np
+
+    g = np.random.default_rng(seed)
+    centers = g.normal(0, spread, (classes, dim))
+    y_train, y_test = g.integers(0, classes, n_train), g.integers(0, classes, n_test)
+    return {"x_train": (centers[y_train] + g.normal(0, 1, (n_train, dim))).astype(np.float32), "y_train": y_train,
+            "x_test": (centers[y_test] + g.normal(0, 1, (n_test, dim))).astype(np.float32), "y_test": y_test}
 
 
 def make_certificates(folder: Path, nodes: int) -> None:

@@ -9,7 +9,6 @@ Needs the ``flower`` extra (``flwr``); checked here so that a missing package is
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -19,7 +18,6 @@ from fedrift.errors import ConfigError, writing
 if TYPE_CHECKING:  # imported where used: a SuperNode answering who it serves loads no torch
     from fedrift.algorithms.base import Algorithm
     from fedrift.config import Config
-    from fedrift.engine.build import Prepared
 
 CONFIG_KEY = "fedrift-config"  # run config: the resolved fedrift config, as JSON
 WAIT_KEY = "wait-seconds"  # run config: how long the ServerApp waits for every client's SuperNode
@@ -51,14 +49,6 @@ def check_deployable(cfg: "Config", algorithm: "Algorithm") -> None:
                               "deployment; allowed: false")
 
 
-def resolved_yaml(prep: "Prepared") -> str:
-    """The config as a run folder's ``config.yaml`` holds it: every option resolved."""
-    from fedrift.config import to_yaml
-
-    options = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {} for k, v in prep.options.items()}
-    return to_yaml(prep.config, options)
-
-
 def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list[str] | None = None,
               wait_seconds: float = 600.0) -> Path:
     """Write the app project for ``config`` into ``out`` (a new or empty folder); its path.
@@ -68,7 +58,7 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
 
     import yaml
 
-    from fedrift.engine.build import build_run, prepare
+    from fedrift.engine.build import build_run, prepare, resolved_yaml
 
     prep = prepare(config, overrides)
     _, algorithm = build_run(prep)

@@ -16,7 +16,7 @@ import torch
 
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, Setup
-from fedrift.config import Config, load_config, validate_options
+from fedrift.config import Config, load_config, to_yaml, validate_options
 from fedrift.data import DATASETS, Dataset, load_dataset
 from fedrift.data.partition import PARTITIONS, partition_dataset
 from fedrift.data.partition_base import Partition
@@ -24,6 +24,7 @@ from fedrift.engine import privacy
 from fedrift.engine.augment import Augment
 from fedrift.engine.executors.base import RoundTools
 from fedrift.engine.local import make_apply, make_tools, prefers_channels_last
+from fedrift.engine.outputs import auto_dir
 from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.engine.tensorboard import summary_writer_class
 from fedrift.errors import ConfigError
@@ -184,8 +185,37 @@ def client_tools(config: Config | Prepared) -> RoundTools:
     """A client side's tools rebuilt from the run's config (or its prepared pieces), as the
     server built them: what a ``processes`` worker, a Ray actor or a Flower client trains with.
     Plugins load first: the algorithm may be a plugin's."""
-    cfg = config.config if isinstance(config, Prepared) else config
-    load_plugins(cfg.plugins)
-    prep = config if isinstance(config, Prepared) else prepare(cfg)
+    if isinstance(config, Prepared):  # unpickled where it is used: its plugins may not be loaded yet
+        load_plugins(config.config.plugins)
+        prep = config
+    else:
+        prep = prepare(config)  # loads the config's plugins
     model, algorithm = build_run(prep)
     return build_tools(prep, model, algorithm)
+
+
+def resolved_yaml(prep: Prepared) -> str:
+    """The config as a run folder's ``config.yaml`` holds it: every section's options resolved."""
+    options = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {} for k, v in prep.options.items()}
+    return to_yaml(prep.config, options)
+
+
+def run_folder(cfg: Config) -> Path:
+    """Where the run writes: ``output.dir``, else a new folder under ``runs/`` named for the run."""
+    if cfg.output.dir:
+        return Path(cfg.output.dir)
+    return auto_dir(Path("runs"), f"{cfg.algorithm.name}-{cfg.data.name}-{cfg.partition.name}-s{cfg.seed}")
+
+
+def run_facts(prep: Prepared, model: FedModel, executor: str) -> dict[str, Any]:
+    """What ``summary.json`` says the run was, beside its results (the caller adds ``threads``)."""
+    cfg = prep.config
+    return {"algorithm": cfg.algorithm.name, "dataset": cfg.data.name, "partition": cfg.partition.name,
+            "model": cfg.model.name, "seed": cfg.seed, "num_clients": prep.partition.num_clients,
+            "num_params": sum(p.numel() for p in model.parameters()), "executor": executor, "device": str(prep.device)}
+
+
+def final_state(global_params: dict[str, torch.Tensor], model: FedModel) -> dict[str, torch.Tensor]:
+    """The final global model's state_dict on the CPU: the aggregated parameters and the
+    model's buffers."""
+    return {k: v.detach().cpu() for k, v in {**global_params, **dict(model.named_buffers())}.items()}

@@ -61,7 +61,7 @@ def run_federation(
         if cfg.eval.personalize:  # reads the client states: before the store closes
             heads = getattr(model, "head_prefixes", ("fc",))
             server.out.personalization = personalize(cfg, algorithm, server.tools, executor, server.state, fed,
-                                                     server.store, heads)
+                                                     server.store, heads, server.panel)
     finally:
         server.release()
     return server.result()

@@ -21,7 +21,6 @@ from fedrift.engine.executors.base import Executor, RoundTools
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_step
 from fedrift.engine.optim import Transform, chain, sgd
-from fedrift.engine.sampling import eval_clients
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
 from fedrift.metrics.evaluate import evaluate
@@ -45,9 +44,11 @@ def personalize(
     fed: Federation,
     store: ClientStateStore,
     head_prefixes: tuple[str, ...],
+    clients: list[int],
 ) -> dict[str, Any]:
-    """Fine-tune every client's classifier for ``eval.personalize_epochs``; test on local splits
-    (every client up to ``eval.clients_sample`` clients, else that many drawn by the seed).
+    """Fine-tune the classifier of each of ``clients`` (the server's evaluation panel: every
+    client up to ``eval.clients_sample``, else that many drawn by the seed) for
+    ``eval.personalize_epochs``; test on their local splits.
 
     ``eval.personalize_loss``: ``ce`` (plus ``eval.personalize_mu``/2 ||w - w_global||^2) or
     ``algorithm`` (the run's own local loss, e.g. FedADC+'s self-confidence distillation).
@@ -55,7 +56,6 @@ def personalize(
     ev, tc = cfg.eval, cfg.train
     head = {k for k in server["params"] if k.split(".")[0] in head_prefixes}
     round_ = tc.rounds + 1  # batches drawn as for a round after the last one
-    clients = eval_clients(fed.num_clients, ev.clients_sample, cfg.seed)  # all, up to eval.clients_sample
     info = RoundInfo(round=round_, num_clients=fed.num_clients, sampled=tuple(clients))
     if ev.personalize_loss == "algorithm":
         tuned_alg = algorithm

@@ -104,8 +104,9 @@ class Server:
 
     ``clients_build_teacher``: the clients compute their teacher rows themselves (worker
     processes, Ray actors, devices), so the server builds no teacher table unless a pre-phase
-    it runs itself reads it (``prephase_on_clients``: the clients run it too, as devices do). ``reuse_uploads``: see :class:`UploadStack`. ``extra_state``: what
-    the executor keeps between rounds, saved with each checkpoint.
+    it runs itself reads it (``prephase_on_clients``: the clients run it too, as devices do).
+    ``reuse_uploads``: see :class:`UploadStack`. ``extra_state``: what the executor keeps
+    between rounds, saved with each checkpoint.
     """
 
     def __init__(
