@@ -139,6 +139,23 @@ def test_a_stopped_tune_resumes_without_repeating_finished_trials(tiny, tmp_path
         fedrift.tune(cfg, algorithms=["fedavg"], space={"train.lr": "0.1,0.2"}, trials=3, out=out)
 
 
+def test_a_tune_grows_by_more_algorithms_and_refuses_to_drop_one(tiny, tmp_path, capsys):
+    out = tmp_path / "tune"
+    cfg = _cfg(tiny, rounds=1)
+    fedrift.tune(cfg, algorithms=["fedavg"], trials=1, out=out, pruner="none")
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "trials" / "fedavg").glob("trial*")}
+    capsys.readouterr()
+    results = fedrift.tune(cfg, algorithms=["fedavg", "fedprox"], trials=1, out=out, pruner="none")
+    assert "fedavg: 1 of 1 trials finished before" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "trials" / "fedavg").glob("trial*")} == before
+    assert set(results) == {"fedavg", "fedprox"} and len(results["fedprox"]["trials"]) == 1
+    assert set(yaml.safe_load((out / "best.yaml").read_text())) == {"fedavg", "fedprox"}
+    with pytest.raises(ConfigError, match="it also tunes fedprox, which algorithms= leaves out"):
+        fedrift.tune(cfg, algorithms=["fedavg"], trials=1, out=out, pruner="none")
+    with pytest.raises(ConfigError, match="the space or entry of fedprox differs"):
+        fedrift.tune(cfg, algorithms=["fedavg", "fedprox"], space={"mu": "0.1,0.2"}, trials=1, out=out, pruner="none")
+
+
 def test_cli_tune_and_its_refusals(tiny, tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=1)))

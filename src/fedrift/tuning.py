@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import csv
 import functools
-import hashlib
 import json
 import math
 import time
@@ -426,11 +425,7 @@ def run_tune(tune: Tune, jobs: int = 1, echo: Callable[[str], None] = print, pru
 def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any) -> None:
     desc_path = tune.root / DESCRIPTION
     if desc_path.is_file():
-        stored = json.loads(desc_path.read_text())
-        if _fingerprint(stored) != _fingerprint(tune.description):
-            diff = next((k for k in tune.description if stored.get(k) != tune.description[k]), "base")
-            raise ConfigError(f"--out: {str(tune.root)!r} holds a tune of another config or space ({diff} differs); "
-                              "choose another folder to tune this one")
+        _check_same_tune(tune, json.loads(desc_path.read_text()))
     desc_path.write_text(json.dumps(tune.description, indent=1, default=str) + "\n")
     for i, study in enumerate(tune.studies):
         st = _open_study(tune, study, tune.seed, pruner)
@@ -462,8 +457,25 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
                 fut.result()
 
 
-def _fingerprint(description: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()
+def _check_same_tune(tune: Tune, stored: Mapping[str, Any]) -> None:
+    """A folder goes on with the tune it holds: the same base config, seed, pruner and every
+    stored study unchanged. New algorithms may join it (their studies start empty), so a
+    table's tune grows by ``algorithms=`` without re-running the ones it has."""
+    now = json.loads(json.dumps(tune.description, default=str))  # compared as stored
+    diff = next((k for k in now if k != "studies" and stored.get(k) != now[k]), None)
+    old_studies, new_studies = stored.get("studies") or {}, now["studies"]
+    left_out = [name for name in old_studies if name not in new_studies]
+    changed = [name for name in old_studies if name in new_studies and old_studies[name] != new_studies[name]]
+    if diff or set(stored) != set(now):
+        why = f"{diff or 'the description'} differs"
+    elif changed:
+        why = f"the space or entry of {', '.join(changed)} differs"
+    elif left_out:
+        why = f"it also tunes {', '.join(left_out)}, which algorithms= leaves out"
+    else:
+        return
+    raise ConfigError(f"--out: {str(tune.root)!r} holds a tune of another config or space ({why}); "
+                      "allowed: the same config with the same or more algorithms, or another folder")
 
 
 # ---------------------------------------------------------------------------------------
