@@ -19,24 +19,24 @@ import time
 from fresh import in_fresh_process, peak_mb
 
 
-def config(store: str, rounds: int, out: str, executor: str = "auto") -> dict:
+def config(store: str, rounds: int, out: str, executor: str = "auto", max_parallel: int | None = None) -> dict:
     return {
         "data": {"name": "synthetic", "alpha": 1.0, "beta": 1.0, "num_devices": 10_000},
         "partition": {"name": "natural"},
         "model": {"name": "mlp", "hidden": [512, 256, 64]},  # 60 -> 512 -> 256 -> 64 -> 10: 179,594 parameters
         "algorithm": {"name": "scaffold"},
         "train": {"rounds": rounds, "clients_per_round": 100, "local_steps": 20, "batch_size": 10, "lr": 0.05},
-        "engine": {"client_state": store, "threads": 1, "executor": executor},
+        "engine": {"client_state": store, "threads": 1, "executor": executor, "max_parallel_clients": max_parallel},
         "eval": {"every": rounds},
         "output": {"dir": out, "overwrite": True, "progress": False, "save_model": False},
     }
 
 
-def child(store: str, rounds: int, out: str, executor: str = "auto") -> dict:
+def child(store: str, rounds: int, out: str, executor: str = "auto", max_parallel: int | None = None) -> dict:
     import fedrift
 
     start = time.perf_counter()
-    r = fedrift.run(config(store, rounds, out, executor))
+    r = fedrift.run(config(store, rounds, out, executor, max_parallel))
     return {
         "store": store, "rounds": rounds, "executor": r.summary["executor"], "num_params": r.summary["num_params"],
         "clients": r.summary["num_clients"], "peak_rss_mb": peak_mb(),
@@ -50,17 +50,19 @@ def main() -> None:
     ap.add_argument("--runs", nargs="+", default=["disk", "memory"], choices=["disk", "memory", "auto"])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--executor", default="auto", help="engine.executor (auto: the rule's choice, batched here)")
+    ap.add_argument("--max-parallel", type=int, default=None, help="engine.max_parallel_clients (batched's group)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.rounds, args.out, args.executor)))
+        print(json.dumps(child(args.child, args.rounds, args.out, args.executor, args.max_parallel)))
         return
     rows = []
     for store in args.runs:
         with tempfile.TemporaryDirectory() as out:
+            extra = ["--max-parallel", str(args.max_parallel)] if args.max_parallel else []
             rows.append(in_fresh_process(__file__, ["--child", store, "--rounds", str(args.rounds), "--out", out,
-                                                    "--executor", args.executor]))
+                                                    "--executor", args.executor, *extra]))
     print("\n| client state | rounds | executor | peak RSS | s/round | end to end | final accuracy |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

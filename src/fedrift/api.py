@@ -51,7 +51,8 @@ def resolve_executor(cfg: Config, prep: Prepared, model: FedModel) -> str:
     cpus = cfg.engine.workers or available_cpus()
     mean_size = float(prep.partition.sizes().mean()) if prep.partition.num_clients else 0.0
     samples = tc.local_steps * tc.batch_size if tc.local_steps else tc.local_epochs * mean_size
-    return choose_executor(str(prep.device), cohort, num_params, has_conv, cpus, samples, tc.rounds)
+    return choose_executor(str(prep.device), cohort, num_params, has_conv, cpus, samples, tc.rounds,
+                           states_on_disk=cfg.engine.client_state == "disk")
 
 
 def run(

@@ -85,6 +85,8 @@ def test_auto_rule():
     assert choose_executor("cpu", 4, 1_663_370, True, 1) == "sequential"
     assert choose_executor("cpu", 1, 1_663_370, True, 2) == "sequential"
     assert choose_executor("cpu", 100, 610, False, 2) == "batched"  # S1: logreg, 100 clients
+    assert choose_executor("cpu", 100, 179_658, False, 2, states_on_disk=True) == "sequential"  # S4
+    assert choose_executor("cuda:0", 100, 179_658, False, 2, states_on_disk=True) == "batched"
     assert choose_executor("cpu", 3, 55_210, False, 2) == "sequential"
     # a short run does not pay for starting the workers (issue 17: a 4-round CNN run)
     assert choose_executor("cpu", 5, 1_663_370, True, 2, samples_per_client=400, rounds=4) == "sequential"

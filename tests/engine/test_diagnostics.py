@@ -53,8 +53,8 @@ def test_no_local_training_means_no_drift(tiny):
 class Recording(SequentialExecutor):
     calls: list = []
 
-    def run_round(self, tools, payload, jobs, round_):
-        outs = super().run_round(tools, payload, jobs, round_)
+    def run_round(self, tools, payload, jobs, round_, **kw):
+        outs = super().run_round(tools, payload, jobs, round_, **kw)
         Recording.calls.append((round_, outs))
         return outs
 

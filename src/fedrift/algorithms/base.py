@@ -16,6 +16,13 @@ with ``torch.func.vmap``, processes, Ray, Flower) runs the same ones. A round is
         upload, state_k = client_result(payload, params, ctx)
     server_state = aggregate(server_state, stacked uploads, p, info)
 
+Streamed aggregation: an algorithm whose aggregate reads the uploads only through weighted
+sums ``sum_k c_k upload_k[field]`` (FedAvg, SCAFFOLD) gives ``sums`` (field -> ``"weights"``,
+the round's p_k, or ``"uniform"``, 1/K) and ``aggregate_sums(state, sums, info)`` instead of
+``aggregate``. The engine then folds each upload into running sums as it arrives, so a round
+holds one client's upload instead of a stack of K (S4), and derives ``aggregate`` for the
+executors that return a whole round at once: the same sums, bit for bit (``RunningSum``).
+
 Personal models (``personal=True``, FedProto): a client starts from its own model,
 ``ctx["state"]["params"]``, not from the payload (which then need not carry parameters),
 and evaluation reports the mean over clients of their own models' accuracy, on the global
@@ -147,6 +154,33 @@ def fedavg_aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: Ro
     return {**state, "params": weighted_sum(uploads["params"], weights)}
 
 
+def fedavg_sums(state: Tree, sums: Tree, info: RoundInfo) -> Tree:
+    """FedAvg as a streamed aggregate: the new model is the p-weighted sum itself."""
+    return {**state, "params": sums["params"]}
+
+
+SumWeights = Literal["weights", "uniform"]
+FEDAVG_SUMS: dict[str, SumWeights] = {"params": "weights"}
+
+
+def sum_weights(kind: SumWeights, weights: torch.Tensor) -> torch.Tensor:
+    """The coefficients of one streamed sum: the round's p_k, or 1/K for each of K uploads."""
+    return weights if kind == "weights" else torch.full_like(weights, 1.0 / len(weights))
+
+
+def upload_sums(stacked: Tree, weights: torch.Tensor, sums: dict[str, SumWeights]) -> Tree:
+    """The sums an ``aggregate_sums`` reads, from a whole round's stacked uploads."""
+    return {field: weighted_sum(stacked[field], sum_weights(kind, weights)) for field, kind in sums.items()}
+
+
+def _from_sums(sums: dict[str, SumWeights], aggregate_sums: Callable[[Tree, Tree, RoundInfo], Tree]):
+    def aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: RoundInfo) -> Tree:
+        return aggregate_sums(state, upload_sums(uploads, weights, sums), info)
+
+    aggregate.from_sums = aggregate_sums  # type: ignore[attr-defined]  # dataclasses.replace keeps it
+    return aggregate
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """An FL algorithm as data: its hyper-parameters and its hooks (see module docstring)."""
@@ -170,8 +204,20 @@ class Algorithm:
     noise_dim: int | None = None  # batch["noise"]: (rows, noise_dim) standard normal, per step
     personal: bool = False  # clients train and keep their own model, state["params"]
     predict: Callable[[Tree, Params, torch.Tensor, Apply], dict[str, torch.Tensor]] | None = None
+    sums: dict[str, SumWeights] | None = None  # streamed aggregation (module docstring): field -> weighting
+    aggregate_sums: Callable[[Tree, Tree, RoundInfo], Tree] | None = None
 
     def __post_init__(self) -> None:
+        derived = getattr(self.aggregate, "from_sums", None)
+        if self.aggregate is fedavg_aggregate and self.aggregate_sums is None:
+            object.__setattr__(self, "sums", FEDAVG_SUMS)
+            object.__setattr__(self, "aggregate_sums", fedavg_sums)
+        if (self.sums is None) != (self.aggregate_sums is None):
+            raise ValueError(f"algorithm {self.name}: sums and aggregate_sums make one streamed aggregate; give both or neither")
+        if self.aggregate_sums is not None and derived is not self.aggregate_sums:
+            if self.aggregate is not fedavg_aggregate:
+                raise ValueError(f"algorithm {self.name}: give aggregate or aggregate_sums, not both")
+            object.__setattr__(self, "aggregate", _from_sums(dict(self.sums), self.aggregate_sums))
         if (self.client_summary is None) != (self.pre_combine is None):
             raise ValueError(f"algorithm {self.name}: client_summary and pre_combine make one pre-phase; give both or neither")
         if self.personal and self.init_client is None:

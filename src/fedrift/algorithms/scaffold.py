@@ -42,7 +42,7 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.engine.optim import add_decay, clip_by_global_norm, sgd
-from fedrift.engine.tree import tree_map, weighted_sum
+from fedrift.engine.tree import tree_map
 from fedrift.params import params
 
 
@@ -85,12 +85,12 @@ def scaffold(hp: ScaffoldParams, setup: Setup) -> Algorithm:
         new = tree_map(lambda ck, d: ck + d, ctx["state"]["control"], delta)
         return {"params": end_params, "delta_control": delta}, {"control": new}
 
-    def aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: RoundInfo) -> Tree:
+    def aggregate_sums(state: Tree, sums: Tree, info: RoundInfo) -> Tree:
+        """``sums``: the p-weighted model and the mean control change (streamed, see base)."""
         w_t = state["params"]
-        avg = weighted_sum(uploads["params"], weights)
-        model = tree_map(lambda a, w: a + (1.0 - hp.eta_g) * (w - a), avg, w_t)
+        model = tree_map(lambda a, w: a + (1.0 - hp.eta_g) * (w - a), sums["params"], w_t)
         share = len(info.sampled) / info.num_clients  # |S_t| / N
-        control = tree_map(lambda c, d: c + share * d.mean(0), state["control"], uploads["delta_control"])
+        control = tree_map(lambda c, d: c + share * d, state["control"], sums["delta_control"])
         return {**state, "params": model, "control": control}
 
     return Algorithm(
@@ -103,5 +103,6 @@ def scaffold(hp: ScaffoldParams, setup: Setup) -> Algorithm:
         grad_correction=grad_correction,
         optimizer=sgd(lr, hp.local_momentum),
         client_result=client_result,
-        aggregate=aggregate,
+        sums={"params": "weights", "delta_control": "uniform"},
+        aggregate_sums=aggregate_sums,
     )

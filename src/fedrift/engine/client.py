@@ -26,7 +26,7 @@ def train_client(tools: RoundTools, payload: dict[str, Any], job: ClientJob, rou
     alg = tools.algorithm
     stage = "client_start"
     try:
-        ctx = dict(job.ctx)
+        ctx = job.context()
         if alg.client_start is not None:
             with torch.no_grad():
                 ctx.update(alg.client_start(payload, ctx, tools.client_data(job, payload), tools.apply))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from fedrift.config import EngineConfig
 from fedrift.engine import rng
@@ -62,7 +62,8 @@ def steps_done(planned: int, work: float) -> int:
 
 
 def train_clients(
-    executor: Executor, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int, accept: bool
+    executor: Executor, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int, accept: bool,
+    take: Callable[[ClientOutput], None] | None = None,
 ) -> tuple[list[ClientOutput], list[int]]:
     """The round's outputs of the clients that returned, and the ids of those that failed.
 
@@ -70,8 +71,12 @@ def train_clients(
     client's work is a pure function of the payload and its job, so the others' results are
     those of a one-client round), and clients that raise or return a non-finite loss or
     upload are left out. A :class:`FedriftError` (bad input) is never a client failure.
+    ``take`` (without ``accept``): handed each output as soon as it exists, by an executor
+    that trains in this process (``hands_over``; ``Server.take``).
     """
     if not accept:
+        if take is not None and getattr(executor, "hands_over", False):
+            return executor.run_round(tools, payload, jobs, round_, take=take), []
         return executor.run_round(tools, payload, jobs, round_), []
     failed: list[int] = []
     try:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 from fedrift.algorithms.base import Algorithm
@@ -37,7 +38,8 @@ def run_federation(
     server = Server(cfg, fed, model, algorithm, writer, checkpoints, resume, on_round,
                     clients_build_teacher=getattr(executor, "builds_teacher", False),
                     reuse_uploads=getattr(executor, "one_client_at_a_time", False),
-                    extra_state=getattr(executor, "checkpoint_state", None))
+                    extra_state=getattr(executor, "checkpoint_state", None),
+                    hands_over=getattr(executor, "hands_over", False))
     if resume is not None and resume.executor is not None:
         executor.restore_state(resume.executor)  # type: ignore[attr-defined]  # it saved one
     try:
@@ -45,9 +47,10 @@ def run_federation(
             rnd = server.open(t)
             if rnd.needs_summaries:  # the pre-phase, in this process: summaries are cheap
                 server.combine(rnd, [client_summary(rnd.tools, rnd.payload, job) for job in rnd.jobs])
-            outputs, failed = train_clients(executor, rnd.tools, rnd.payload, rnd.jobs, t, cfg.engine.accept_failures)
+            take = partial(server.take, rnd) if server.streams else None  # outputs folded as they come
+            outputs, failed = train_clients(executor, rnd.tools, rnd.payload, rnd.jobs, t, cfg.engine.accept_failures, take)
             server.close(rnd, outputs, failed)
-            rnd = outputs = None  # this round's jobs and outputs: not held while the next one trains
+            rnd = outputs = take = None  # this round's jobs and outputs: not held while the next one trains
     except DivergenceError as err:
         err.result = server.result(status=err.status, message=str(err))  # fedrift.api writes summary.json
         raise

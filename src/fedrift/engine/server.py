@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from fedrift.algorithms.base import Algorithm, RoundInfo
+from fedrift.algorithms.base import Algorithm, RoundInfo, sum_weights
 from fedrift.config import Config
 from fedrift.engine.augment import Augment
 from fedrift.engine.checkpoint import Checkpointer, Snapshot, prefix_sha256
@@ -31,7 +31,7 @@ from fedrift.engine.privacy import Accountant, private_mean
 from fedrift.engine.sampling import SAMPLERS, cohort_size, eval_clients
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
-from fedrift.engine.tree import all_finite, shares_memory, signature, stack, tree_bytes
+from fedrift.engine.tree import RunningSum, all_finite, shares_memory, signature, stack, tree_bytes
 from fedrift.errors import DivergenceError, NoClientsError
 from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import evaluate, evaluate_personal
@@ -92,6 +92,9 @@ class Round:
     down: int
     up: int = 0
     start: float = 0.0
+    sums: dict[str, RunningSum] | None = None  # streamed aggregation: the running sums (Server.take)
+    taken: dict[int, int] = field(default_factory=dict)  # client id -> upload bytes, once taken
+    waiting: dict[int, ClientOutput] = field(default_factory=dict)  # arrived ahead of job order
 
     @property
     def needs_summaries(self) -> bool:
@@ -105,7 +108,8 @@ class Server:
     ``clients_build_teacher``: the clients compute their teacher rows themselves (worker
     processes, Ray actors, devices), so the server builds no teacher table unless a pre-phase
     it runs itself reads it (``prephase_on_clients``: the clients run it too, as devices do).
-    ``reuse_uploads``: see :class:`UploadStack`. ``extra_state``: what the executor keeps
+    ``reuse_uploads``: see :class:`UploadStack`. ``hands_over``: the executor trains in this
+    process and hands each output to :meth:`take` as it is made. ``extra_state``: what the executor keeps
     between rounds, saved with each checkpoint.
     """
 
@@ -114,6 +118,7 @@ class Server:
         checkpoints: Checkpointer | None = None, resume: Snapshot | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None, clients_build_teacher: bool = False,
         reuse_uploads: bool = False, extra_state: Callable[[], Any] | None = None, prephase_on_clients: bool = False,
+        hands_over: bool = False,
     ) -> None:
         tc = cfg.train
         self.cfg, self.fed, self.model, self.algorithm, self.writer = cfg, fed, model, algorithm, writer
@@ -134,6 +139,14 @@ class Server:
         self.state = algorithm.init_server(params)
         self.uniform = algorithm.hparams.aggregation == "uniform"
         self.uploads = UploadStack(reuse=reuse_uploads)
+        # uploads folded into running sums as they arrive (Server.take): when the aggregate
+        # reads only sums and nothing else needs the round's uploads or local models
+        self.streams = (algorithm.aggregate_sums is not None and cfg.privacy.level != "client"
+                        and not cfg.engine.accept_failures and not cfg.eval.drift)
+        # ... and, when the clients train in this process and hand their outputs over, each
+        # client's stored state is read when it trains, not all K at open (S4)
+        self.late_states = (self.streams and hands_over and algorithm.init_client is not None
+                            and algorithm.client_summary is None)  # a pre-phase reads the job's ctx
         self.panel = eval_clients(fed.num_clients, cfg.eval.clients_sample, cfg.seed)  # personal models: whose
         self.probe = probe_indices(len(fed.y_test), cfg.eval.probe_size, cfg.seed).to(fed.device)
         # test_*, then val_* on the union of the clients' validation splits (partition.val_share)
@@ -172,8 +185,11 @@ class Server:
         fate = fates(cfg.engine, cfg.seed, t, sampled)
         if not fate.returning:
             raise self._no_clients(t, f"all {len(sampled)} sampled clients dropped out (engine.dropout)")
-        jobs = [client_job(fed, k, self.store.get(k), cfg.train, cfg.seed, t, work=fate.work.get(k, 1.0))
-                for k in fate.returning]
+        jobs = [client_job(fed, k, {} if self.late_states else self.store.get(k), cfg.train, cfg.seed, t,
+                           work=fate.work.get(k, 1.0)) for k in fate.returning]
+        if self.late_states:
+            for job in jobs:
+                job.state_from = partial(self.store.get, job.client_id)
         down = len(sampled) * tree_bytes(payload)  # the dropped received the broadcast too
         weights = self.weights(fate.returning)
         # the teacher table sees the broadcast payload; the pre-phase may read it. Clients that
@@ -181,7 +197,29 @@ class Server:
         # pre-phase that reads it.
         own = self.clients_build_teacher and (alg.client_summary is None or self.prephase_on_clients)
         tools = self.tools if own else with_teacher(self.tools, payload, jobs, cfg.engine.teacher_cache)
-        return Round(t, info, list(sampled), fate, payload, jobs, weights, tools, down, 0, start)
+        sums = None
+        if self.streams:
+            w = weights.to(fed.device)
+            sums = {f: RunningSum(sum_weights(kind, w)) for f, kind in alg.sums.items()}
+        return Round(t, info, list(sampled), fate, payload, jobs, weights, tools, down, 0, start, sums)
+
+    def take(self, rnd: Round, out: ClientOutput) -> None:
+        """One client's output as soon as it exists (executors that train in this process call
+        it): with streamed aggregation, its state goes to the store and its upload into the
+        round's running sums, in job order (one that arrives early waits), and both are
+        dropped, so a round holds one client's upload, not K of them. Otherwise nothing:
+        ``close`` gets the outputs whole."""
+        if rnd.sums is None or out.client_id in rnd.taken:
+            return
+        rnd.waiting[out.client_id] = out
+        while len(rnd.taken) < len(rnd.jobs) and (nxt := rnd.jobs[len(rnd.taken)].client_id) in rnd.waiting:
+            o = rnd.waiting.pop(nxt)
+            if o.state is not None and self.algorithm.init_client is not None:
+                self.store.put(o.client_id, o.state)
+            for f, acc in rnd.sums.items():
+                acc.add(o.upload[f])
+            rnd.taken[o.client_id] = tree_bytes(o.upload)
+            o.upload, o.state, o.end_params = {}, None, {}
 
     def combine(self, rnd: Round, summaries: list[dict[str, Any]]) -> None:
         """The pre-phase's server side: the clients' summaries (in job order) combined with the
@@ -214,23 +252,18 @@ class Server:
         bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
         if bad:
             raise self._diverged(t, f"client {bad[0]} produced a non-finite training loss")
-        if alg.init_client is not None:  # stored now: not held beside the stacked uploads
+        if rnd.sums is not None:  # streamed: whatever the executor did not hand over already
             for o in outputs:
-                if o.state is not None:  # None: the client keeps its state itself (a device)
-                    self.store.put(o.client_id, o.state)
-                    o.state = None
-        if cfg.privacy.level == "client":  # one upload, the noised mean of the clipped models
-            stacked, agg_weights = private_mean([o.upload for o in outputs], rnd.payload["params"], cfg.privacy,
-                                                cfg.seed, t, alg.name)
+                self.take(rnd, o)
+            self.state = alg.aggregate_sums(self.state, {f: acc.result() for f, acc in rnd.sums.items()}, info)
         else:
-            stacked, agg_weights = self.uploads([o.upload for o in outputs]), weights.to(fed.device)
-        self.state = alg.aggregate(self.state, stacked, agg_weights, info)
+            self._aggregate(rnd, outputs, weights, info)
         if self.accountant is not None:
             self.epsilon = self.accountant.step()
         self.uploads.release_if_held(self.state)
         if not all_finite(self.state["params"]):
             raise self._diverged(t, "the aggregated global model has non-finite parameters")
-        up_bytes = rnd.up + (sum(tree_bytes(o.upload) for o in outputs) if up is None else up)
+        up_bytes = rnd.up + (sum(rnd.taken.values()) + sum(tree_bytes(o.upload) for o in outputs) if up is None else up)
         seconds = time.perf_counter() - rnd.start
         self.totals["bytes_down"] += rnd.down
         self.totals["bytes_up"] += up_bytes
@@ -290,6 +323,21 @@ class Server:
         snap = Snapshot(t, self.state, self.out.history, self.totals, self.best, size,
                         prefix_sha256(self.writer.dir / "metrics.jsonl", size), memo, extra)
         self.checkpoints.save(snap, self.store)
+
+    def _aggregate(self, rnd: Round, outputs: list[ClientOutput], weights: torch.Tensor, info: RoundInfo) -> None:
+        """The whole round's uploads at once: stacked (or privately averaged), then ``aggregate``."""
+        cfg, alg = self.cfg, self.algorithm
+        if alg.init_client is not None:  # stored now: not held beside the stacked uploads
+            for o in outputs:
+                if o.state is not None:  # None: the client keeps its state itself (a device)
+                    self.store.put(o.client_id, o.state)
+                    o.state = None
+        if cfg.privacy.level == "client":  # one upload, the noised mean of the clipped models
+            stacked, agg_weights = private_mean([o.upload for o in outputs], rnd.payload["params"], cfg.privacy,
+                                                cfg.seed, rnd.t, alg.name)
+        else:
+            stacked, agg_weights = self.uploads([o.upload for o in outputs]), weights.to(self.fed.device)
+        self.state = alg.aggregate(self.state, stacked, agg_weights, info)
 
     def weights(self, clients: list[int]) -> torch.Tensor:
         """Aggregation weights over the clients that return: p_k by samples, or uniform."""

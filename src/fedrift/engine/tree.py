@@ -55,26 +55,68 @@ def unstack(stacked: Tree) -> list[dict[str, Any]]:
     return [tree_map(lambda t: t[i], stacked) for i in range(rows)]
 
 
-LARGE_ROW = 2**16  # elements per row above which weighted_sum accumulates row by row
-
-
 def weighted_sum(stacked: Tree, weights: torch.Tensor) -> dict[str, Any]:
     """``sum_k weights[k] * stacked[k]`` leaf-wise; weights has one entry per row.
 
-    Rows of a large leaf are accumulated one by one (``acc += w_k x_k``, in row order):
-    the product ``w * x`` of a whole stack is as big as the stack itself (330 MB for 50
-    FedAvg CNNs) and cost ten times more than the sum (BENCHMARKS.md, S2)."""
+    Accumulated row by row (``acc = w_0 x_0``, then ``acc += w_k x_k`` in row order): the
+    product ``w * x`` of a whole stack is as big as the stack itself (330 MB for 50 FedAvg
+    CNNs) and cost ten times more than the sum (BENCHMARKS.md, S2); and :class:`RunningSum`,
+    given the rows one at a time, makes the same operations in the same order."""
+    return tree_map(lambda x: _row_sum(x, weights), stacked)
 
-    def combine(x: torch.Tensor) -> torch.Tensor:
-        w = weights.to(dtype=x.dtype)
-        if x.dim() == 0 or x[0].numel() < LARGE_ROW:
-            return (w.reshape(-1, *([1] * (x.dim() - 1))) * x).sum(0)
-        acc, alphas = x[0] * w[0], w.tolist()  # one device read for the weights
-        for k in range(1, len(x)):
-            acc.add_(x[k], alpha=alphas[k])
-        return acc
 
-    return tree_map(combine, stacked)
+def _row_sum(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    w = weights.to(dtype=x.dtype)
+    acc, alphas = x[0] * w[0], w.tolist()  # one device read for the weights
+    for k in range(1, len(x)):
+        acc.add_(x[k], alpha=alphas[k])
+    return acc
+
+
+class RunningSum:
+    """``weighted_sum(stack(trees), weights)`` with the trees given one at a time, in row
+    order, so the stack is never built: the same operations as ``weighted_sum``, in the same
+    order, so the same bits by construction. Holds one sum per leaf."""
+
+    def __init__(self, weights: torch.Tensor) -> None:
+        self.weights = weights
+        self.count = 0
+        self.acc: dict[tuple[str, ...], torch.Tensor] = {}
+        self._alphas: dict[torch.dtype, list[float]] = {}
+
+    def add(self, tree: Tree) -> None:
+        k = self.count
+        if k >= len(self.weights):
+            raise ValueError(f"RunningSum: row {k} given, but there are {len(self.weights)} weights")
+        for path, x in _paths(tree):
+            x = x.contiguous()  # as a row of a stack is: the same kernel path
+            if k == 0:
+                self.acc[path] = x * self.weights.to(dtype=x.dtype)[0]
+            else:
+                alphas = self._alphas.setdefault(x.dtype, self.weights.to(dtype=x.dtype).tolist())
+                self.acc[path].add_(x, alpha=alphas[k])
+        self.count = k + 1
+
+    def result(self) -> dict[str, Any]:
+        if self.count != len(self.weights):
+            raise ValueError(f"RunningSum: {self.count} rows given for {len(self.weights)} weights")
+        out: dict[str, Any] = {}
+        for path, value in self.acc.items():
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+        return out
+
+
+def _paths(tree: Tree, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], torch.Tensor]]:
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.extend(_paths(value, (*prefix, key)))
+        elif isinstance(value, torch.Tensor):
+            out.append(((*prefix, key), value))
+    return out
 
 
 def shares_memory(tree: Tree, other: Tree) -> bool:

@@ -55,7 +55,7 @@ PROCESSES_MIN_RUN_SAMPLES = 10_000
 
 def choose_executor(
     device: str, cohort: int, num_params: int, has_conv: bool, cpus: int, samples_per_client: float = float("inf"),
-    rounds: int | None = None,
+    rounds: int | None = None, states_on_disk: bool = False,
 ) -> str:
     """What ``engine.executor: auto`` runs (BENCHMARKS.md has the measurements behind it).
 
@@ -70,7 +70,10 @@ def choose_executor(
       processes 2.7x slower than sequential; 4 rounds of the demo: 7.2 s against 4.8 s) and
       on one CPU.
     - On CPUs, small models with many clients a round: per-step overhead dominates and
-      ``batched`` amortises it over up to 256 clients at once.
+      ``batched`` amortises it over up to 256 clients at once; unless the client states are
+      kept on disk (``states_on_disk``, ``engine.client_state: disk``), a sign that memory
+      is short: a vectorised group holds its clients' states and about a dozen model-sized
+      tensors each, where ``sequential`` holds one client's (S4: 1,298 MB against 897 MB).
     - Otherwise ``sequential``.
     """
     if device.startswith("cuda"):
@@ -80,4 +83,4 @@ def choose_executor(
         worth = (cpus > 1 and cohort > 1 and samples_per_client >= PROCESSES_MIN_SAMPLES
                  and run_samples >= PROCESSES_MIN_RUN_SAMPLES)
         return "processes" if worth else "sequential"
-    return "batched" if cohort >= 8 else "sequential"
+    return "batched" if cohort >= 8 and not states_on_disk else "sequential"

@@ -23,6 +23,14 @@ class ClientJob:
     indices: torch.Tensor  # global train indices of the client's samples
     table: torch.Tensor  # the batch schedule: row s = step s's global train indices, -1 after its end
     ctx: dict[str, Any]  # num_samples, num_steps, label_counts, state (+ client_start's)
+    state_from: Callable[[], dict[str, Any]] | None = None  # in-process: ctx["state"] read when the client trains
+
+    def context(self) -> dict[str, Any]:
+        """A copy of ``ctx`` for the client's round, its state read now when it is read late."""
+        ctx = dict(self.ctx)
+        if self.state_from is not None:
+            ctx["state"] = self.state_from()
+        return ctx
 
     @classmethod
     def from_schedule(cls, client_id: int, indices: torch.Tensor, schedule: list[torch.Tensor], ctx: dict[str, Any]) -> "ClientJob":
@@ -143,6 +151,10 @@ class RoundTools:
 
 
 class Executor(Protocol):
+    """Runs a round's jobs, returning the outputs in job order. One that trains in this process
+    may declare ``hands_over = True`` and accept ``take=``: a function it calls with each
+    output as soon as it exists, which may drop the output's tensors (``Server.take``)."""
+
     def run_round(
         self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
     ) -> list[ClientOutput]: ...

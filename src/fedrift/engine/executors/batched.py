@@ -13,7 +13,7 @@ differences grow with rounds). Clients are grouped by step count so little is sp
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.func import vmap
@@ -68,18 +68,25 @@ class BatchedExecutor:
     def close(self) -> None:
         """Nothing to release: this executor runs in the calling process."""
 
+    hands_over = True  # run_round's take: each group's outputs handed over as they are made (Server.take)
+
     def run_round(
-        self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
+        self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int,
+        take: Callable[[ClientOutput], None] | None = None,
     ) -> list[ClientOutput]:
         params = tools.start_params(payload, jobs[0].ctx) if jobs else payload["params"]
         batch_size = max((j.table.shape[1] for j in jobs), default=1)
         k = self.max_parallel or auto_parallel(params, batch_size, int(tools.x[0].numel()))
-        order = sorted(range(len(jobs)), key=lambda i: (-jobs[i].num_steps, jobs[i].client_id))
+        # longest first (less masked work per group), then in job order: the order in which
+        # take folds the outputs, so that clients of equal length are not held waiting
+        order = sorted(range(len(jobs)), key=lambda i: (-jobs[i].num_steps, i))
         outputs: dict[int, ClientOutput] = {}
         for start in range(0, len(order), k):
             group = [jobs[i] for i in order[start : start + k]]
             for job, out in zip(group, self._group(tools, payload, group, batch_size, round_)):
                 outputs[job.client_id] = out
+                if take is not None:
+                    take(out)
         return [outputs[j.client_id] for j in jobs]
 
     def _vstep(self, tools: RoundTools) -> Any:
@@ -95,7 +102,7 @@ class BatchedExecutor:
         alg, dev = tools.algorithm, tools.x.device
         ctxs = []
         for job in jobs:
-            ctx = dict(job.ctx)
+            ctx = job.context()
             if alg.client_start is not None:
                 with torch.no_grad():
                     ctx.update(alg.client_start(payload, ctx, tools.client_data(job, payload), tools.apply))

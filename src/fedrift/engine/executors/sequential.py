@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.client import HookError, train_client  # noqa: F401 - HookError: its old home
@@ -10,11 +10,18 @@ from fedrift.engine.client import HookError, train_client  # noqa: F401 - HookEr
 
 class SequentialExecutor:
     one_client_at_a_time = True  # training holds one model beside the outputs (server.UploadStack)
+    hands_over = True  # run_round's take: each output handed over as it is made (Server.take)
 
     def close(self) -> None:
         """Nothing to release: this executor runs in the calling process."""
 
     def run_round(
-        self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int
+        self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int,
+        take: Callable[[ClientOutput], None] | None = None,
     ) -> list[ClientOutput]:
-        return [train_client(tools, payload, job, round_) for job in jobs]
+        outputs = []
+        for job in jobs:
+            outputs.append(train_client(tools, payload, job, round_))
+            if take is not None:
+                take(outputs[-1])
+        return outputs
