@@ -13,8 +13,10 @@ from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.registry import Entry
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("algorithm,executor", [
+    *[(a, "sequential") for a in ("fedavg", "scaffold", "fedgkd", "fedadc", "slowmo", "fedavgm")],
+    ("fedavg", "batched"), ("scaffold", "batched"),
+])
 def test_streamed_sums_equal_the_stacked_aggregate_bit_for_bit(tiny, algorithm, executor):
     cfg = tiny(algorithm={"name": algorithm}, train={"rounds": 3, "clients_per_round": 4},
                engine={"executor": executor, "client_state": "disk"})

@@ -17,7 +17,7 @@ with ``torch.func.vmap``, processes, Ray, Flower) runs the same ones. A round is
     server_state = aggregate(server_state, stacked uploads, p, info)
 
 Streamed aggregation: an algorithm whose aggregate reads the uploads only through weighted
-sums ``sum_k c_k upload_k[field]`` (FedAvg, SCAFFOLD) gives ``sums`` (field -> ``"weights"``,
+sums ``sum_k c_k upload_k[field]`` (FedAvg, FedGKD, FedADC, SlowMo, FedAvgM, SCAFFOLD) gives ``sums`` (field -> ``"weights"``,
 the round's p_k, or ``"uniform"``, 1/K) and ``aggregate_sums(state, sums, info)`` instead of
 ``aggregate``. The engine then folds each upload into running sums as it arrives, so a round
 holds one client's upload instead of a stack of K (S4), and derives ``aggregate`` for the

@@ -40,12 +40,12 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
+from fedrift.algorithms.base import FEDAVG_SUMS, Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.slowmo import momentum_server, server_momentum_step
 from fedrift.algorithms.terms import kl_to_target, weighted_ce
 from fedrift.engine.optim import Transform, add_decay, chain, clip_by_global_norm, scale
-from fedrift.engine.tree import leaves, tree_map, weighted_sum
+from fedrift.engine.tree import leaves, tree_map
 from fedrift.errors import ConfigError
 from fedrift.params import params
 
@@ -157,9 +157,8 @@ def _fedadc(name: str, hp: FedADCParams, setup: Setup, base_loss, teacher=None) 
         grads = add_decay(grads, point(params, ctx), wd)
         return tree_map(lambda g, m: g + m, grads, ctx["m_bar"])
 
-    def aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: RoundInfo) -> Tree:
-        avg = weighted_sum(uploads["params"], weights)
-        return server_momentum_step(state, avg, lr, hp.alpha, server_beta)
+    def aggregate_sums(state: Tree, sums: Tree, info: RoundInfo) -> Tree:
+        return server_momentum_step(state, sums["params"], lr, hp.alpha, server_beta)  # sums: FedAvg's average
 
     steps = [local_momentum(hp.phi)] if hp.variant == "double_momentum" else []
     return Algorithm(
@@ -172,7 +171,8 @@ def _fedadc(name: str, hp: FedADCParams, setup: Setup, base_loss, teacher=None) 
         client_start=client_start,
         grad_correction=grad_correction,
         optimizer=chain(*steps, scale(-lr)),
-        aggregate=aggregate,
+        sums=FEDAVG_SUMS,
+        aggregate_sums=aggregate_sums,
     )
 
 

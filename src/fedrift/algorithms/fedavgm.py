@@ -21,14 +21,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import torch
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
+from fedrift.algorithms.base import FEDAVG_SUMS, Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.slowmo import momentum_server, server_momentum_step
-from fedrift.engine.tree import weighted_sum
 from fedrift.params import params
 
 
@@ -49,8 +47,8 @@ class FedAvgMParams(AlgorithmParams):
     space={"beta": "float:0:0.99", "eta_s": "log:0.05:1"},
 )
 def fedavgm(hp: FedAvgMParams, setup: Setup) -> Algorithm:
-    def aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: RoundInfo) -> Tree:
-        avg = weighted_sum(uploads["params"], weights)
-        return server_momentum_step(state, avg, 1.0, hp.eta_s, hp.beta)
+    def aggregate_sums(state: Tree, sums: Tree, info: RoundInfo) -> Tree:
+        return server_momentum_step(state, sums["params"], 1.0, hp.eta_s, hp.beta)  # sums: FedAvg's average
 
-    return Algorithm(name="fedavgm", hparams=hp, local_loss=ce_loss, init_server=momentum_server, aggregate=aggregate)
+    return Algorithm(name="fedavgm", hparams=hp, local_loss=ce_loss, init_server=momentum_server,
+                     sums=FEDAVG_SUMS, aggregate_sums=aggregate_sums)

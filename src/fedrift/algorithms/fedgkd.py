@@ -57,9 +57,9 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Params, RoundInfo, Setup, require_projection
+from fedrift.algorithms.base import (
+    FEDAVG_SUMS, Algorithm, AlgorithmParams, ClientData, Params, RoundInfo, Setup, require_projection)
 from fedrift.algorithms.terms import kl_to_target, logit_mse, weighted_ce
-from fedrift.engine.tree import weighted_sum
 from fedrift.params import params
 
 
@@ -148,12 +148,12 @@ def _init_server(global_params: Params) -> dict:
     return {"params": global_params, "buffer": as_buffer([global_params])}
 
 
-def _aggregate(M: int):
-    def aggregate(state, uploads, weights, info):
-        new = weighted_sum(uploads["params"], weights)
+def _aggregate_sums(M: int):
+    def aggregate_sums(state, sums, info):  # sums: FedAvg's average, the new global model
+        new = sums["params"]
         return {**state, "params": new, "buffer": as_buffer([new, *buffered(state["buffer"])[: M - 1]])}
 
-    return aggregate
+    return aggregate_sums
 
 
 def _fedgkd(name: str, hp: FedGKDParams) -> Algorithm:
@@ -182,7 +182,8 @@ def _fedgkd(name: str, hp: FedGKDParams) -> Algorithm:
         init_server=_init_server,
         broadcast=broadcast,
         teacher=teacher,
-        aggregate=_aggregate(hp.M),
+        sums=FEDAVG_SUMS,
+        aggregate_sums=_aggregate_sums(hp.M),
     )
 
 
@@ -245,5 +246,6 @@ def fedgkd_vote(hp: FedGKDVoteParams, setup: Setup) -> Algorithm:
         broadcast=broadcast,
         client_start=client_start,
         teacher=teacher,
-        aggregate=_aggregate(hp.M),
+        sums=FEDAVG_SUMS,
+        aggregate_sums=_aggregate_sums(hp.M),
     )

@@ -30,10 +30,10 @@ import torch
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
+from fedrift.algorithms.base import FEDAVG_SUMS, Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.engine.optim import sgd
-from fedrift.engine.tree import tree_map, weighted_sum
+from fedrift.engine.tree import tree_map
 from fedrift.params import params
 
 
@@ -77,9 +77,8 @@ def server_momentum_step(state: Tree, avg: dict, lr: float, alpha: float, beta: 
 def slowmo(hp: SlowMoParams, setup: Setup) -> Algorithm:
     lr = setup.lr
 
-    def aggregate(state: Tree, uploads: Tree, weights: torch.Tensor, info: RoundInfo) -> Tree:
-        avg = weighted_sum(uploads["params"], weights)
-        return server_momentum_step(state, avg, lr, hp.alpha, hp.beta)
+    def aggregate_sums(state: Tree, sums: Tree, info: RoundInfo) -> Tree:
+        return server_momentum_step(state, sums["params"], lr, hp.alpha, hp.beta)  # sums: FedAvg's average
 
     return Algorithm(
         name="slowmo",
@@ -87,5 +86,6 @@ def slowmo(hp: SlowMoParams, setup: Setup) -> Algorithm:
         local_loss=ce_loss,
         init_server=momentum_server,
         optimizer=sgd(lr, hp.local_momentum, setup.weight_decay, setup.clip_grad_norm),
-        aggregate=aggregate,
+        sums=FEDAVG_SUMS,
+        aggregate_sums=aggregate_sums,
     )

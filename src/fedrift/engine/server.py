@@ -6,6 +6,9 @@ with a pre-phase, ``combine`` (the clients' summaries), then ``close`` (the clie
 outputs). Who runs the clients between ``open`` and ``close`` is not the server's business:
 the in-process loop hands the jobs to an executor (``engine.loop``), a Flower ServerApp sends
 them as messages to devices. Both call the same client function (``engine.client``).
+An executor that trains in this process hands each output to ``take`` as it is made: with a
+streamed aggregate (``Algorithm.sums``) the upload is folded into running sums then, and the
+round never holds K uploads.
 """
 
 from __future__ import annotations
