@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import os
 import secrets
 import signal
@@ -53,12 +54,58 @@ def cluster(tmp_path_factory):
 
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        _stop_cluster(port)  # this cluster's processes only: `ray stop` would stop every Ray here
+        left = [pid for pid, (_, line) in _processes().items() if re.search(rf":{port}(\s|$)", line) and _running(pid)]
+        assert not left, f"Ray processes of the test cluster still running: {left}"
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process this user can read (Linux /proc)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                line = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            out[int(d.name)] = (int(stat[stat.rindex(")") + 2 :].split()[1]), line)
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _stop_cluster(port: int, timeout: float = 30.0) -> None:
+    """Stop the Ray cluster whose head listens on ``port``, and nothing else: the daemons whose
+    command line names its session folder or its address, and their descendants (agents,
+    workers); SIGTERM, then SIGKILL for those still running after ``timeout``."""
+    procs = _processes()
+    sessions = {s for _, line in procs.values() if f"--gcs_server_port={port} " in line + " "
+                for s in re.findall(r"--session-dir=(\S+)", line)}
+    ours = {pid for pid, (_, line) in procs.items() if any(s in line for s in sessions) or re.search(rf":{port}(\s|$)", line)}
+    ours.discard(os.getpid())
+    while kids := {pid for pid, (ppid, _) in procs.items() if ppid in ours} - ours:
+        ours |= kids
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in ours:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(_running(pid) for pid in ours):
+            time.sleep(0.2)
 
 
 def _run(tiny, name, executor, **extra):
