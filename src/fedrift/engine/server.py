@@ -149,7 +149,8 @@ class Server:
         # ... and, when the clients train in this process and hand their outputs over, each
         # client's stored state is read when it trains, not all K at open (S4)
         self.late_states = (self.streams and hands_over and algorithm.init_client is not None
-                            and algorithm.client_summary is None)  # a pre-phase reads the job's ctx
+                            and algorithm.client_summary is None  # a pre-phase reads the job's ctx
+                            and not algorithm.personal)  # so does the batched executor's start
         self.panel = eval_clients(fed.num_clients, cfg.eval.clients_sample, cfg.seed)  # personal models: whose
         self.probe = probe_indices(len(fed.y_test), cfg.eval.probe_size, cfg.seed).to(fed.device)
         # test_*, then val_* on the union of the clients' validation splits (partition.val_share)

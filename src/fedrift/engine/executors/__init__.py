@@ -73,7 +73,7 @@ def choose_executor(
       ``batched`` amortises it over up to 256 clients at once; unless the client states are
       kept on disk (``states_on_disk``, ``engine.client_state: disk``), a sign that memory
       is short: a vectorised group holds its clients' states and about a dozen model-sized
-      tensors each, where ``sequential`` holds one client's (S4: 1,298 MB against 897 MB).
+      tensors each, where ``sequential`` holds one client's (S4: 1,332 MB against 899 MB).
     - Otherwise ``sequential``.
     """
     if device.startswith("cuda"):
