@@ -218,12 +218,18 @@ class Server:
         rnd.waiting[out.client_id] = out
         while len(rnd.taken) < len(rnd.jobs) and (nxt := rnd.jobs[len(rnd.taken)].client_id) in rnd.waiting:
             o = rnd.waiting.pop(nxt)
-            if o.state is not None and self.algorithm.init_client is not None:
-                self.store.put(o.client_id, o.state)
+            self._keep_state(o)
             for f, acc in rnd.sums.items():
                 acc.add(o.upload[f])
             rnd.taken[o.client_id] = tree_bytes(o.upload)
-            o.upload, o.state, o.end_params = {}, None, {}
+            o.upload, o.end_params = {}, {}
+
+    def _keep_state(self, out: ClientOutput) -> None:
+        """The client's new state into the store, and out of the output (None: a device keeps
+        its state itself)."""
+        if out.state is not None and self.algorithm.init_client is not None:
+            self.store.put(out.client_id, out.state)
+            out.state = None
 
     def combine(self, rnd: Round, summaries: list[dict[str, Any]]) -> None:
         """The pre-phase's server side: the clients' summaries (in job order) combined with the
@@ -331,11 +337,8 @@ class Server:
     def _aggregate(self, rnd: Round, outputs: list[ClientOutput], weights: torch.Tensor, info: RoundInfo) -> None:
         """The whole round's uploads at once: stacked (or privately averaged), then ``aggregate``."""
         cfg, alg = self.cfg, self.algorithm
-        if alg.init_client is not None:  # stored now: not held beside the stacked uploads
-            for o in outputs:
-                if o.state is not None:  # None: the client keeps its state itself (a device)
-                    self.store.put(o.client_id, o.state)
-                    o.state = None
+        for o in outputs:  # stored now: not held beside the stacked uploads
+            self._keep_state(o)
         if cfg.privacy.level == "client":  # one upload, the noised mean of the clipped models
             stacked, agg_weights = private_mean([o.upload for o in outputs], rnd.payload["params"], cfg.privacy,
                                                 cfg.seed, rnd.t, alg.name)

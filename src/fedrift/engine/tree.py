@@ -58,65 +58,46 @@ def unstack(stacked: Tree) -> list[dict[str, Any]]:
 def weighted_sum(stacked: Tree, weights: torch.Tensor) -> dict[str, Any]:
     """``sum_k weights[k] * stacked[k]`` leaf-wise; weights has one entry per row.
 
-    Accumulated row by row (``acc = w_0 x_0``, then ``acc += w_k x_k`` in row order): the
-    product ``w * x`` of a whole stack is as big as the stack itself (330 MB for 50 FedAvg
-    CNNs) and cost ten times more than the sum (BENCHMARKS.md, S2); and :class:`RunningSum`,
-    given the rows one at a time, makes the same operations in the same order."""
-    return tree_map(lambda x: _row_sum(x, weights), stacked)
-
-
-def _row_sum(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    w = weights.to(dtype=x.dtype)
-    acc, alphas = x[0] * w[0], w.tolist()  # one device read for the weights
-    for k in range(1, len(x)):
-        acc.add_(x[k], alpha=alphas[k])
-    return acc
+    The rows go through :class:`RunningSum` (``acc = w_0 x_0``, then ``acc += w_k x_k`` in row
+    order): the product ``w * x`` of a whole stack is as big as the stack itself (330 MB for
+    50 FedAvg CNNs) and cost ten times more than the sum (BENCHMARKS.md, S2), and a streamed
+    aggregation, fed the same rows one at a time, gets the same bits."""
+    acc = RunningSum(weights)
+    for k in range(len(weights)):
+        acc.add(tree_map(lambda x: x[k], stacked))
+    return acc.result()
 
 
 class RunningSum:
-    """``weighted_sum(stack(trees), weights)`` with the trees given one at a time, in row
-    order, so the stack is never built: the same operations as ``weighted_sum``, in the same
-    order, so the same bits by construction. Holds one sum per leaf."""
+    """``sum_k weights[k] * tree_k`` leaf-wise, with the trees given one at a time in row order,
+    so no stack of them is ever built. Holds one sum per leaf."""
 
     def __init__(self, weights: torch.Tensor) -> None:
         self.weights = weights
         self.count = 0
-        self.acc: dict[tuple[str, ...], torch.Tensor] = {}
-        self._alphas: dict[torch.dtype, list[float]] = {}
+        self.acc: dict[str, Any] | None = None
+        self._alphas: dict[torch.dtype, list[float]] = {}  # one device read of the weights per dtype
 
     def add(self, tree: Tree) -> None:
         k = self.count
         if k >= len(self.weights):
             raise ValueError(f"RunningSum: row {k} given, but there are {len(self.weights)} weights")
-        for path, x in _paths(tree):
-            x = x.contiguous()  # as a row of a stack is: the same kernel path
-            if k == 0:
-                self.acc[path] = x * self.weights.to(dtype=x.dtype)[0]
-            else:
-                alphas = self._alphas.setdefault(x.dtype, self.weights.to(dtype=x.dtype).tolist())
-                self.acc[path].add_(x, alpha=alphas[k])
+        if self.acc is None:
+            # contiguous, as a row of a stack is: the same kernel path whichever way rows come
+            self.acc = tree_map(lambda x: x.contiguous() * self.weights.to(dtype=x.dtype)[0], tree)
+        else:
+            tree_map(lambda a, x: a.add_(x.contiguous(), alpha=self._alpha(x.dtype, k)), self.acc, tree)
         self.count = k + 1
 
+    def _alpha(self, dtype: torch.dtype, k: int) -> float:
+        if dtype not in self._alphas:
+            self._alphas[dtype] = self.weights.to(dtype=dtype).tolist()
+        return self._alphas[dtype][k]
+
     def result(self) -> dict[str, Any]:
-        if self.count != len(self.weights):
+        if self.count != len(self.weights) or self.acc is None:
             raise ValueError(f"RunningSum: {self.count} rows given for {len(self.weights)} weights")
-        out: dict[str, Any] = {}
-        for path, value in self.acc.items():
-            node = out
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = value
-        return out
-
-
-def _paths(tree: Tree, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], torch.Tensor]]:
-    out = []
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out.extend(_paths(value, (*prefix, key)))
-        elif isinstance(value, torch.Tensor):
-            out.append(((*prefix, key), value))
-    return out
+        return self.acc
 
 
 def shares_memory(tree: Tree, other: Tree) -> bool:
