@@ -15,7 +15,7 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.cli import main
 from fedrift.config import _fields
 from fedrift.errors import ConfigError
-from fedrift.tuning import Dim, build_tune, default_space, resolve_space
+from fedrift.tuning import Dim, build_tune, default_space, resolve_space, startup_points
 
 
 def _cfg(tiny, rounds=3, **sections):
@@ -44,6 +44,39 @@ def test_every_default_space_names_options_its_algorithm_has():
     # overrides: replaced, removed, added; another algorithm's option is left to it
     dims = {d.key: d for d in resolve_space("fedprox", {"mu": "0.01,0.1", "train.lr": "none", "gamma": "log:0.1:1"})}
     assert set(dims) == {"algorithm.mu"} and dims["algorithm.mu"].choices == (0.01, 0.1)
+
+
+def test_the_start_up_design_spreads_a_small_budget_over_every_dimension():
+    import math
+
+    dims = [
+        *resolve_space("fedavgm", {}), Dim.parse("algorithm.k", "int:1:8"), Dim.parse("algorithm.v", "a,b,c,d")]
+    points = startup_points(dims, 8, seed=0)
+    assert len(points) == 8 and len({json.dumps(p) for p in points}) == 8
+    for d in dims:  # one point in each eighth of every dimension (of its log for a log range)
+        if d.kind == "choice":
+            assert sorted(p[d.key] for p in points) == ["a", "a", "b", "b", "c", "c", "d", "d"]
+            continue
+        if d.kind == "int":
+            assert sorted(p[d.key] for p in points) == list(range(1, 9))
+            continue
+        scale = math.log if d.kind == "log" else (lambda v: v)
+        cells = sorted(int(8 * (scale(p[d.key]) - scale(d.low)) / (scale(d.high) - scale(d.low))) for p in points)
+        assert cells == list(range(8)), (d.key, cells)
+    # a prefix of one sequence (a growing tune keeps its points); the learning rates are the
+    # same for every algorithm of a tune, whatever its other dimensions; the seed moves them
+    assert startup_points(dims, 4, seed=0) == points[:4]
+    lrs = [p["train.lr"] for p in points]
+    for name in ("fedavg", "fedprox", "fedavgm"):
+        assert [p["train.lr"] for p in startup_points(resolve_space(name, {}), 8, seed=0)] == lrs
+    assert [p["train.lr"] for p in startup_points(dims, 8, seed=1)] != lrs
+
+
+def test_a_tune_runs_the_start_up_design_first(tiny, tmp_path):
+    results = fedrift.tune(_cfg(tiny, rounds=1), algorithms=["fedprox"], trials=2, out=tmp_path / "t", pruner="none",
+                           seed=5, report=False, verbose=False)
+    ran = sorted((t["params"] for t in results["fedprox"]["trials"]), key=lambda p: p["train.lr"])
+    assert ran == sorted(startup_points(resolve_space("fedprox", {}), 2, seed=5), key=lambda p: p["train.lr"])
 
 
 def test_tune_needs_a_validation_split_and_checks_the_space(tiny):

@@ -8,7 +8,11 @@ The space
     algorithm of the tune that takes KEY (a bare KEY is an algorithm option, a dotted one any
     config key); ``space.KEY=none`` removes it. SPEC: ``log:LOW:HIGH``, ``float:LOW:HIGH``,
     ``int:LOW:HIGH`` or a list of values ``0.01,0.05,0.1``. When every dimension is a list the
-    study is a grid (every combination once, trials capped at the grid's size); otherwise TPE.
+    study is a grid (every combination once, trials capped at the grid's size). Otherwise its
+    first :data:`STARTUP` trials are the points of a scrambled Sobol design, and TPE proposes
+    the rest: a small budget then spreads over the whole range (with 2**m trials, one in each
+    2**-m-th of every dimension) instead of wherever a few random draws fall, and the
+    learning rate has a design of its own, so every study of a tune tries the same rates.
 
 Scoring and pruning
     A trial is one run of the config with the trial's values, scored by its best
@@ -48,6 +52,7 @@ from fedrift.errors import ConfigError, DivergenceError, writing
 from fedrift.grid import _base_doc, _pool_context, _worker_init, parse_algorithm, parse_value, safe_name, split_list
 
 LR_SPACE = {"train.lr": "log:0.005:0.5"}
+STARTUP = 10  # trials from the Sobol design before TPE proposes (TPE's own start-up count)
 STUDY_DB = "study.db"
 DESCRIPTION = "tune.json"
 BEST = "best.yaml"
@@ -104,6 +109,33 @@ class Dim:
 
     def describe(self) -> str:
         return ",".join(map(str, self.choices)) if self.kind == "choice" else f"{self.kind}:{self.low:g}:{self.high:g}"
+
+    def at(self, u: float) -> Any:
+        """The value at ``u`` in [0, 1) of the space: uniform in the log for ``log``."""
+        if self.kind == "choice":
+            return self.choices[min(len(self.choices) - 1, int(u * len(self.choices)))]
+        if self.kind == "int":
+            return int(min(self.high, self.low + math.floor(u * (self.high - self.low + 1))))
+        if self.kind == "log":
+            v = math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
+        else:
+            v = self.low + u * (self.high - self.low)
+        return float(min(max(v, self.low), self.high))
+
+
+def startup_points(dims: Sequence[Dim], n: int, seed: int) -> list[dict[str, Any]]:
+    """The first ``n`` points (``n`` <= 16) of a scrambled Sobol design of the space; a prefix
+    of the same sequence for any ``n``, so a tune that grows keeps the points it ran. The first
+    dimension (the learning rate) is a one-dimensional design seeded by the tune's seed alone,
+    the same in every study; the others are one joint design."""
+    from scipy.stats import qmc
+
+    if not dims or n <= 0:
+        return []
+    cols = [qmc.Sobol(1, scramble=True, seed=seed).random_base2(4)[:n, 0]]
+    if len(dims) > 1:
+        cols += list(qmc.Sobol(len(dims) - 1, scramble=True, seed=seed + 1).random_base2(4)[:n].T)
+    return [{d.key: d.at(float(c[i])) for d, c in zip(dims, cols)} for i in range(n)]
 
 
 def _number(value: Any) -> Any:
@@ -280,12 +312,12 @@ def _optuna() -> Any:
 
 
 def _sampler(study: Study, seed: int, point: Mapping[str, Any] | None = None) -> Any:
-    """TPE for a space with a range; for a grid, the one point this trial runs (the caller
-    hands each missing point to one trial, so no point runs twice, in parallel too)."""
+    """The one point this trial runs (a grid's or the start-up design's: the caller hands each
+    missing point to one trial, so no point runs twice, in parallel too); else TPE."""
     optuna = _optuna()
     if point is not None:
         return _fixed_sampler_class()(dict(point))
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=STARTUP)
 
 
 @functools.lru_cache(maxsize=None)
@@ -293,7 +325,7 @@ def _fixed_sampler_class() -> type:
     optuna = _optuna()
 
     class Fixed(optuna.samplers.BaseSampler):
-        """Suggests given values: one grid point per trial."""
+        """Suggests given values: one point of a grid or of the start-up design per trial."""
 
         def __init__(self, values: dict[str, Any]) -> None:
             self.values = values
@@ -401,13 +433,17 @@ def _worker(args: tuple[Tune, int, int, dict[str, Any] | None]) -> None:
     _open_study(tune, study, seed, point=point).optimize(_objective(tune, study, True, print), n_trials=1, catch=())
 
 
-def _missing_points(st: Any, study: Study) -> list[dict[str, Any]]:
-    """A grid's points that no finished trial has run, in the grid's order."""
+def _missing_points(st: Any, study: Study, tune: Tune) -> list[dict[str, Any]]:
+    """The points no finished trial has run, in order: a grid's, or the first ``STARTUP`` (at
+    most the tune's trials) of the start-up design."""
     import itertools
 
-    grid = study.grid or {}
+    grid = study.grid
+    if grid is not None:
+        points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    else:
+        points = startup_points(study.dims, min(tune.trials, STARTUP), tune.seed)
     seen = {json.dumps(t.params, sort_keys=True) for t in _finished(st)}
-    points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     return [p for p in points if json.dumps(p, sort_keys=True) not in seen]
 
 
@@ -437,20 +473,18 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
         missing = target - have
         if missing <= 0:
             continue
-        points: list[Any] = _missing_points(st, study)[:missing] if study.grid is not None else [None] * missing
-        # A resumed study's samplers get seeds no earlier call used (past the trials it holds):
-        # seeded as before, they replayed the same start-up proposals as the finished trials.
-        # A fresh study (offset 0) draws exactly as it always did.
+        points: list[Any] = _missing_points(st, study, tune)[:missing]
+        points += [None] * (missing - len(points))  # None: a trial TPE proposes
+        # TPE's samplers get seeds no earlier call used (past the trials the study holds):
+        # seeded as before, a resumed study would replay the proposals of its finished trials.
         offset = len(st.trials)
         if jobs <= 1 or missing == 1:
             objective = _objective(tune, study, False, echo)
-            if study.grid is None:
-                if offset:
-                    st = _open_study(tune, study, tune.seed + 1 + offset, pruner)
-                st.optimize(objective, n_trials=missing, catch=())
-            else:
-                for point in points:
-                    _open_study(tune, study, tune.seed, pruner, point).optimize(objective, n_trials=1, catch=())
+            for point in (p for p in points if p is not None):
+                _open_study(tune, study, tune.seed, pruner, point).optimize(objective, n_trials=1, catch=())
+            if None in points:
+                st = _open_study(tune, study, tune.seed + 1 + len(st.trials), pruner)
+                st.optimize(objective, n_trials=points.count(None), catch=())
             continue
         with ProcessPoolExecutor(max_workers=min(jobs, missing), mp_context=_pool_context(), initializer=_worker_init) as pool:
             for fut in [pool.submit(_worker, (tune, i, tune.seed + 1 + offset + k, p)) for k, p in enumerate(points)]:
