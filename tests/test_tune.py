@@ -79,6 +79,17 @@ def test_a_tune_runs_the_start_up_design_first(tiny, tmp_path):
     assert ran == sorted(startup_points(resolve_space("fedprox", {}), 2, seed=5), key=lambda p: p["train.lr"])
 
 
+def test_personal_models_are_tuned_on_their_own_clients_validation(tiny, tmp_path):
+    results = fedrift.tune(_cfg(tiny, rounds=2), algorithms=["fedproto", "fedavg"], trials=1, out=tmp_path / "t",
+                           pruner="none", report=False, verbose=False)
+    for name, metric in (("fedproto", "val_local_accuracy"), ("fedavg", "val_accuracy")):
+        best = results[name]["best"]
+        rows = [json.loads(line) for line in open(best["dir"] + "/metrics.jsonl")]
+        assert best["metric"] == metric and best["val_accuracy"] == max(r[metric] for r in rows)
+    best = yaml.safe_load((tmp_path / "t" / "best.yaml").read_text())
+    assert best["fedproto"]["metric"] == "val_local_accuracy" and "metric" not in best["fedavg"]
+
+
 def test_tune_needs_a_validation_split_and_checks_the_space(tiny):
     cfg = _cfg(tiny)
     cfg["partition"].pop("val_share")

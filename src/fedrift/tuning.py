@@ -16,7 +16,8 @@ The space
 
 Scoring and pruning
     A trial is one run of the config with the trial's values, scored by its best
-    ``val_accuracy`` over the evaluated rounds (the test set is never read by the tuner); the
+    ``val_accuracy`` over the evaluated rounds (``val_local_accuracy`` for personal models: see
+    :func:`score_of`; the test set is never read by the tuner); the
     pruner (median by default) sees each round's validation accuracy and stops trials that
     fall behind the median of earlier trials at the same round. A trial that diverges is
     pruned and marked ``diverged``. The config needs a validation split (``partition.val_share``).
@@ -362,6 +363,16 @@ def _open_study(tune: Tune, study: Study, seed: int, pruner: Any = None, point: 
     )
 
 
+def score_of(row: Mapping[str, Any]) -> tuple[str, float] | None:
+    """What a round's row scores, and its name: ``val_local_accuracy`` where the run reports it
+    (personal models, each on its own client's validation samples: what such a method is for;
+    their global ``val_accuracy`` would tune them for another task), else ``val_accuracy``."""
+    for key in ("val_local_accuracy", "val_accuracy"):
+        if row.get(key) is not None:
+            return key, float(row[key])
+    return None
+
+
 def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str], None]) -> Callable[[Any], float]:
     from fedrift.api import run
 
@@ -374,11 +385,13 @@ def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str]
         best = [-1.0]
 
         def on_round(row: dict[str, Any]) -> None:
-            val = row.get("val_accuracy")
-            if val is None:
+            scored = score_of(row)
+            if scored is None:
                 return
-            best[0] = max(best[0], float(val))
-            trial.report(float(val), int(row["round"]))
+            metric, val = scored
+            trial.set_user_attr("metric", metric)
+            best[0] = max(best[0], val)
+            trial.report(val, int(row["round"]))
             if trial.should_prune():
                 trial.set_user_attr("status", "pruned")
                 trial.set_user_attr("rounds", int(row["round"]))
@@ -392,7 +405,7 @@ def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str]
             trial.set_user_attr("status", "diverged")
             echo(f"{study.entry} trial {trial.number} ({shown}): diverged ({str(err).split(';')[0]})")
             raise optuna.TrialPruned("diverged") from None
-        score = max((float(r["val_accuracy"]) for r in result.history if r.get("val_accuracy") is not None), default=math.nan)
+        score = max((sc[1] for sc in map(score_of, result.history) if sc is not None), default=math.nan)
         trial.set_user_attr("status", "completed")
         trial.set_user_attr("rounds", int(result.summary.get("rounds", 0)))
         echo(f"{study.entry} trial {trial.number} ({shown}): val {score:.4f}, {time.perf_counter() - start:.1f} s")
@@ -530,6 +543,7 @@ def collect(tune: Tune) -> dict[str, dict[str, Any]]:
                 "status": t.user_attrs.get("status", t.state.name.lower()),
                 "val_accuracy": t.value if t.value is not None else (max(inter.values()) if inter else None),
                 "rounds": t.user_attrs.get("rounds", max(inter) if inter else 0),
+                "metric": t.user_attrs.get("metric", "val_accuracy"),
                 "params": dict(t.params),
                 "dir": str(tune.root / "trials" / study.name / f"trial{t.number}"),
             })
@@ -554,9 +568,10 @@ def write_results(tune: Tune, echo: Callable[[str], None] = print, figures: bool
             echo(f"{r['entry']}: no trial finished ({n} tried); nothing to choose")
             continue
         best[r["entry"]] = {"overrides": dict(b["params"]), "val_accuracy": b["val_accuracy"], "trial": b["trial"],
-                            "trials": n}
+                            "trials": n, **({"metric": b["metric"]} if b["metric"] != "val_accuracy" else {})}
         shown = " ".join(f"{k}={_short(v)}" for k, v in b["params"].items())
-        echo(f"{r['entry']}: best {shown} (val {b['val_accuracy']:.4f}, trial {b['trial']} of {n})")
+        scored = "val" if b["metric"] == "val_accuracy" else b["metric"]
+        echo(f"{r['entry']}: best {shown} ({scored} {b['val_accuracy']:.4f}, trial {b['trial']} of {n})")
     (tune.root / BEST).write_text(
         "# fedrift tune: per algorithm entry, the best trial's values (fedrift compare ... tuned=DIR)\n"
         + yaml.safe_dump(best, sort_keys=False))

@@ -54,7 +54,33 @@ def test_personal_models_are_validated_too(tiny):
     result = fedrift.run(tiny(algorithm={"name": "fedproto"}, partition={"val_share": 0.25}, train={"rounds": 1}))
     row = result.history[-1]
     assert 0.0 <= row["val_accuracy"] <= 1.0 and row["val_loss"] > 0 and "local_accuracy" in row
+    assert 0.0 <= row["val_local_accuracy"] <= 1.0
     assert result.summary["best_val_round"] == 1
+    # each client's own validation samples, as positions in the union the server holds
+    from fedrift.engine.federation import Federation
+
+    prep = prepare(result.config)
+    fed = Federation(prep.dataset, prep.partition, torch.device("cpu"))
+    for k in range(fed.num_clients):
+        own = torch.as_tensor(prep.partition.val[k])
+        assert torch.equal(fed.x_val[fed.val_positions(k)], prep.dataset.x_train[own])
+
+
+def test_personal_accuracies_by_hand():
+    """Two clients' models that always answer 0 and 1, on y = 0 0 1 1: the mean of their
+    accuracies on the whole set, and on their own parts (an empty part is left out)."""
+    from fedrift.metrics.evaluate import evaluate_personal
+
+    def apply(params, x):
+        return torch.nn.functional.one_hot(params["c"].expand(len(x)), 2).float()
+
+    models = [{"c": torch.tensor(0)}, {"c": torch.tensor(1)}, {"c": torch.tensor(1)}]
+    x, y = torch.zeros(4, 1), torch.tensor([0, 0, 1, 1])
+    local = [torch.tensor([0, 2]), torch.tensor([2, 3]), torch.tensor([], dtype=torch.int64)]
+    val = evaluate_personal(apply, models, local, x, y, batch_size=3, prefix="val")
+    assert val["val_accuracy"] == 0.5 and val["val_local_accuracy"] == (0.5 + 1.0) / 2
+    test = evaluate_personal(apply, models, local, x, y, batch_size=3)
+    assert test["local_accuracy"] == 0.75 and "test_local_accuracy" not in test
 
 
 def test_best_validation_by_hand():

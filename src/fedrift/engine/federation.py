@@ -34,8 +34,12 @@ class Federation:
         self._train_t = torch.from_numpy(self.train.values).to(device)
         self._test_t = torch.from_numpy(self.test.values).to(device)
         # the union of the clients' validation splits (empty without one): val_accuracy
-        val = torch.as_tensor(partition.val_union(), dtype=torch.int64)
+        union = partition.val_union()
+        val = torch.as_tensor(union, dtype=torch.int64)
         self.x_val, self.y_val = dataset.x_train[val].to(device), dataset.y_train[val].to(device)
+        # client k's validation samples as positions in that union (personal models' val_local_accuracy)
+        self._val_offsets = partition.val.offsets
+        self._val_pos_t = torch.from_numpy(np.searchsorted(union, partition.val.values)).to(device)
         self.sizes = partition.sizes()
         # client x class counts, made once as float32 (exact below 2**24 samples of a class):
         # hooks read rows of the tensor; samplers the numpy array (the same memory on the CPU)
@@ -54,6 +58,11 @@ class Federation:
         """Client k's local test split on the device (a view): indices into the test set."""
         o = self.test.offsets
         return self._test_t[o[k] : o[k + 1]]
+
+    def val_positions(self, k: int) -> torch.Tensor:
+        """Client k's validation samples as positions in ``x_val``/``y_val`` (a view)."""
+        o = self._val_offsets
+        return self._val_pos_t[o[k] : o[k + 1]]
 
     def scalar(self, value: float) -> torch.Tensor:
         """A 0-d float tensor of ``value`` on the device, made once (contexts hold a few per

@@ -319,7 +319,7 @@ class Server:
         for prefix, x_eval, y_eval in self.evaluated:
             if alg.personal:  # each panel client's own model, as the store holds it now
                 models = (self.store.get(k)["params"] for k in self.panel)  # one at a time
-                local = [fed.test_indices(k) for k in self.panel] if prefix == "test" else None
+                local = [fed.test_indices(k) if prefix == "test" else fed.val_positions(k) for k in self.panel]
                 row.update(evaluate_personal(apply, models, local, x_eval, y_eval, chunk, predict, prefix))
             else:
                 row.update(evaluate(apply, self.state["params"], x_eval, y_eval, chunk, predict, prefix))

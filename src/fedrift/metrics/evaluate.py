@@ -63,16 +63,20 @@ def evaluate_personal(
     x: torch.Tensor, y: torch.Tensor, batch_size: int, predict: Predict | None = None, prefix: str = "test",
 ) -> dict[str, float]:
     """Personal models (FedProto): the mean over clients of each client's own model's
-    accuracy on the global test set (``test_accuracy``; ``prefix`` as in :func:`evaluate`)
-    and on its local split (``local_accuracy``, ``local[k]`` indexes the test set; none when
-    ``local`` is None), and of each extra predictor."""
+    accuracy on the whole of (x, y) (``test_accuracy``; ``prefix`` as in :func:`evaluate`)
+    and on its own part of it (``local[k]`` indexes (x, y); none when ``local`` is None):
+    ``local_accuracy`` on the test set (its local split), ``<prefix>_local_accuracy``
+    otherwise (``val_local_accuracy``: its own validation samples, what tunes such a method),
+    and of each extra predictor. A client whose own part is empty is left out of the local
+    means (it has no accuracy there, not a zero one)."""
     sums: dict[str, float] = {}
-    count = 0
+    counts: dict[str, int] = {}
+    local_name = "local_accuracy" if prefix == "test" else f"{prefix}_local_accuracy"
     for params, ix in zip(models, local if local is not None else repeat(None)):  # models may be a generator
         right, loss = outcomes(apply, params, x, y, batch_size, predict)
-        local_rates = _rates(right, "local_accuracy", ix) if ix is not None else {}
+        local_rates = _rates(right, local_name, ix) if ix is not None and len(ix) else {}
         row = {**_rates(right, f"{prefix}_accuracy"), **local_rates, f"{prefix}_loss": loss.mean().item()}
         for k, v in row.items():
             sums[k] = sums.get(k, 0.0) + v
-        count += 1
-    return {k: v / max(count, 1) for k, v in sums.items()}
+            counts[k] = counts.get(k, 0) + 1
+    return {k: v / counts[k] for k, v in sums.items()}

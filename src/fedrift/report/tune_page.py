@@ -33,7 +33,8 @@ def _figure(root: Path, name: str, study: Mapping[str, Any]) -> Path | None:
     best = study["best"]
     if best is not None:
         rows = read_metrics(Path(best["dir"]) / "metrics.jsonl")
-        for key, label in (("val_accuracy", "validation"), ("test_accuracy", "test")):
+        for key, label in (("val_accuracy", "validation"), ("test_accuracy", "test"),
+                           ("val_local_accuracy", "own validation (the score)"), ("local_accuracy", "own test")):
             pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), label=label)
