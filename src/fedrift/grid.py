@@ -621,6 +621,7 @@ def compare(
 
 def check_report_names(opts: Any, algorithms: Sequence[str]) -> None:
     """Refuse, before anything runs, report options naming an algorithm the grid lacks."""
+    from fedrift.report.claims import resolve_claims
     from fedrift.report.paired import resolve_reference
     from fedrift.report.table import parse_target
 
@@ -633,6 +634,7 @@ def check_report_names(opts: Any, algorithms: Sequence[str]) -> None:
         if kind == "relative" and alg not in names:
             raise ConfigError(f"report.target: {alg!r} is not an algorithm of the grid; allowed: {', '.join(names)}")
     resolve_reference(opts.reference, names)  # refuses a reference the grid lacks
+    resolve_claims(opts.claims, names)  # and a claim about an algorithm it lacks
 
 
 def write_report(runs_dir: str | Path, out: str | Path | None = None, verbose: bool = True, **options: Any) -> list[dict[str, Any]]:

@@ -17,6 +17,9 @@ Options (``report.*`` on the command line, keyword arguments in Python):
 - ``reference``: the algorithm the paired differences are taken to (:mod:`fedrift.report.paired`;
   a label of the grid, or a name only one of its settings has); default ``fedavg`` when the
   grid has it, ``none`` for no paired differences;
+- ``claims``: orderings to check with the paired differences, ``A>B`` or ``A>=B`` (``papers``:
+  the seed papers' orderings among the grid's algorithms; :mod:`fedrift.report.claims`),
+  printed after the table and written to ``claims.csv``, ``claims.md`` and the report;
 - ``plots``: false writes the tables and a report without figures;
 - ``title``: the report's title.
 """
@@ -33,6 +36,7 @@ from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedrift.errors import ConfigError, FedriftError, writing
+from fedrift.report import claims
 from fedrift.report.paired import note, resolve_reference
 from fedrift.report.table import (
     Group,
@@ -63,6 +67,7 @@ class ReportOptions(BaseModel):
     tsne_points: Annotated[int, Field(ge=10)] = 1000
     band: Literal["minmax", "std"] = "minmax"
     reference: str | None = "auto"
+    claims: list[str] | None = None
     plots: bool = True
     title: str | None = None
 
@@ -75,7 +80,7 @@ class ReportOptions(BaseModel):
 
         doc: dict[str, Any] = {}
         for key, value in (raw or {}).items():
-            if isinstance(value, str) and key in ("at_rounds", "tsne"):
+            if isinstance(value, str) and key in ("at_rounds", "tsne", "claims"):
                 items = split_list(value)
                 if key == "tsne" and [i.lower() for i in items] in ([], ["none"], ["off"]):
                     value = []
@@ -127,7 +132,7 @@ def write_tables(root: Path, raw: Mapping[str, Any] | ReportOptions | None = Non
     """``results.csv`` and ``results.md`` under ``root``; prints the table; returns the rows."""
     groups, grid = load_groups(Path(root))
     opts = _merged_options(grid, raw)
-    rows, _ = _tables(Path(root), groups, opts, echo, quiet_table)
+    rows, _, _ = _tables(Path(root), groups, opts, echo, quiet_table)
     return rows
 
 
@@ -142,6 +147,7 @@ def _tables(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo, qu
     at_rounds = resolve_at_rounds(opts, groups)
     reference = resolve_reference(opts.reference, [g.algorithm for g in groups])
     rows = summarize(groups, at_rounds, _target(opts, groups), reference)
+    checked = _claims(root, groups, opts)
     with _writing(root):
         (root / "results.csv").write_text(to_csv(rows))
         (root / "results.md").write_text(to_markdown(rows, at_rounds))
@@ -149,7 +155,23 @@ def _tables(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo, qu
         print_table(rows, at_rounds, title=opts.title or f"fedrift comparison: {root.resolve().name}")
     elif not quiet:
         echo(to_markdown(rows, at_rounds))
-    return rows, at_rounds
+    if checked and not quiet:
+        echo(claims.to_text(checked))
+    return rows, at_rounds, checked
+
+
+def _claims(root: Path, groups: Sequence[Group], opts: ReportOptions) -> list[dict[str, Any]]:
+    """``report.claims`` checked on the groups, written to claims.csv and claims.md (the
+    files of an earlier report without claims are removed: they would describe other runs)."""
+    found = claims.resolve_claims(opts.claims, [g.algorithm for g in groups])
+    checked = claims.check_claims(found, groups)
+    with _writing(root):
+        for name, write in (("claims.csv", claims.to_csv), ("claims.md", claims.to_markdown)):
+            if checked:
+                (root / name).write_text(write(checked))
+            elif (root / name).is_file():
+                (root / name).unlink()
+    return checked
 
 
 def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo = print) -> list[Any]:
@@ -194,11 +216,11 @@ def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = Non
     check_report_names(opts, list(dict.fromkeys(g.algorithm for g in groups)))
     for run in (r for g in groups for r in g.runs if r.status == "interrupted"):
         echo(f"{run.dir}: interrupted after round {run.last_round}; continue with: fedrift run --resume {run.dir}")
-    rows, at_rounds = _tables(root, groups, opts, echo)
+    rows, at_rounds, checked = _tables(root, groups, opts, echo)
     with _writing(root):
         plots = make_figures(root, groups, opts, echo) if opts.plots else []
     out = Path(html_path) if html_path is not None else root / "report.html"
-    page = render_html(root, groups, grid, rows, at_rounds, plots, opts)
+    page = render_html(root, groups, grid, rows, at_rounds, plots, opts, checked)
     with _writing(root):
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(page)
@@ -264,7 +286,8 @@ def _grid_rows(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None)
 
 
 def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None, rows: Sequence[dict[str, Any]],
-                at_rounds: Sequence[int], plots: Sequence[Any], opts: ReportOptions) -> str:
+                at_rounds: Sequence[int], plots: Sequence[Any], opts: ReportOptions,
+                checked: Sequence[dict[str, Any]] = ()) -> str:
     from fedrift import __version__
 
     title = opts.title or f"fedrift comparison: {root.resolve().name}"
@@ -303,6 +326,18 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
         + ". s/round: training seconds per round; down/up: bytes per round. The same table is in "
         "results.csv (raw numbers) and results.md." + (f" {_e(paired_note)}" if paired_note else "") + "</p>",
     ]
+    if checked:
+        claim_headers, claim_cells = claims.display(checked, pm="±")
+        parts += [
+            "<h2>Claims</h2>",
+            '<table id="claims">',
+            "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in claim_headers) + "</tr></thead>",
+            "<tbody>",
+            *("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in claim_cells),
+            "</tbody>",
+            "</table>",
+            f'<p class="note">{_e(claims.note(checked, pm="±"))} The same table is in claims.csv and claims.md.</p>',
+        ]
     if plots:
         parts.append("<h2>Figures</h2>")
         for p in plots:

@@ -73,16 +73,24 @@ def add_paired(groups: Sequence[Any], rows: Sequence[dict[str, Any]], reference:
         ref = next((h for h in groups if h.algorithm == reference and h.sweep == g.sweep), None)
         if ref is None or ref is g:
             continue
-        theirs = {r.seed: r for r in ref.done() if r.seed is not None}
-        pairs = [(r, theirs[r.seed]) for r in g.done() if r.seed in theirs]
-        for key in present:
-            diffs = [a.summary[key] - b.summary[key] for a, b in pairs
-                     if _number(a.summary.get(key)) and _number(b.summary.get(key))]
-            mean, half = interval(diffs)
-            low, high = (mean - half, mean + half) if mean is not None and half is not None else (None, None)
-            row[f"{key}_diff_mean"], row[f"{key}_diff_ci95"], row[f"{key}_diff_n"] = mean, half, len(diffs)
-            row[f"{key}_diff_low"], row[f"{key}_diff_high"] = low, high
-            row[f"{key}_diff_significant"] = None if low is None or high is None else (low > 0 or high < 0)
+        row.update(differences(g, ref, present))
+
+
+def differences(g: Any, ref: Any, keys: Sequence[str]) -> dict[str, Any]:
+    """Setting ``g`` against setting ``ref`` on the seeds at which both completed, per summary
+    key: ``KEY_diff_mean``, ``_ci95``, ``_n``, ``_low``, ``_high`` and ``_significant``."""
+    theirs = {r.seed: r for r in ref.done() if r.seed is not None}
+    pairs = [(r, theirs[r.seed]) for r in g.done() if r.seed in theirs]
+    out: dict[str, Any] = {}
+    for key in keys:
+        diffs = [a.summary[key] - b.summary[key] for a, b in pairs
+                 if _number(a.summary.get(key)) and _number(b.summary.get(key))]
+        mean, half = interval(diffs)
+        low, high = (mean - half, mean + half) if mean is not None and half is not None else (None, None)
+        out[f"{key}_diff_mean"], out[f"{key}_diff_ci95"], out[f"{key}_diff_n"] = mean, half, len(diffs)
+        out[f"{key}_diff_low"], out[f"{key}_diff_high"] = low, high
+        out[f"{key}_diff_significant"] = None if low is None or high is None else (low > 0 or high < 0)
+    return out
 
 
 def _number(v: Any) -> bool:
@@ -102,12 +110,16 @@ def cell(row: Mapping[str, Any], key: str, pm: str = "+-") -> str:
     for one seed, ``ref`` on the reference's row, ``-`` when nothing pairs."""
     if row.get("algorithm") == row.get("reference"):
         return "ref"
-    mean, half = row.get(f"{key}_diff_mean"), row.get(f"{key}_diff_ci95")
+    return fmt_diff(row.get(f"{key}_diff_mean"), row.get(f"{key}_diff_ci95"), row.get(f"{key}_diff_significant"), pm)
+
+
+def fmt_diff(mean: float | None, half: float | None, significant: bool | None, pm: str = "+-") -> str:
+    """A paired difference in percentage points: ``+2.0 +- 2.5*``, ``+2.0 +- -``, ``-``."""
     if mean is None:
         return "-"
     if half is None:
         return f"{100 * mean:+.1f} {pm} -"
-    return f"{100 * mean:+.1f} {pm} {100 * half:.1f}" + ("*" if row.get(f"{key}_diff_significant") else "")
+    return f"{100 * mean:+.1f} {pm} {100 * half:.1f}" + ("*" if significant else "")
 
 
 NOTE = ("'vs {ref}': paired differences in percentage points, the mean over seeds of (setting - {ref}) on the same "
@@ -122,4 +134,4 @@ def note(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> str | None:
     return NOTE.format(ref=next(r["reference"] for r in rows if r.get("reference")), pm=pm)
 
 
-__all__ = ["METRICS", "add_paired", "cell", "headers", "interval", "note", "resolve_reference"]
+__all__ = ["METRICS", "add_paired", "cell", "differences", "fmt_diff", "headers", "interval", "note", "resolve_reference"]

@@ -1,0 +1,182 @@
+"""Claims: is method A better than method B on these runs? (``report.claims``)
+
+A claim is ``A>B`` (A better) or ``A>=B`` (A no worse); A and B are labels of the grid, or
+algorithm names, which stand for every setting of that algorithm (``fedadc`` is both
+``fedadc:variant=nesterov`` and ``fedadc:variant=heavy_ball``; two such lists pair the
+settings with the same options when there are any). ``papers`` adds the seed
+papers' orderings (:data:`PAPERS`) among the algorithms the grid has. Each claim is checked
+per swept values with the paired differences of :mod:`fedrift.report.paired` (A - B on the
+seeds where both completed, with the 95% t interval), on the test accuracy at best
+validation when the runs have a validation split, else on the best accuracy:
+
+- ``holds``: the interval lies above 0 (``>=``: ``holds (ahead)``; also ``holds (not
+  behind)``, a mean >= 0 whose interval reaches 0);
+- ``ahead, not significant`` (``>``): a mean > 0 whose interval reaches 0;
+- ``behind, not significant``: a mean below 0 (or 0 for ``>``) whose interval reaches 0;
+- ``reversed``: the interval lies below 0;
+- ``one seed: ahead`` / ``behind`` / ``tied`` (no interval), ``no pairs``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from fedrift.errors import ConfigError
+from fedrift.report.paired import METRICS, differences, fmt_diff
+
+# (better, op, worse, whose claim): the orderings the seed papers report
+PAPERS = (
+    ("fedgkd", ">", "fedavg", "FedGKD"),
+    ("fedgkd", ">", "fedprox", "FedGKD"),
+    ("fedgkd_vote", ">=", "fedgkd", "FedGKD"),
+    ("fedcsd", ">", "fedgkd", "FedCSD"),
+    ("fedcsd", ">", "fedavg", "FedCSD"),
+    ("fedadc", ">", "slowmo", "FedADC"),
+    ("slowmo", ">", "fedavg", "FedADC"),
+    ("fedadc_plus", ">", "fedadc", "FedADC"),
+)
+ALLOWED = "A>B or A>=B with A and B algorithms of the grid (e.g. fedgkd>fedavg), or papers"
+
+
+@dataclass(frozen=True)
+class Claim:
+    better: str  # a setting's algorithm label
+    op: str  # ">" or ">="
+    worse: str
+    source: str = ""  # whose claim: a paper's name, "" for the user's
+
+    @property
+    def text(self) -> str:
+        return f"{self.better} {self.op} {self.worse}"
+
+
+def _parse(spec: str) -> tuple[str, str, str]:
+    op = ">=" if ">=" in spec else ">"
+    a, sep, b = (part.strip() for part in spec.partition(op))
+    if not sep or not a or not b or ">" in b:
+        raise ConfigError(f"report.claims: {spec!r} is not a claim; allowed: {ALLOWED}")
+    return a, op, b
+
+
+def _settings(name: str, labels: Sequence[str]) -> list[str]:
+    return [name] if name in labels else [label for label in labels if label.split(":", 1)[0] == name]
+
+
+def _pairs(xs: Sequence[str], ys: Sequence[str]) -> list[tuple[str, str]]:
+    """Every (x, y) of two settings' lists; where some share their options (FedADC+ Nesterov
+    and FedADC Nesterov), those only."""
+    pairs = [(x, y) for x in xs for y in ys if x != y]
+    same = [(x, y) for x, y in pairs if x.partition(":")[2] == y.partition(":")[2]]
+    return same or pairs
+
+
+def resolve_claims(specs: Sequence[str] | None, labels: Sequence[str]) -> list[Claim]:
+    """The claims ``specs`` make about the grid's settings (``labels``); refuses a claim that
+    names an algorithm the grid lacks (``papers`` skips the orderings it cannot check)."""
+    labels = list(dict.fromkeys(labels))
+    out: list[Claim] = []
+    for spec in specs or []:
+        if spec.strip().lower() == "papers":
+            out += [Claim(x, op, y, src) for a, op, b, src in PAPERS
+                    for x, y in _pairs(_settings(a, labels), _settings(b, labels))]
+            continue
+        a, op, b = _parse(spec)
+        sides = [_settings(a, labels), _settings(b, labels)]
+        for name, found in zip((a, b), sides):
+            if not found:
+                raise ConfigError(f"report.claims: {name!r} in {spec!r} is not an algorithm of the grid; "
+                                  f"allowed: {', '.join(labels)}")
+        out += [Claim(x, op, y) for x, y in _pairs(*sides)]
+    return list(dict.fromkeys(out))
+
+
+def verdict(op: str, diff: Mapping[str, Any], key: str) -> str:
+    """The verdict on one claim from its paired differences on ``key`` (module docstring)."""
+    mean, low, high = diff.get(f"{key}_diff_mean"), diff.get(f"{key}_diff_low"), diff.get(f"{key}_diff_high")
+    if mean is None:
+        return "no pairs"
+    if low is None or high is None:
+        return "one seed: " + ("ahead" if mean > 0 else "behind" if mean < 0 else "tied")
+    if high < 0:
+        return "reversed"
+    if op == ">=":
+        return "holds (ahead)" if low > 0 else "holds (not behind)" if mean >= 0 else "behind, not significant"
+    return "holds" if low > 0 else "ahead, not significant" if mean > 0 else "behind, not significant"
+
+
+def check_claims(claims: Sequence[Claim], groups: Sequence[Any]) -> list[dict[str, Any]]:
+    """One row per claim and swept values: the setting's swept keys, the paired-difference
+    keys of every compared metric, ``metric`` (the one judged) and ``verdict``."""
+    keys = [k for k, _ in METRICS if any(k in r.summary for g in groups for r in g.runs)]
+    judged = "test_accuracy_at_best_val" if "test_accuracy_at_best_val" in keys else "best_accuracy"
+    sweeps = list({repr(sorted(g.sweep.items())): g.sweep for g in groups}.values())
+    rows = []
+    for sweep in sweeps:
+        here = {g.algorithm: g for g in groups if g.sweep == sweep}
+        for c in claims:
+            if c.better in here and c.worse in here:
+                diff = differences(here[c.better], here[c.worse], keys)
+                rows.append({"claim": c.text, "source": c.source, **sweep, **diff, "metric": judged,
+                             "verdict": verdict(c.op, diff, judged)})
+    return rows
+
+
+def _columns(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[tuple[str, str]]]:
+    sweep = list(dict.fromkeys(k for r in rows for k in r if "." in k))
+    shown = [(key, name) for key, name in METRICS if any(f"{key}_diff_n" in r for r in rows)]
+    return sweep, shown
+
+
+def display(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> tuple[list[str], list[list[str]]]:
+    """Headers and cells: claim, swept values, A - B per metric (points), seeds, verdict, source."""
+    sweep, shown = _columns(rows)
+    headers = ["claim", *(k.split(".")[-1] for k in sweep), *(f"{name} (A - B)" for _, name in shown), "seeds",
+               "verdict", "source"]
+    cells = []
+    for r in rows:
+        diffs = [fmt_diff(r.get(f"{k}_diff_mean"), r.get(f"{k}_diff_ci95"), r.get(f"{k}_diff_significant"), pm)
+                 for k, _ in shown]
+        n = r.get(f"{r['metric']}_diff_n", 0)
+        cells.append([r["claim"], *(str(r.get(k, "")) for k in sweep), *diffs, str(n), r["verdict"], r["source"] or "-"])
+    return headers, cells
+
+
+NOTE = ("Claims: A - B in percentage points, paired per seed, {pm} the half-width of the 95% t interval (* when it "
+        "excludes 0); the verdict is on {metric}.")
+
+
+def note(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> str:
+    metric = rows[0]["metric"] if rows else "test_accuracy_at_best_val"
+    return NOTE.format(pm=pm, metric="the test accuracy at best validation" if metric == "test_accuracy_at_best_val"
+                       else "the best accuracy")
+
+
+def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    headers, cells = display(rows)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+    return "\n".join(lines) + "\n\n" + note(rows) + "\n"
+
+
+def to_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    headers, cells = display(rows)
+    width = [max(len(x) for x in col) for col in zip(headers, *cells)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(row, width)).rstrip() for row in (headers, *cells)]
+    out.insert(1, "  ".join("-" * w for w in width))
+    return "\n".join([*out, note(rows)])
+
+
+def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+__all__ = ["PAPERS", "Claim", "check_claims", "display", "note", "resolve_claims", "to_csv", "to_markdown", "to_text",
+           "verdict"]
