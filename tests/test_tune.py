@@ -160,6 +160,30 @@ def test_pruning_stops_a_hopeless_trial_and_a_diverging_one_is_marked(tiny, tmp_
     assert results["fedavg"]["best"]["params"] == {"train.lr": 0.1}
 
 
+class _Recorder(optuna.pruners.BasePruner):
+    """Prunes nothing; keeps what each round reported."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, dict[int, float]] = {}
+
+    def prune(self, study, trial) -> bool:
+        self.seen[trial.number] = dict(trial.intermediate_values)
+        return False
+
+
+def test_the_pruner_sees_the_score_so_far_and_waits_for_the_middle_round(tiny, tmp_path):
+    from fedrift.tuning import _pruner
+
+    rec = _Recorder()
+    results = fedrift.tune(_cfg(tiny, rounds=6), algorithms=["fedavg"], space={"train.lr": "0.5"}, trials=1,
+                           out=tmp_path / "t", pruner=rec, report=False, verbose=False)
+    vals = [json.loads(line)["val_accuracy"] for line in open(results["fedavg"]["trials"][0]["dir"] + "/metrics.jsonl")]
+    running = [max(vals[: i + 1]) for i in range(len(vals))]
+    assert vals != running  # a round fell back (this config's curve is not monotone), and the pruner saw the best
+    assert list(rec.seen[0].values()) == running and list(rec.seen[0]) == list(range(1, 7))
+    assert _pruner("median", 12)._n_warmup_steps == 6
+
+
 def test_a_stopped_tune_resumes_without_repeating_finished_trials(tiny, tmp_path, capsys):
     out = tmp_path / "tune"
     cfg = _cfg(tiny, rounds=2)

@@ -18,8 +18,10 @@ Scoring and pruning
     A trial is one run of the config with the trial's values, scored by its best
     ``val_accuracy`` over the evaluated rounds (``val_local_accuracy`` for personal models: see
     :func:`score_of`; the test set is never read by the tuner); the
-    pruner (median by default) sees each round's validation accuracy and stops trials that
-    fall behind the median of earlier trials at the same round. A trial that diverges is
+    pruner (median by default) sees each round's score so far (the best validation accuracy up
+    to that round: at strong label skew one round's accuracy swings by tens of points) and,
+    from the middle round on, stops trials that fall behind the median of earlier trials at
+    the same round. A trial that diverges is
     pruned and marked ``diverged``. The config needs a validation split (``partition.val_share``).
 
 The tune folder
@@ -347,7 +349,7 @@ def _pruner(name: str, rounds: int) -> Any:
     optuna = _optuna()
     if name == "none":
         return optuna.pruners.NopPruner()
-    return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=max(1, rounds // 4))
+    return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=max(1, rounds // 2))
 
 
 def _rounds(doc: Mapping[str, Any]) -> int:
@@ -391,7 +393,7 @@ def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str]
             metric, val = scored
             trial.set_user_attr("metric", metric)
             best[0] = max(best[0], val)
-            trial.report(val, int(row["round"]))
+            trial.report(best[0], int(row["round"]))  # the score so far: a noisy round does not prune
             if trial.should_prune():
                 trial.set_user_attr("status", "pruned")
                 trial.set_user_attr("rounds", int(row["round"]))
