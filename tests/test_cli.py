@@ -132,9 +132,16 @@ def test_a_real_ctrl_c_writes_an_interrupted_summary_and_says_how_to_continue(tm
     import time
 
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "fedrift.cli", "run", *FAST, "train.rounds=100000",
-                             "engine.checkpoint_every=1", "engine.executor=sequential", f"output.dir={run}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A terminal's foreground job: SIGINT at its default. A child inherits an ignored SIGINT (what
+    # a shell gives a background job), and Python then leaves Ctrl-C off; the suite's process
+    # is not a terminal and may ignore it by now, so the child is started with the default.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "fedrift.cli", "run", *FAST, "train.rounds=100000",
+                                 "engine.checkpoint_every=1", "engine.executor=sequential", f"output.dir={run}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 120
     while (not metrics.is_file() or metrics.read_text().count("\n") < 2) and time.time() < deadline:
