@@ -132,22 +132,30 @@ def test_a_real_ctrl_c_writes_an_interrupted_summary_and_says_how_to_continue(tm
     import time
 
     run = tmp_path / "run"
-    # A terminal's foreground job: SIGINT at its default. A child inherits an ignored SIGINT (what
-    # a shell gives a background job), and Python then leaves Ctrl-C off; the suite's process
-    # is not a terminal and may ignore it by now, so the child is started with the default.
+    # A terminal's foreground job: SIGINT at its default and not blocked. A child inherits an
+    # ignored SIGINT (what a shell gives a background job; Python then leaves Ctrl-C off) and
+    # the spawning thread's signal mask; the suite's process is no terminal and a library it
+    # ran may have changed either, so the child is started as a terminal would start it.
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         proc = subprocess.Popen([sys.executable, "-m", "fedrift.cli", "run", *FAST, "train.rounds=100000",
                                  "engine.checkpoint_every=1", "engine.executor=sequential", f"output.dir={run}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, before)
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 120
     while (not metrics.is_file() or metrics.read_text().count("\n") < 2) and time.time() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # say how the child held SIGINT (bit 2 of the masks), then stop it
+        status = [ln for ln in open(f"/proc/{proc.pid}/status").read().splitlines() if ln.startswith("Sig")]
+        proc.kill()
+        raise AssertionError(f"the run did not stop on SIGINT; its signal masks: {status}") from None
     assert proc.returncode == 130, err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds"] >= 2
