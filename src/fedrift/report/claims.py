@@ -19,13 +19,13 @@ validation when the runs have a validation split, else on the best accuracy:
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from fedrift.errors import ConfigError
 from fedrift.report.paired import METRICS, differences, fmt_diff
+from fedrift.report.table import markdown_lines, text_lines
+from fedrift.report.table import to_csv as table_csv
 
 # (better, op, worse, whose claim): the orderings the seed papers report
 PAPERS = (
@@ -155,27 +155,15 @@ def note(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> str:
 
 
 def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    headers, cells = display(rows)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
-    return "\n".join(lines) + "\n\n" + note(rows) + "\n"
+    return "\n".join(markdown_lines(*display(rows))) + "\n\n" + note(rows) + "\n"
 
 
 def to_text(rows: Sequence[Mapping[str, Any]]) -> str:
-    headers, cells = display(rows)
-    width = [max(len(x) for x in col) for col in zip(headers, *cells)]
-    out = ["  ".join(c.ljust(w) for c, w in zip(row, width)).rstrip() for row in (headers, *cells)]
-    out.insert(1, "  ".join("-" * w for w in width))
-    return "\n".join([*out, note(rows)])
+    return "\n".join([*text_lines(*display(rows)), note(rows)])
 
 
 def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
+    return table_csv([dict(r) for r in rows])
 
 
 __all__ = ["PAPERS", "Claim", "check_claims", "display", "note", "resolve_claims", "to_csv", "to_markdown", "to_text",

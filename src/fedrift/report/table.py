@@ -442,14 +442,24 @@ def _not_completed(row: Mapping[str, Any]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def to_markdown(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = ()) -> str:
-    headers, cells = display_table(rows, at_rounds)
-
-    def esc(s: str) -> str:
-        return s.replace("|", "\\|")
-
+def markdown_lines(headers: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines (a ``|`` in a cell escaped)."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in cells]
+    return lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+
+
+def text_lines(headers: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
+    """Plain aligned columns: the first left-aligned, the others right-aligned."""
+    width = [max(len(x) for x in col) for col in zip(headers, *cells)]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, width))).rstrip()
+
+    return [line(headers), "  ".join("-" * w for w in width), *(line(r) for r in cells)]
+
+
+def to_markdown(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = ()) -> str:
+    lines = markdown_lines(*display_table(rows, at_rounds))
     footnote = paired.note(rows)
     return "\n".join(lines + ([f"\n{footnote}"] if footnote else [])) + "\n"
 
@@ -472,13 +482,7 @@ def to_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 def to_text(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = ()) -> str:
     """Plain aligned columns (the terminal fallback when ``rich`` is not installed)."""
-    headers, cells = display_table(rows, at_rounds)
-    width = [max(len(x) for x in col) for col in zip(headers, *cells)]
-
-    def line(row: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, width))).rstrip()
-
-    return "\n".join([line(headers), "  ".join("-" * w for w in width), *(line(r) for r in cells)])
+    return "\n".join(text_lines(*display_table(rows, at_rounds)))
 
 
 def print_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (), title: str | None = None) -> None:
@@ -522,11 +526,13 @@ __all__ = [
     "display_table",
     "load_groups",
     "load_run",
+    "markdown_lines",
     "mean_std",
     "parse_target",
     "print_table",
     "rounds_to",
     "summarize",
+    "text_lines",
     "to_csv",
     "to_markdown",
     "to_text",
