@@ -92,3 +92,19 @@ def test_equal_local_steps_and_eta_s_one_is_fedavg(tiny, tmp_path):
     c = fedrift.run(tiny(algorithm={"name": "fedavg"}, train={"rounds": 3}, output={"dir": str(tmp_path / "c")}))
     d = fedrift.run(tiny(algorithm={"name": "fednova"}, train={"rounds": 3}, output={"dir": str(tmp_path / "d")}))
     assert max((c.global_state[k] - d.global_state[k]).abs().max().item() for k in c.global_state) > 1e-4
+
+
+def test_unequal_steps_extrapolate_past_the_average_so_eta_s_is_tuned():
+    # Every client moved w from 0 to 1: FedAvg gives 1 whatever the weights. FedNova's
+    # coefficients c_k = tau_eff p_k / a_k sum to tau_eff sum p_k / a_k >= 1 (Jensen), here
+    # p = (0.5, 0.5), a = (1, 3): tau_eff 2, c = (1, 1/3), so the server moves 4/3 of the way.
+    state = {"params": {"w": torch.tensor([0.0])}}
+    uploads = _uploads([([1.0], 1.0), ([1.0], 3.0)])
+    p = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    out = _alg("fednova").aggregate(state, uploads, p, RoundInfo(1, 3, (0, 1)))
+    torch.testing.assert_close(out["params"]["w"], torch.tensor([4.0 / 3.0]))
+    out = _alg("fednova", eta_s=0.75).aggregate(state, uploads, p, RoundInfo(1, 3, (0, 1)))
+    torch.testing.assert_close(out["params"]["w"], torch.tensor([1.0]))
+    from fedrift.tuning import default_space
+
+    assert set(default_space("fednova")) == {"train.lr", "algorithm.eta_s"}

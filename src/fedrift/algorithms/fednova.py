@@ -45,7 +45,9 @@ class FedNovaParams(AlgorithmParams):
     """FedNova's options (Wang et al. 2020). The local momentum ``rho`` is ``train.momentum``.
 
     eta_s: server learning rate, ``w_{t+1} = w_t - eta_s tau_eff sum_k p_k d_k``; 1 with equal
-        local step counts is FedAvg.
+        local step counts is FedAvg. Tuned: when the step counts differ the coefficients
+        ``c_k`` sum to more than 1 (``tau_eff sum_k p_k / a_k >= 1``, Jensen), so with
+        ``eta_s = 1`` the server step extrapolates past the clients' average.
     """
 
     eta_s: Annotated[float, Field(gt=0)] = 1.0
@@ -59,7 +61,10 @@ def normalizer(num_steps: torch.Tensor, rho: float) -> torch.Tensor:
     return (tau - rho * (1.0 - torch.pow(rho, tau)) / (1.0 - rho)) / (1.0 - rho)
 
 
-@ALGORITHMS.register("fednova", "FedNova: local updates normalised by their step count, then rescaled", FedNovaParams)
+@ALGORITHMS.register(
+    "fednova", "FedNova: local updates normalised by their step count, then rescaled", FedNovaParams,
+    space={"eta_s": "log:0.1:1"},
+)
 def fednova(hp: FedNovaParams, setup: Setup) -> Algorithm:
     rho = setup.momentum
 
