@@ -383,7 +383,8 @@ def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str]
     def objective(trial: Any) -> float:
         values = {d.key: d.suggest(trial) for d in study.dims}
         doc = study.trial_doc(tune.root, trial.number, values, threads_one)
-        shown = " ".join(f"{k.split('.')[-1]}={_short(v)}" for k, v in values.items())
+        last = [k.split(".")[-1] for k in values]
+        shown = " ".join(f"{s if last.count(s) == 1 else k}={_short(v)}" for s, (k, v) in zip(last, values.items()))
         best = [-1.0]
 
         def on_round(row: dict[str, Any]) -> None:

@@ -83,6 +83,44 @@ def test_personal_accuracies_by_hand():
     assert test["local_accuracy"] == 0.75 and "test_local_accuracy" not in test
 
 
+def test_a_global_models_local_accuracy_by_hand():
+    """One model answering 0 on y = 0 0 1 1, and a predictor answering 1: each client's share
+    on its own part (1 and 1/3; 0 and 2/3), averaged over the clients that have a part."""
+    from fedrift.metrics.evaluate import LocalParts, evaluate
+
+    def apply(params, x):
+        return torch.nn.functional.one_hot(torch.zeros(len(x), dtype=torch.int64), 2).float()
+
+    x, y = torch.zeros(4, 1), torch.tensor([0, 0, 1, 1])
+    parts = LocalParts([torch.tensor([0]), torch.tensor([], dtype=torch.int64), torch.tensor([1, 2, 3])])
+    ones = lambda params, xb: {"ones": torch.ones(len(xb), dtype=torch.int64)}  # noqa: E731
+    test = evaluate(apply, {}, x, y, batch_size=3, predict=ones, local=parts)
+    assert test["test_accuracy"] == 0.5 and test["local_accuracy"] == pytest.approx((1 + 1 / 3) / 2, abs=1e-15)
+    assert test["test_accuracy_ones"] == 0.5 and test["local_accuracy_ones"] == pytest.approx((0 + 2 / 3) / 2, abs=1e-15)
+    val = evaluate(apply, {}, x, y, batch_size=3, prefix="val", local=parts)
+    assert val["val_local_accuracy"] == test["local_accuracy"] and "local_accuracy" not in val
+    assert "local_accuracy" not in evaluate(apply, {}, x, y, batch_size=3, local=LocalParts([torch.tensor([], dtype=torch.int64)]))
+    assert "local_accuracy" not in evaluate(apply, {}, x, y, batch_size=3)
+
+
+def test_a_global_model_reports_its_accuracy_on_the_clients_own_test_splits(tiny):
+    result = fedrift.run(tiny(partition={"val_share": 0.2}, train={"rounds": 2}))
+    last = result.history[-1]
+    assert "val_local_accuracy" not in last  # the tuner scores a global model's val_accuracy
+    prep = prepare(result.config)
+    data = prep.dataset
+    model = build_model("mlp", prep.options["model"], data.input_shape, data.num_classes, 0)
+    model.load_state_dict(torch.load(result.output_dir / "final_model.pt"))
+    shares = []
+    for ix in prep.partition.test:  # each client's own test split, recomputed from the saved model
+        if len(ix):
+            with torch.no_grad():
+                pred = model(data.x_test[torch.as_tensor(ix)].float()).argmax(1)
+            shares.append((pred == data.y_test[torch.as_tensor(ix)]).double().mean().item())
+    assert len(shares) > 1 and abs(last["local_accuracy"] - float(np.mean(shares))) <= 1 / min(map(len, prep.partition.test)) + 1e-12
+    assert result.summary["final_local_accuracy"] == last["local_accuracy"]
+
+
 def test_best_validation_by_hand():
     history = [
         {"round": 1, "test_accuracy": 0.50},  # no validation this round: not a candidate

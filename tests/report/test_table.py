@@ -183,3 +183,18 @@ def test_at_best_validation_column_when_runs_have_a_validation_split(runs, tmp_p
     md = to_markdown(rows).splitlines()
     assert "| best acc % | final acc % | at best val % |" in md[0]
     assert "| 80.0 +- 0.0 | 80.0 +- 0.0 | 73.0 +- 4.2 |" in md[2]
+
+
+def test_final_local_accuracy_column_when_runs_report_it(runs, tmp_path):
+    assert "final local %" not in to_markdown(summarize(load_groups(runs)[0]))
+    for d, local in (("a/s0", 0.90), ("a/s1", 0.80), ("a/s2", 0.85), ("p/s0", 0.70)):
+        path = runs / d / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "final_local_accuracy": local}))
+    rows = summarize(load_groups(runs)[0])
+    fedavg = next(r for r in rows if r["setting"] == "fedavg alpha=0.1")
+    assert fedavg["final_local_accuracy_mean"] == pytest.approx(0.85) and fedavg["final_local_accuracy_std"] == pytest.approx(0.05)
+    lines = to_markdown(rows).splitlines()
+    col = [c.strip() for c in lines[0].split("|")].index("final local %")
+    cells = {row.split("|")[1].strip(): row.split("|")[col].strip() for row in lines[2:] if row.startswith("|")}
+    assert cells["fedavg alpha=0.1"] == "85.0 +- 5.0" and cells["fedprox alpha=0.1"] == "70.0 +- 0.0"
+    assert cells["fedavg alpha=1.0"] == "-"  # no run of it reports one

@@ -37,7 +37,7 @@ from fedrift.engine.teacher import with_teacher
 from fedrift.engine.tree import RunningSum, all_finite, shares_memory, signature, stack, tree_bytes
 from fedrift.errors import DivergenceError, NoClientsError
 from fedrift.metrics.drift import drift_metrics, probe_indices
-from fedrift.metrics.evaluate import evaluate, evaluate_personal
+from fedrift.metrics.evaluate import LocalParts, evaluate, evaluate_personal
 from fedrift.models.base import FedModel
 
 
@@ -156,6 +156,9 @@ class Server:
         # test_*, then val_* on the union of the clients' validation splits (partition.val_share)
         self.evaluated = [("test", fed.x_test, fed.y_test)] + (
             [("val", fed.x_val, fed.y_val)] if len(fed.y_val) else [])
+        # a global model's local_accuracy: on the panel clients' own test splits (not their
+        # validation ones: the tuner scores a personal model's val_local_accuracy, a global one's val_accuracy)
+        self.local_test = None if algorithm.personal else LocalParts([fed.test_indices(k) for k in self.panel])
         self.out = LoopResult()
         self.totals: dict[str, Any] = {"bytes_down": 0, "bytes_up": 0, "seconds": 0.0, "clients_returned": 0,
                                        "clients_dropped": 0, "clients_failed": 0, "clients_straggling": 0}
@@ -322,7 +325,8 @@ class Server:
                 local = [fed.test_indices(k) if prefix == "test" else fed.val_positions(k) for k in self.panel]
                 row.update(evaluate_personal(apply, models, local, x_eval, y_eval, chunk, predict, prefix))
             else:
-                row.update(evaluate(apply, self.state["params"], x_eval, y_eval, chunk, predict, prefix))
+                local_parts = self.local_test if prefix == "test" else None
+                row.update(evaluate(apply, self.state["params"], x_eval, y_eval, chunk, predict, prefix, local_parts))
         return row
 
     def checkpoint(self, t: int) -> None:
@@ -438,7 +442,7 @@ def _summary(out: LoopResult, totals: dict, best: tuple[float, int], rounds: int
         "bytes_up_total": totals["bytes_up"],
         **{f"{k}_total": totals[k] for k in ("clients_returned", "clients_dropped", "clients_failed", "clients_straggling")},
     }
-    if "local_accuracy" in last:  # personal models (FedProto): on the clients' own splits
+    if "local_accuracy" in last:  # on the clients' own test splits (each one's model, or the global one)
         summary["final_local_accuracy"] = last["local_accuracy"]
     if message:
         summary["message"] = message

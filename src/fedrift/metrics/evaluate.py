@@ -47,15 +47,47 @@ def _rates(right: dict[str, torch.Tensor], prefix: str, select: torch.Tensor | N
     return out
 
 
+class LocalParts:
+    """Clients' own parts of an evaluated set, flattened once: the positions of all parts in
+    one tensor, the part (client) each belongs to, and the parts' sizes. Per-client accuracies
+    are then two tensor ops whatever the number of clients, instead of one op per client."""
+
+    def __init__(self, parts: list[torch.Tensor]) -> None:
+        device = parts[0].device if parts else None
+        self.sizes = torch.tensor([len(p) for p in parts], dtype=torch.long, device=device)
+        self.positions = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+        self.owner = torch.repeat_interleave(torch.arange(len(parts), device=device), self.sizes)
+
+    def mean_rate(self, right: torch.Tensor) -> float | None:
+        """The mean over the parts that have samples of the share of ``right`` in each; None
+        when none has (a client with no own sample has no accuracy there, not a zero one)."""
+        keep = self.sizes > 0
+        if not bool(keep.any()):
+            return None
+        hits = torch.zeros(len(self.sizes), dtype=torch.float64, device=right.device)
+        hits.index_add_(0, self.owner, right[self.positions].double())
+        return (hits[keep] / self.sizes[keep]).mean().item()
+
+
 def evaluate(
     apply: Callable[..., Any], params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-    batch_size: int, predict: Predict | None = None, prefix: str = "test",
+    batch_size: int, predict: Predict | None = None, prefix: str = "test", local: LocalParts | None = None,
 ) -> dict[str, float]:
     """Accuracy and mean cross-entropy of ``params`` on (x, y) as ``<prefix>_accuracy`` and
     ``<prefix>_loss`` (``val`` on the validation split); ``<prefix>_accuracy_<name>`` for
-    each extra predictor."""
+    each extra predictor. With ``local`` (the clients' own parts of (x, y)), also the mean
+    over clients of the model's accuracy on each one's part, named as
+    :func:`evaluate_personal` names it (``local_accuracy`` on the test set): the number a
+    global model sets beside a personal model's, from the same predictions."""
     right, loss = outcomes(apply, params, x, y, batch_size, predict)
-    return {**_rates(right, f"{prefix}_accuracy"), f"{prefix}_loss": loss.mean().item() if len(loss) else 0.0}
+    row = {**_rates(right, f"{prefix}_accuracy"), f"{prefix}_loss": loss.mean().item() if len(loss) else 0.0}
+    if local is not None:
+        base = "local_accuracy" if prefix == "test" else f"{prefix}_local_accuracy"
+        for name, r in right.items():
+            rate = local.mean_rate(r)
+            if rate is not None:
+                row[base + (f"_{name}" if name else "")] = rate
+    return row
 
 
 def evaluate_personal(

@@ -15,6 +15,10 @@ Statistics, per setting, over its runs:
 - With a validation split (``partition.val_share``): ``test_accuracy_at_best_val`` (the test
   accuracy at the round of the best validation accuracy, "at best val" in the tables: the
   model a user would pick without looking at the test set) and ``best_val_accuracy``.
+- With clients' own test splits (a partition's local test parts): ``final_local_accuracy``
+  ("final local" in the tables), the final model's accuracy on each client's own split,
+  averaged over the clients: each client's own model for a personal-model method (FedProto),
+  the global model for the others, so the two stand side by side on the same samples.
 - Accuracy at round r: the global test accuracy at the last evaluated round <= r, for runs
   that reached round r.
 - Rounds to target: the first evaluated round whose test accuracy is >= the target; the mean
@@ -46,6 +50,7 @@ from fedrift.report import paired
 
 # summary keys of runs with a validation split (partition.val_share)
 VALIDATION_KEYS = ("test_accuracy_at_best_val", "best_val_accuracy")
+LOCAL_KEY = "final_local_accuracy"  # on the clients' own test splits: a column when runs report it
 
 EXECUTION_KEYS = (
     "engine.executor",
@@ -329,9 +334,9 @@ def summarize(
         row["diverged"] = sum(r.status == "diverged" for r in g.runs)
         row["interrupted_at"] = [r.last_round for r in g.runs if r.status == "interrupted"]  # rounds done
         row["seeds"] = ",".join(str(r.seed) for r in done if r.seed is not None)
-        for key in ("best_accuracy", "final_accuracy", *VALIDATION_KEYS):
-            if key in VALIDATION_KEYS and not any(key in r.summary for r in g.runs):
-                continue  # no validation split: no columns
+        for key in ("best_accuracy", "final_accuracy", *VALIDATION_KEYS, LOCAL_KEY):
+            if key in (*VALIDATION_KEYS, LOCAL_KEY) and not any(key in r.summary for r in g.runs):
+                continue  # no validation split, no local test splits: no columns
             row[f"{key}_mean"], row[f"{key}_std"] = mean_std(r.summary.get(key) for r in done)
         for t in at_rounds:
             row[f"accuracy_at_{t}_mean"], row[f"accuracy_at_{t}_std"] = mean_std(accuracy_at(r, t) for r in done)
@@ -396,8 +401,9 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
     targets = {r["target"] for r in rows if r.get("target") is not None}
     several = len(targets) > 1
     validated = any(r.get("test_accuracy_at_best_val_mean") is not None for r in rows)
+    local = any(r.get(f"{LOCAL_KEY}_mean") is not None for r in rows)
     headers = ["setting", "runs", "best acc %", "final acc %", *(["at best val %"] if validated else []),
-               *(f"acc@{t} %" for t in at_rounds)]
+               *(["final local %"] if local else []), *(f"acc@{t} %" for t in at_rounds)]
     pairs = paired.headers(rows)
     headers += [h for _, h in pairs]
     if several:
@@ -420,6 +426,7 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
             fmt_acc(r["final_accuracy_mean"], r["final_accuracy_std"], pm),
             *([fmt_acc(r.get("test_accuracy_at_best_val_mean"), r.get("test_accuracy_at_best_val_std"), pm)]
               if validated else []),
+            *([fmt_acc(r.get(f"{LOCAL_KEY}_mean"), r.get(f"{LOCAL_KEY}_std"), pm)] if local else []),
             *(fmt_acc(r[f"accuracy_at_{t}_mean"], r[f"accuracy_at_{t}_std"], pm) for t in at_rounds),
             *(paired.cell(r, key, pm) for key, _ in pairs),
             *([_fmt_num(None if r.get("target") is None else 100 * r["target"], 1)] if several else []),
