@@ -118,8 +118,8 @@ class EvalConfig(_Section):
     personalize_epochs: PositiveInt = 2
     personalize_loss: Literal["ce", "algorithm"] = "ce"
     personalize_mu: Annotated[float, Field(ge=0)] = 0.0
-    # personal models' metrics and personalisation: every client up to this many clients,
-    # else this many drawn once by the seed (the same clients every round)
+    # personal models' metrics, local_accuracy and personalisation: every client up to this
+    # many clients, else this many drawn once by the seed (the same clients every round)
     clients_sample: PositiveInt = 1000
 
 
