@@ -187,7 +187,7 @@ def test_at_best_validation_column_when_runs_have_a_validation_split(runs, tmp_p
 
 def test_final_local_accuracy_column_when_runs_report_it(runs, tmp_path):
     assert "final local %" not in to_markdown(summarize(load_groups(runs)[0]))
-    for d, local in (("a/s0", 0.90), ("a/s1", 0.80), ("a/s2", 0.85), ("p/s0", 0.70)):
+    for d, local in (("a/s0", 0.90), ("a/s1", 0.80), ("a/s2", 0.85), ("p/s0", 0.70), ("b/s0", 0.75)):
         path = runs / d / "summary.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "final_local_accuracy": local}))
     rows = summarize(load_groups(runs)[0])
@@ -197,4 +197,8 @@ def test_final_local_accuracy_column_when_runs_report_it(runs, tmp_path):
     col = [c.strip() for c in lines[0].split("|")].index("final local %")
     cells = {row.split("|")[1].strip(): row.split("|")[col].strip() for row in lines[2:] if row.startswith("|")}
     assert cells["fedavg alpha=0.1"] == "85.0 +- 5.0" and cells["fedprox alpha=0.1"] == "70.0 +- 0.0"
-    assert cells["fedavg alpha=1.0"] == "-"  # no run of it reports one
+    assert cells["fedavg alpha=1.0"] == "75.0 +- 0.0"
+    path = runs / "a/s2/summary.json"  # a run from before the metric: the mean says it is of 2
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "final_local_accuracy"}))
+    lines = to_markdown(summarize(load_groups(runs)[0])).splitlines()
+    assert "| 85.0 +- 7.1 (2/3 runs) |" in next(line for line in lines if line.startswith("| fedavg alpha=0.1 "))

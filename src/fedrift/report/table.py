@@ -338,6 +338,8 @@ def summarize(
             if key in (*VALIDATION_KEYS, LOCAL_KEY) and not any(key in r.summary for r in g.runs):
                 continue  # no validation split, no local test splits: no columns
             row[f"{key}_mean"], row[f"{key}_std"] = mean_std(r.summary.get(key) for r in done)
+            if key == LOCAL_KEY:  # runs from before the metric lack it: say over how many it is
+                row[f"{key}_n"] = sum(r.summary.get(key) is not None for r in done)
         for t in at_rounds:
             row[f"accuracy_at_{t}_mean"], row[f"accuracy_at_{t}_std"] = mean_std(accuracy_at(r, t) for r in done)
         row["rounds_mean"], _ = mean_std(r.summary.get("rounds") for r in done)
@@ -426,7 +428,7 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
             fmt_acc(r["final_accuracy_mean"], r["final_accuracy_std"], pm),
             *([fmt_acc(r.get("test_accuracy_at_best_val_mean"), r.get("test_accuracy_at_best_val_std"), pm)]
               if validated else []),
-            *([fmt_acc(r.get(f"{LOCAL_KEY}_mean"), r.get(f"{LOCAL_KEY}_std"), pm)] if local else []),
+            *([_fmt_some(r, LOCAL_KEY, pm)] if local else []),
             *(fmt_acc(r[f"accuracy_at_{t}_mean"], r[f"accuracy_at_{t}_std"], pm) for t in at_rounds),
             *(paired.cell(r, key, pm) for key, _ in pairs),
             *([_fmt_num(None if r.get("target") is None else 100 * r["target"], 1)] if several else []),
@@ -437,6 +439,13 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
             fmt_bytes(r["bytes_up_per_round"]),
         ])
     return headers, cells
+
+
+def _fmt_some(row: Mapping[str, Any], key: str, pm: str) -> str:
+    """mean +- std, and "(n/m runs)" when only n of the m completed runs have the value."""
+    cell = fmt_acc(row.get(f"{key}_mean"), row.get(f"{key}_std"), pm)
+    n = row.get(f"{key}_n") or 0
+    return cell if not n or n == row["completed"] else f"{cell} ({n}/{row['completed']} runs)"
 
 
 def _not_completed(row: Mapping[str, Any]) -> str:
