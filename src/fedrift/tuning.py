@@ -377,14 +377,15 @@ def score_of(row: Mapping[str, Any]) -> tuple[str, float] | None:
 
 def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str], None]) -> Callable[[Any], float]:
     from fedrift.api import run
+    from fedrift.report.table import short_names
 
     optuna = _optuna()
 
     def objective(trial: Any) -> float:
         values = {d.key: d.suggest(trial) for d in study.dims}
         doc = study.trial_doc(tune.root, trial.number, values, threads_one)
-        last = [k.split(".")[-1] for k in values]
-        shown = " ".join(f"{s if last.count(s) == 1 else k}={_short(v)}" for s, (k, v) in zip(last, values.items()))
+        names = short_names(list(values))  # the table's rule: the last part unless two share it
+        shown = " ".join(f"{names[k]}={_short(v)}" for k, v in values.items())
         best = [-1.0]
 
         def on_round(row: dict[str, Any]) -> None:
