@@ -39,6 +39,10 @@ def test_claims_name_settings_and_papers_expand_to_the_grids_algorithms():
                      ("slowmo > fedavg", "FedADC"),
                      # FedADC+ against the FedADC of the same variant only; FedGKD+ is not FedGKD
                      ("fedadc_plus:variant=nesterov > fedadc:variant=nesterov", "FedADC")]
+    # labels with more options (a folder's tuned learning rates): the pair sharing the variant
+    tuned = ["fedadc:variant=nesterov:lr=0.03", "fedadc:variant=heavy_ball:lr=0.02", "fedadc_plus:variant=nesterov:lr=0.1571"]
+    assert [c.text for c in resolve_claims(["fedadc_plus>fedadc"], tuned)] == [
+        "fedadc_plus:variant=nesterov:lr=0.1571 > fedadc:variant=nesterov:lr=0.03"]
     mine = resolve_claims(["fedadc>=fedavg", "slowmo > fedavg"], labels)
     assert [(c.better, c.op, c.worse, c.source) for c in mine] == [
         ("fedadc:variant=nesterov", ">=", "fedavg", ""), ("fedadc:variant=heavy_ball", ">=", "fedavg", ""),

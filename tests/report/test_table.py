@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import shutil
 
 import pytest
 import yaml
@@ -202,3 +203,32 @@ def test_final_local_accuracy_column_when_runs_report_it(runs, tmp_path):
     path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "final_local_accuracy"}))
     lines = to_markdown(summarize(load_groups(runs)[0])).splitlines()
     assert "| 85.0 +- 7.1 (2/3 runs) |" in next(line for line in lines if line.startswith("| fedavg alpha=0.1 "))
+
+
+def test_labels_of_tuned_runs_without_compare_json(tmp_path):
+    """Runs of a tuned comparison read as a plain folder: a learning rate that only tells
+    algorithms apart is said (4 significant digits) where it is not the one most settings
+    share; FedADC+ names its variant as FedADC's two settings must, so that its claim pairs
+    it with the Nesterov one only."""
+    root = tmp_path / "runs"
+
+    def write(d, algorithm, lr):
+        write_run(root / d, 0, algorithm, 0.1, [0.5, 0.6])
+        cfg = yaml.safe_load((root / d / "config.yaml").read_text())
+        cfg["train"]["lr"] = lr
+        (root / d / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+    write("h", {"name": "fedadc", "variant": "heavy_ball"}, 0.03)
+    write("n", {"name": "fedadc", "variant": "nesterov"}, 0.03)
+    write("p", {"name": "fedadc_plus", "variant": "nesterov"}, 0.1571121)
+    write("a", FEDAVG, 0.01243)
+    write("g", {"name": "fedgkd"}, 0.02)
+    labels = sorted(g.algorithm for g in load_groups(root)[0])
+    assert labels == ["fedadc:variant=heavy_ball", "fedadc:variant=nesterov", "fedadc_plus:variant=nesterov:lr=0.1571",
+                      "fedavg:lr=0.01243", "fedgkd:lr=0.02"]
+    # no value more common than another (two at 0.03, two at 0.01243): every setting says its own
+    shutil.rmtree(root / "g")
+    write("g", {"name": "fedgkd"}, 0.01243)
+    labels = sorted(g.algorithm for g in load_groups(root)[0])
+    assert labels == ["fedadc:variant=heavy_ball:lr=0.03", "fedadc:variant=nesterov:lr=0.03",
+                      "fedadc_plus:variant=nesterov:lr=0.1571", "fedavg:lr=0.01243", "fedgkd:lr=0.01243"]

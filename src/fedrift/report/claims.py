@@ -3,7 +3,7 @@
 A claim is ``A>B`` (A better) or ``A>=B`` (A no worse); A and B are labels of the grid, or
 algorithm names, which stand for every setting of that algorithm (``fedadc`` is both
 ``fedadc:variant=nesterov`` and ``fedadc:variant=heavy_ball``; two such lists pair the
-settings with the same options when there are any). ``papers`` adds the seed
+settings sharing the most options when some share any). ``papers`` adds the seed
 papers' orderings (:data:`PAPERS`) among the algorithms the grid has. Each claim is checked
 per swept values with the paired differences of :mod:`fedrift.report.paired` (A - B on the
 seeds where both completed, with the 95% t interval), on the test accuracy at best
@@ -66,11 +66,15 @@ def _settings(name: str, labels: Sequence[str]) -> list[str]:
 
 
 def _pairs(xs: Sequence[str], ys: Sequence[str]) -> list[tuple[str, str]]:
-    """Every (x, y) of two settings' lists; where some share their options (FedADC+ Nesterov
-    and FedADC Nesterov), those only."""
+    """Every (x, y) of two settings' lists; where some share options (FedADC+ Nesterov and
+    FedADC Nesterov, whatever else their labels say), those sharing the most only."""
     pairs = [(x, y) for x in xs for y in ys if x != y]
-    same = [(x, y) for x, y in pairs if x.partition(":")[2] == y.partition(":")[2]]
-    return same or pairs
+
+    def shared(x: str, y: str) -> int:
+        return len(set(x.split(":")[1:]) & set(y.split(":")[1:]))
+
+    most = max((shared(x, y) for x, y in pairs), default=0)
+    return [(x, y) for x, y in pairs if shared(x, y) == most]
 
 
 def resolve_claims(specs: Sequence[str] | None, labels: Sequence[str]) -> list[Claim]:

@@ -3,7 +3,8 @@
 Runs are read from their folders (``config.yaml``, ``summary.json``, ``metrics.jsonl``) and
 grouped into settings: by a compare root's ``compare.json`` when there is one, else by
 config minus seed (and minus how the run executed), the setting named by the keys in which
-the groups differ.
+the groups differ (:func:`discover_groups`: the algorithm options that tell an algorithm's
+settings apart, the keys only some algorithms change, the swept keys).
 
 Statistics, per setting, over its runs:
 
@@ -38,13 +39,14 @@ import io
 import json
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
-from fedrift.config import load_config
+from fedrift.config import Config, load_config
 from fedrift.errors import ConfigError, FedriftError
 from fedrift.report import paired
 
@@ -180,6 +182,23 @@ def _fmt_value(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
 
 
+def _fmt_short(v: Any) -> str:
+    """A label's value of a key that only tells algorithms apart (a tuned learning rate): 4
+    significant digits, since the label need not be unique by it."""
+    return f"{v:.4g}" if isinstance(v, float) else _fmt_value(v)
+
+
+def _usual(values: list[Any], default: Any) -> str:
+    """The value a label leaves unsaid: the one most settings share, when at least two share
+    it and no other value is as common; else the config's default (tuned learning rates, each
+    its own: every setting says its own)."""
+    counts = Counter(json.dumps(v, default=str) for v in values)
+    (top, n), *rest = counts.most_common()
+    if n >= 2 and (not rest or rest[0][1] < n):
+        return top
+    return json.dumps(default, default=str)
+
+
 def load_groups(root: Path) -> tuple[list[Group], dict[str, Any] | None]:
     """The settings under ``root`` and the grid description (None without compare.json)."""
     root = Path(root)
@@ -219,6 +238,7 @@ def discover_groups(root: Path) -> list[Group]:
         flat[key] = f
     keys = list(keyed)
     all_keys = sorted({k for f in flat.values() for k in f})
+    defaults = flatten(Config().model_dump())
 
     def differs(k: str, among: Iterable[str]) -> bool:
         return len({json.dumps(flat[g].get(k, "<absent>"), default=str) for g in among}) > 1
@@ -231,18 +251,21 @@ def discover_groups(root: Path) -> list[Group]:
     varying = [k for k in all_keys if not k.startswith("algorithm.") and differs(k, keys)]
     sweep_keys = [k for k in varying if any(differs(k, same) for same in by_name.values())]
     own_keys = [k for k in varying if k not in sweep_keys]
-    usual = {k: statistics.mode(json.dumps(flat[g].get(k), default=str) for g in keys) for k in own_keys}
+    usual = {k: _usual([flat[g].get(k) for g in keys], defaults.get(k)) for k in own_keys}
+    # An option that tells one algorithm's settings apart names every setting that has it
+    # (FedADC+ shows its variant beside FedADC's two), so that claims pair like with like.
+    options = [k for k in all_keys if k.startswith("algorithm.") and k != "algorithm.name"
+               and any(differs(k, same) for same in by_name.values())]
     short = short_names(sweep_keys)
     own_short = short_names(own_keys)
     groups = []
     for g in keys:
         f = flat[g]
         name = str(f.get("algorithm.name", "?"))
-        same = by_name[f.get("algorithm.name")]
-        opts = [k for k in all_keys if k.startswith("algorithm.") and k != "algorithm.name" and differs(k, same) and k in f]
+        opts = [k for k in options if k in f]
         own = [k for k in own_keys if json.dumps(f.get(k), default=str) != usual[k]]
         algorithm = ":".join([name, *(f"{k.split('.', 1)[1]}={_fmt_value(f[k])}" for k in opts),
-                              *(f"{own_short[k]}={_fmt_value(f.get(k))}" for k in own)])
+                              *(f"{own_short[k]}={_fmt_short(f.get(k))}" for k in own)])
         sweep = {k: f.get(k) for k in sweep_keys}
         label = " ".join([algorithm, *(f"{short[k]}={_fmt_value(v)}" for k, v in sweep.items())])
         members = sorted(keyed[g], key=lambda r: (r.seed is None, r.seed or 0, str(r.dir)))
