@@ -42,11 +42,13 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import yaml
 
@@ -455,11 +457,67 @@ def run_state(spec: RunSpec) -> tuple[str, str]:
 # Running
 
 
-def _worker_init() -> None:
+def _worker_init(parent: int | None = None) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
     torch.set_num_threads(1)
+    if parent is not None:
+        threading.Thread(target=_exit_without, args=(parent,), daemon=True, name="fedrift-lifeline").start()
+
+
+def _exit_without(pid: int) -> None:
+    """End this worker, mid-run, once process ``pid`` (the compare or tune that started it)
+    is gone: checked every ``LIFELINE_SECONDS``. (A pid, not a pipe: a pipe's end passed to a
+    pool worker leaves the pool's semaphores to the resource tracker on Ctrl-C; the fork
+    server outlives a killed parent, so the worker's own parent says nothing.)"""
+    while True:
+        time.sleep(LIFELINE_SECONDS)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:  # pid taken by another user's process: ours is gone
+            os._exit(1)
+
+
+LIFELINE_SECONDS = 1.0
+GRACE_SECONDS = 10.0  # after a Ctrl-C, how long the workers have to record their runs as interrupted
+
+
+
+
+class _Pool(ProcessPoolExecutor):
+    """A ProcessPoolExecutor that keeps its futures, to wait for the running ones on Ctrl-C."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.futures: list[Future] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        fut = super().submit(fn, *args, **kwargs)
+        self.futures.append(fut)
+        return fut
+
+
+@contextmanager
+def run_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of run workers that end when this process ends, killed or not, rather than
+    finish runs that nobody waits for (their runs continue from their checkpoints next
+    time). Leaving with an exception (Ctrl-C) cancels the runs not started and gives the
+    running ones ``GRACE_SECONDS`` (a terminal's Ctrl-C reached them too: they are writing
+    their interrupted state), then stops those still running."""
+    pool = _Pool(max_workers=workers, mp_context=_pool_context(), initializer=_worker_init, initargs=(os.getpid(),))
+    try:
+        yield pool
+    except BaseException:
+        workers = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+        pool.shutdown(wait=False, cancel_futures=True)
+        if wait([f for f in pool.futures if not f.done()], timeout=GRACE_SECONDS).not_done:
+            for process in workers:
+                process.terminate()
+        raise
+    pool.shutdown(wait=True)
 
 
 def _pool_context() -> Any:
@@ -547,18 +605,13 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
             report(spec, execute_run(spec.doc, spec.name in resume))
         return statuses
 
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=_pool_context(), initializer=_worker_init)
-    try:
+    with run_pool(min(jobs, len(todo))) as pool:
         pending = {pool.submit(execute_run, spec.doc, spec.name in resume): spec for spec in todo}
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
                 spec = pending.pop(fut)
                 report(spec, fut.result())
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
     return statuses
 
 

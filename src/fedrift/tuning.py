@@ -42,7 +42,6 @@ import functools
 import json
 import math
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -52,7 +51,7 @@ import yaml
 from fedrift.config import Config, apply_overrides
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, DivergenceError, writing
-from fedrift.grid import _base_doc, _pool_context, _worker_init, parse_algorithm, parse_value, safe_name, split_list
+from fedrift.grid import _base_doc, parse_algorithm, parse_value, run_pool, safe_name, split_list
 
 LR_SPACE = {"train.lr": "log:0.005:0.5"}
 STARTUP = 10  # trials from the Sobol design before TPE proposes (TPE's own start-up count)
@@ -503,7 +502,7 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
                 st = _open_study(tune, study, tune.seed + 1 + len(st.trials), pruner)
                 st.optimize(objective, n_trials=points.count(None), catch=())
             continue
-        with ProcessPoolExecutor(max_workers=min(jobs, missing), mp_context=_pool_context(), initializer=_worker_init) as pool:
+        with run_pool(min(jobs, missing)) as pool:
             for fut in [pool.submit(_worker, (tune, i, tune.seed + 1 + offset + k, p)) for k, p in enumerate(points)]:
                 fut.result()
 

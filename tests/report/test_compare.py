@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,6 +171,98 @@ def test_killed_process_resumes(tmp_path):
     assert len(calls) == 4 - len(finished)
     assert all(_mtimes(d) == before[d] for d in finished)
     assert len(list(root.glob("*/seed*/summary.json"))) == 4
+
+
+def _session_alive(sid: int) -> list[str]:
+    """The processes of session ``sid`` that are not zombies ("pid name state"), from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # it ended while we looked
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if int(rest[3]) == sid and rest[0] != "Z":  # fields after the name: state ppid pgrp session
+            out.append(f"{stat.parent.name} {name} {rest[0]}")
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process table from /proc (Linux)")
+def test_a_killed_parallel_compare_leaves_no_worker_running(tmp_path, capsys):
+    """`compare --jobs 2` killed with SIGKILL while both workers train: the workers stop too
+    (their lifeline closes) instead of finishing runs nobody waits for, and the next compare
+    continues those runs and reuses the finished ones."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(grid_config(tmp_path, train={"rounds": 100}, engine={"checkpoint_every": 1})))
+    root = tmp_path / "g"
+    args = ["compare", "-c", str(cfg), "--out", str(root), "algorithms=fedavg,fedprox", "seeds=0", "--jobs", "2",
+            "--no-report"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedrift.cli", *args], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len([m for m in root.glob("*/seed0/metrics.jsonl") if m.read_text().count("\n") >= 2]) < 2:
+            assert proc.poll() is None, "compare ended before it was killed"
+            assert time.monotonic() < deadline, "the two runs did not both start training in 120 s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while (alive := _session_alive(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for line in alive:  # a failure leaves nothing running behind it
+        os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert not alive, f"still running 30 s after the compare was killed: {alive}"
+    stopped = [m.parent for m in root.glob("*/seed0/metrics.jsonl") if not (m.parent / "summary.json").exists()]
+    assert stopped  # both, unless a busy machine let one finish while the other started
+
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("continued from its checkpoint") == len(stopped), out
+    assert [json.loads(p.read_text())["status"] for p in root.glob("*/seed0/summary.json")] == ["completed"] * 2
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process table from /proc (Linux)")
+def test_ctrl_c_on_a_parallel_compare_records_both_runs_as_interrupted(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole foreground group) on `compare --jobs 2`:
+    exit 130 with the one-line message, each running run's summary says interrupted, and
+    no process of the compare is left."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(grid_config(tmp_path, train={"rounds": 100}, engine={"checkpoint_every": 1})))
+    root = tmp_path / "g"
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal starts a job (test_cli)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "fedrift.cli", "compare", "-c", str(cfg), "--out", str(root),
+                                 "algorithms=fedavg,fedprox", "seeds=0", "--jobs", "2", "--no-report"],
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, before)
+    try:
+        deadline = time.monotonic() + 120
+        while len([m for m in root.glob("*/seed0/metrics.jsonl") if m.read_text().count("\n") >= 2]) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the two runs did not both start training"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and err.strip().splitlines() == [
+        "fedrift: interrupted; run the same fedrift compare command again to continue (finished runs are kept, "
+        "stopped ones continue from their checkpoints)"], err
+    statuses = [json.loads(p.read_text())["status"] for p in root.glob("*/seed0/summary.json")]
+    assert "interrupted" in statuses and set(statuses) <= {"interrupted", "completed"}, statuses
+    deadline = time.monotonic() + 30
+    while (alive := _session_alive(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, alive
 
 
 def test_stopped_run_continues_from_its_checkpoint(tmp_path, capsys, monkeypatch):
