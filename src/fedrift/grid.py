@@ -475,16 +475,12 @@ def _exit_without(pid: int) -> None:
         time.sleep(LIFELINE_SECONDS)
         try:
             os.kill(pid, 0)
-        except ProcessLookupError:
-            os._exit(1)
-        except PermissionError:  # pid taken by another user's process: ours is gone
+        except (ProcessLookupError, PermissionError):  # gone (or its pid now another user's)
             os._exit(1)
 
 
 LIFELINE_SECONDS = 1.0
 GRACE_SECONDS = 10.0  # after a Ctrl-C, how long the workers have to record their runs as interrupted
-
-
 
 
 class _Pool(ProcessPoolExecutor):
@@ -511,10 +507,10 @@ def run_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     try:
         yield pool
     except BaseException:
-        workers = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+        procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
         pool.shutdown(wait=False, cancel_futures=True)
         if wait([f for f in pool.futures if not f.done()], timeout=GRACE_SECONDS).not_done:
-            for process in workers:
+            for process in procs:
                 process.terminate()
         raise
     pool.shutdown(wait=True)
