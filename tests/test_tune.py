@@ -267,3 +267,21 @@ def test_output_keys_are_the_tuners_and_refused_in_one_line(capsys, tmp_path, ke
     one_line_refusal(capsys, ["tune", "--out", str(tmp_path / "t"), "partition.val_share=0.2", key],
                      f"{name}: the tuner sets every trial's output keys", "allowed: --out")
     assert not (tmp_path / "t").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("name", ["workload-a", "workload-b"])
+def test_the_committed_benchmark_choices_are_points_of_their_tunes_design(name):
+    """BENCHMARKS.md's tables rerun from benchmarks/tuned/*.yaml: each entry's values must be a
+    point the tune tried (one of the first 8 of its Sobol design) inside the entry's space."""
+    from pathlib import Path
+
+    from fedrift.grid import parse_algorithm
+    from fedrift.tuning import read_tuned
+
+    doc = read_tuned(Path(__file__).parents[1] / "benchmarks" / "tuned" / f"{name}.yaml")
+    assert "fedavg" in doc and len(doc) >= 20
+    for entry, best in doc.items():
+        dims = resolve_space(parse_algorithm(entry)[0], {})
+        assert list(best["overrides"]) == [d.key for d in dims], entry
+        assert best["overrides"] in startup_points(dims, 8, 0), entry
+        assert startup_points(dims, 8, 0)[best["trial"]] == best["overrides"], entry
