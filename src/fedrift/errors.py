@@ -62,6 +62,8 @@ def writing(what: str, note: str = "", verb: str = "write", path: object = None)
         raise OutputError(f"{what}: {describe_os_error(err, path, verb)}{note}") from None
     except RuntimeError as err:  # torch.save's writer, failing again after the file's OSError
         cause = err.__cause__ or err.__context__
+        if isinstance(cause, KeyboardInterrupt):  # Ctrl-C mid-save: the writer's exit raised over it
+            raise KeyboardInterrupt from None
         if not isinstance(cause, OSError):
             raise
         raise OutputError(f"{what}: {describe_os_error(cause, path, verb)}{note}") from None
