@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="key=value",
         help="algorithms=fedavg,fedprox:mu=0.1  seeds=0,1,2  sweep.partition.alpha=0.1,0.5  tuned=TUNE_DIR  "
-        "report.at_rounds=10,20 report.target=fedavg:0.9 report.tsne=fedavg,fedprox  and overrides for every run",
+        "report.at_rounds=10,20 report.target=fedavg:0.9 report.tsne=fedavg,fedprox report.paper=fedgkd-table3-cifar10  "
+        "and overrides for every run",
     )
 
     tun = sub.add_parser(
@@ -67,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default=None, help="the HTML file (default: RUNS_DIR/report.html)")
     rep.add_argument("options", nargs="*", metavar="report.key=value",
                      help="report.at_rounds=10,20,50 report.target=0.9|fedavg:0.9|none report.tsne=fedavg|none "
-                     "report.tsne_points=1000 report.band=minmax|std report.plots=false report.title=...; "
+                     "report.tsne_points=1000 report.band=minmax|std report.paper=NAME report.plots=false report.title=...; "
                      "plugins=[module,...] (besides those each run's config.yaml names)")
 
     lst = sub.add_parser("list", help="algorithms, datasets, models, partitions, executors, samplers, and where each comes from")

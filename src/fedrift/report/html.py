@@ -20,6 +20,9 @@ Options (``report.*`` on the command line, keyword arguments in Python):
 - ``claims``: orderings to check with the paired differences, ``A>B`` or ``A>=B`` (``papers``:
   the seed papers' orderings among the grid's algorithms; :mod:`fedrift.report.claims`),
   printed after the table and written to ``claims.csv``, ``claims.md`` and the report;
+- ``paper``: a published table (``fedgkd-table3-cifar10``, ...: :mod:`fedrift.report.published`)
+  whose numbers go beside the measured ones: the paper's setting a run matches, the published
+  accuracy and the published gap to FedAvg, with a note naming paper, table and source file;
 - ``plots``: false writes the tables and a report without figures;
 - ``title``: the report's title.
 """
@@ -36,7 +39,7 @@ from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedrift.errors import ConfigError, FedriftError, writing
-from fedrift.report import claims
+from fedrift.report import claims, published
 from fedrift.report.paired import note, resolve_reference
 from fedrift.report.table import (
     Group,
@@ -68,6 +71,7 @@ class ReportOptions(BaseModel):
     band: Literal["minmax", "std"] = "minmax"
     reference: str | None = "auto"
     claims: list[str] | None = None
+    paper: str | None = None
     plots: bool = True
     title: str | None = None
 
@@ -86,7 +90,7 @@ class ReportOptions(BaseModel):
                     value = []
                 else:
                     value = [parse_value(i) if key == "at_rounds" else i for i in items]
-            elif isinstance(value, str) and key not in ("title", "target", "reference"):
+            elif isinstance(value, str) and key not in ("title", "target", "reference", "paper"):
                 value = parse_value(value)
             elif isinstance(value, str) and key == "target":
                 parsed = parse_value(value)
@@ -103,6 +107,7 @@ class ReportOptions(BaseModel):
             raise ConfigError(f"{key}: {first['msg'].lower()} (got {got!r})") from None
         if opts.target != "auto":
             parse_target(opts.target)  # refuses a bad rule now
+        published.get(opts.paper)  # and an unknown paper table
         return opts
 
     def as_json(self) -> dict[str, Any]:
@@ -147,6 +152,7 @@ def _tables(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo, qu
     at_rounds = resolve_at_rounds(opts, groups)
     reference = resolve_reference(opts.reference, [g.algorithm for g in groups])
     rows = summarize(groups, at_rounds, _target(opts, groups), reference)
+    published.add_published(groups, rows, opts.paper)
     checked = _claims(root, groups, opts)
     with _writing(root):
         (root / "results.csv").write_text(to_csv(rows))
@@ -294,6 +300,7 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     headers, cells = display_table(rows, at_rounds, pm="±")
     paired_note = note(rows, pm="±")
+    paper_note = published.note(rows, pm="±")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -325,6 +332,7 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
         + (f"; target rule {_e(_target(opts, groups))}" if _target(opts, groups) else "")
         + ". s/round: training seconds per round; down/up: bytes per round. The same table is in "
         "results.csv (raw numbers) and results.md." + (f" {_e(paired_note)}" if paired_note else "") + "</p>",
+        *([f'<p class="note" id="published">{_e(paper_note)}</p>'] if paper_note else []),
     ]
     if checked:
         claim_headers, claim_cells = claims.display(checked, pm="±")

@@ -28,6 +28,8 @@ Statistics, per setting, over its runs:
   the ``fedavg`` setting with the same swept values), or none.
 - Paired differences to a reference method (``report.reference``), per seed, with a 95%
   t interval over seeds: see :mod:`fedrift.report.paired`.
+- With ``report.paper=NAME``, the seed paper's published numbers for the row's method and
+  setting beside the measured ones: see :mod:`fedrift.report.published`.
 - Seconds per round (training, no evaluation) and wall seconds are from ``summary.json``; bytes
   down and up per round are the summary's totals over its rounds, averaged over runs.
 """
@@ -48,7 +50,7 @@ import yaml
 
 from fedrift.config import Config, load_config
 from fedrift.errors import ConfigError, FedriftError
-from fedrift.report import paired
+from fedrift.report import paired, published
 
 # summary keys of runs with a validation split (partition.val_share)
 VALIDATION_KEYS = ("test_accuracy_at_best_val", "best_val_accuracy")
@@ -461,7 +463,25 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
             fmt_bytes(r["bytes_down_per_round"]),
             fmt_bytes(r["bytes_up_per_round"]),
         ])
+    if published.shown(rows):
+        _insert_published(rows, headers, cells, pm)
     return headers, cells
+
+
+def _insert_published(rows: Sequence[dict[str, Any]], headers: list[str], cells: list[list[str]], pm: str) -> None:
+    """``report.paper``'s columns, each beside its measured counterpart: the paper's setting
+    after the setting, the published accuracy after the best accuracy, the published gap to
+    FedAvg after the measured paired gap on the best accuracy (after the published accuracy
+    when there is none)."""
+    setting_h, acc_h, gap_h = published.HEADERS
+    best_vs = next((h for key, h in paired.headers(rows) if key == "best_accuracy"), None)
+    after = [("setting", setting_h), ("best acc %", acc_h), (best_vs or acc_h, gap_h)]
+    values = [published.cells(r, pm) for r in rows]
+    for (anchor, header), k in zip(after, range(3)):
+        at = headers.index(anchor) + 1
+        headers.insert(at, header)
+        for row, vals in zip(cells, values):
+            row.insert(at, vals[k])
 
 
 def _fmt_some(row: Mapping[str, Any], key: str, pm: str) -> str:
@@ -499,8 +519,8 @@ def text_lines(headers: Sequence[str], cells: Sequence[Sequence[str]]) -> list[s
 
 def to_markdown(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = ()) -> str:
     lines = markdown_lines(*display_table(rows, at_rounds))
-    footnote = paired.note(rows)
-    return "\n".join(lines + ([f"\n{footnote}"] if footnote else [])) + "\n"
+    notes = [n for n in (paired.note(rows), published.note(rows)) if n]
+    return "\n".join(lines + [f"\n{n}" for n in notes]) + "\n"
 
 
 def to_csv(rows: Sequence[dict[str, Any]]) -> str:
@@ -531,7 +551,7 @@ def print_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (), t
     import sys
 
     text = to_text(rows, at_rounds)
-    footnote = paired.note(rows)
+    footnote = "\n".join(n for n in (paired.note(rows), published.note(rows)) if n)
     width = max(len(line) for line in text.splitlines())
     try:
         from rich.console import Console
@@ -553,8 +573,9 @@ def print_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (), t
     for row in cells:
         table.add_row(*row)
     Console().print(table)
-    if footnote:
-        print(paired.note(rows, pm="±"))
+    for n in (paired.note(rows, pm="±"), published.note(rows, pm="±")):
+        if n:
+            print(n)
 
 
 __all__ = [
