@@ -244,3 +244,293 @@ def test_options_defaults_yaml_switches_and_refusals():
         validate_options("algorithm", entry.params, {"mask": "hard"})
     with pytest.raises(ConfigError, match="algorithm.alpha: unknown key"):
         validate_options("algorithm", entry.params, {"alpha": 0.9})
+
+
+# ---------------------------------------------------------------------------------------
+# variant: released, the authors' code (IAMJackYan/FedCSD, commit 5612114, train_ours.py)
+#
+# TRANSCRIPTION of that file's arithmetic, in plain torch: get_teacher_prototype,
+# cal_cosine_similarity, and the loss in train_epoch's inner loop, line for line. Changes,
+# all marked "(test)": the .to(device) moves are dropped, the data loader is a list of
+# (x, target) batches, and the prototype matrix takes the logits' dtype (the original's
+# torch.zeros is float32 by default; the test runs in float64).
+
+
+def released_get_teacher_prototype(c, dataloader, net_g):
+    outputs = None
+    targets = None
+    for batch_idx, (x, target) in enumerate(dataloader):
+        out_g = net_g(x)
+        if batch_idx == 0:
+            outputs = out_g
+            targets = target
+        else:
+            outputs = torch.cat((outputs, out_g), dim=0)
+            targets = torch.cat((targets, target), dim=0)
+    Prototype = torch.zeros((c, c), dtype=outputs.dtype)  # (test) dtype
+
+    for i in range(c):
+        index = (targets == i)
+        nums = sum(index)
+        if nums.item() == 0:
+            continue
+        index = index.unsqueeze(1)
+        index = index.expand_as(outputs)
+        temp_prototype = outputs * index
+        temp_prototype = torch.sum(temp_prototype, dim=0)
+        temp_prototype /= nums
+        Prototype[i] = temp_prototype
+
+    return Prototype
+
+
+def released_cal_cosine_similarity(v1, v2):
+    _v1 = F.normalize(v1, dim=-1, p=2)
+    _v2 = F.normalize(v2, dim=-1, p=2)
+    inner = torch.matmul(_v1, _v2.transpose(1, 0))
+    s = F.softmax(inner, dim=-1)
+    return s
+
+
+def released_batch_loss(net, g_mt, Prototype_t, x, target, T, mu):
+    """One step of train_epoch's loop, up to loss.backward(); returns (loss, mask)."""
+    target = target.long()
+    out = net(x)
+    out_g = g_mt(x)
+
+    out_g = out_g.detach()
+
+    s_v = released_cal_cosine_similarity(out, Prototype_t)
+
+    out_g = out_g * s_v
+
+    b, c = out.shape
+
+    out_softmax = F.softmax(out_g, dim=1)
+    out_real = torch.zeros(b)
+    for i in range(b):
+        out_real[i] = out_softmax[i, target[i]]
+
+    mask = out_real > (1 / c)
+    mask = mask.float()
+
+    loss_ce = F.cross_entropy(out, target)
+    loss_kd = torch.nn.KLDivLoss(reduction='none')(F.log_softmax(out / T, dim=1), F.softmax(out_g / T, dim=1)) * (T * T)
+    loss_kd = torch.sum(loss_kd, dim=1)
+    loss_kd *= mask
+    loss_kd = loss_kd.mean()
+
+    loss = (1 - mu) * loss_ce + mu * loss_kd
+    return loss, mask
+
+# end of the transcription
+# ---------------------------------------------------------------------------------------
+
+RC, RD = 5, 6  # classes, input features
+
+
+def _linear_apply(module):
+    def apply(params, x, mode="logits"):
+        return torch.func.functional_call(module, params, (x,))
+    return apply
+
+
+def _released_case(seed=3):
+    """A client of 13 samples of 5 classes, class 4 absent (a zero prototype row); linear
+    student and teacher in float64; the first batch of 8 is the step's."""
+    g = torch.Generator().manual_seed(seed)
+    student, teacher = torch.nn.Linear(RD, RC).double(), torch.nn.Linear(RD, RC).double()
+    with torch.no_grad():
+        for m, scale in ((student, 1.0), (teacher, 2.0)):
+            m.weight.copy_(scale * torch.randn(RC, RD, generator=g, dtype=torch.float64))
+            m.bias.copy_(torch.randn(RC, generator=g, dtype=torch.float64))
+    x = torch.randn(13, RD, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 0, 1, 3, 3])
+    return student, teacher, x, y
+
+
+def _fedrift_released(student, teacher, x, y, batch=8, **hp):
+    """fedrift's variant released, as the engine drives it: client_start on the client's data
+    (teacher rows of all its samples), then local_loss on the step's batch."""
+    alg = make("fedcsd", Setup(num_classes=RC, num_clients=1, feature_dim=RD, lr=0.1, momentum=0.0,
+                                weight_decay=0.0, clip_grad_norm=None, seed=0), variant="released", **hp)
+    apply = _linear_apply(student)
+    params = {k: v.detach().clone() for k, v in student.named_parameters()}
+    payload = {"params": params, "teacher": {k: v.detach().clone() for k, v in teacher.named_parameters()}}
+    with torch.no_grad():
+        ctx = alg.client_start(payload, {}, ClientData(x, y, alg.teacher(payload, x, apply)), apply)
+    xb, yb = x[:batch], y[:batch]
+    b = {"x": xb, "y": yb, "w": torch.full((batch,), 1.0 / batch, dtype=x.dtype), "teacher": alg.teacher(payload, xb, apply)}
+    (grads, (loss, aux)) = torch.func.grad(
+        lambda p: (lambda out: (out[0], out))(alg.local_loss(p, b, payload, ctx, apply)), has_aux=True)(params)
+    return alg, ctx, loss, aux, grads
+
+
+def _released_reference(student, teacher, x, y, batch=8, T=4.0, mu=0.5):
+    """The transcription: prototypes from the whole client loader, the loss on its first batch."""
+    loader = [(x[:batch], y[:batch]), (x[batch:], y[batch:])]
+    for p in teacher.parameters():
+        p.requires_grad_(False)  # set_requires_grad(g_mt, False)
+    proto = released_get_teacher_prototype(RC, loader, teacher)
+    student.zero_grad()
+    loss, mask = released_batch_loss(student, teacher, proto, x[:batch], y[:batch], T, mu)
+    loss.backward()
+    return proto, loss.detach(), mask, {k: v.grad.clone() for k, v in student.named_parameters()}
+
+
+def _rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def test_released_variant_equals_a_transcription_of_train_ours_loss_and_gradient():
+    """float64, within 1e-12 relative, not bit for bit: fedrift writes the batch mean as a
+    weighted sum (w = 1/B, which the batched executor needs for its padding rows) and the class
+    means as a one-hot product; the released file divides a sum by B and sums masked rows.
+    The same operations otherwise (kl_div, normalize, softmax), so the differences are
+    rounding: about 1e-16 here."""
+    student, teacher, x, y = _released_case()
+    alg, ctx, loss, aux, grads = _fedrift_released(student, teacher, x, y)
+    proto, ref_loss, mask, ref_grads = _released_reference(student, teacher, x, y)
+    assert alg.client_summary is None and alg.pre_combine is None  # no pre-phase: own prototypes
+    assert _rel(ctx["prototypes"], proto) < 1e-12
+    assert torch.equal(proto[4], torch.zeros(RC, dtype=torch.float64))  # nobody holds class 4 here
+    assert 0 < mask.sum() < 8  # the mask keeps some samples and drops others
+    assert abs(loss.item() - ref_loss.item()) <= 1e-12 * abs(ref_loss.item())
+    assert aux["fedcsd_mask_filtered"].item() == pytest.approx(1 - mask.mean().item(), abs=1e-15)
+    for k in ref_grads:
+        assert _rel(grads[k], ref_grads[k]) < 1e-12, k
+
+
+def test_paper_variant_with_gradient_through_similarity_is_not_the_released_code():
+    """detach_similarity: false on the paper variant, even with the client's own prototypes as
+    P_G and the released loss_form, mu and tau, has another mask and another gradient: the
+    KL form's teacher-entropy term moves through delta_hat too."""
+    student, teacher, x, y = _released_case()
+    proto, ref_loss, ref_mask, ref_grads = _released_reference(student, teacher, x, y)
+    alg = make("fedcsd", Setup(num_classes=RC, num_clients=1, feature_dim=RD, lr=0.1, momentum=0.0,
+                                weight_decay=0.0, clip_grad_norm=None, seed=0),
+               mu=0.5, tau=4.0, loss_form="convex", detach_similarity=False)
+    apply = _linear_apply(student)
+    params = {k: v.detach().clone() for k, v in student.named_parameters()}
+    payload = {"params": params, "teacher": {k: v.detach().clone() for k, v in teacher.named_parameters()},
+               "prototypes": proto}
+    b = {"x": x[:8], "y": y[:8], "w": torch.full((8,), 1 / 8, dtype=x.dtype), "teacher": alg.teacher(payload, x[:8], apply)}
+    grads = torch.func.grad(lambda p: alg.local_loss(p, b, payload, {}, apply)[0])(params)
+    assert max(_rel(grads[k], ref_grads[k]) for k in grads) > 1e-3
+
+
+def test_released_mask_reads_the_refined_logits_a_milder_filter():
+    """On random 100-class logits (teacher logits 3x a standard normal, prototypes the class
+    means of the teacher's logits): the refined logits ``delta_hat * z_xi`` are ~z_xi / C,
+    nearly flat, so about half the samples pass 1/C; the paper's mask on z_xi keeps ~10%."""
+    from fedrift.algorithms.fedcsd import class_prototypes, csd_terms
+
+    g = torch.Generator().manual_seed(0)
+    C, B = 100, 4096
+    z = torch.randn(B, C, generator=g)
+    z_teacher = 3.0 * torch.randn(B, C, generator=g)
+    y = torch.randint(0, C, (B,), generator=g)
+    protos = class_prototypes(z_teacher, y, C)[0]
+    _, paper = csd_terms(z, z_teacher, y, protos, 4.0)
+    _, released = csd_terms(z, z_teacher, y, protos, 4.0, detach_similarity=False, released=True)
+    assert 0.07 < paper.mean().item() < 0.14
+    assert 0.45 < released.mean().item() < 0.55
+    # by definition: the released mask is the paper's rule applied to z_hat
+    delta_hat = torch.softmax(F.normalize(z, dim=-1) @ F.normalize(protos, dim=-1).T, -1)
+    _, again = csd_terms(z, delta_hat * z_teacher, y, protos, 4.0, similarity=False)
+    assert torch.equal(released, again)
+
+
+def test_released_loss_by_hand_uses_the_clients_own_prototypes():
+    """The hand case above under variant released: the prototypes come from the round's
+    context (client_start), the payload has none; KL form; mask on Z_HAT (here 1, 0, 1)."""
+    alg = _alg(variant="released", tau=TAU)  # mu 0.5 and loss_form convex: the released defaults
+    batch = {"x": torch.zeros(3, 1), "y": Y, "w": W}
+    payload = {"params": {}, "teacher": {"z": Z_XI}}
+    batch["teacher"] = alg.teacher(payload, batch["x"], _stored)
+    loss, aux = alg.local_loss({"z": Z_K}, batch, payload, {"prototypes": P_G}, _stored)
+    q_hat, log_qk = torch.softmax(Z_HAT / TAU, -1), torch.log_softmax(Z_K / TAU, -1)
+    kl = TAU**2 * (q_hat * (torch.log(q_hat) - log_qk)).sum(-1)
+    # softmax(Z_HAT)_y: e^.722 / (e^.722 + 2) = 0.507; e^(.5/3) / (e^(1/3) + 1 + e^(.5/3)) = 0.330 (< 1/3);
+    # with Z3 = 2 + e^-1: e^(.9/Z3) / (e^(1/Z3) + 1 + e^(.9/Z3)) = 0.367
+    m = torch.tensor([1.0, 0, 1])
+    torch.testing.assert_close(torch.softmax(Z_HAT, -1).gather(1, Y[:, None]).squeeze(1),
+                               torch.tensor([0.5072, 0.3303, 0.3667]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(loss, 0.5 * F.cross_entropy(Z_K, Y) + 0.5 * (m * kl).sum() / 3)
+    torch.testing.assert_close(aux["fedcsd_mask_filtered"], torch.tensor(1 / 3))
+
+
+def test_released_options_defaults_and_overrides():
+    entry = ALGORITHMS.get("fedcsd")
+    hp = validate_options("algorithm", entry.params, {"variant": "released"})
+    assert (hp.variant, hp.mu, hp.tau, hp.loss_form, hp.detach_similarity, hp.a, hp.mask, hp.similarity, hp.teacher) == (
+        "released", 0.5, 4.0, "convex", False, 0.9, "adaptive", "on", "tma")
+    # a key given explicitly wins over the variant's default
+    hp = validate_options("algorithm", entry.params, {"variant": "released", "mu": 0.0, "tau": 2.0, "loss_form": "paper"})
+    assert (hp.mu, hp.tau, hp.loss_form, hp.detach_similarity) == (0.0, 2.0, "paper", False)
+    hp = make("fedcsd", SETUP, variant="released", detach_similarity=True).hparams  # as Python builds it
+    assert (hp.mu, hp.detach_similarity) == (0.5, True)
+    # the paper's defaults are untouched
+    assert validate_options("algorithm", entry.params, {"variant": "paper"}).mu == 0.001
+    with pytest.raises(ConfigError, match="algorithm.mu"):
+        validate_options("algorithm", entry.params, {"variant": "released", "mu": 1.5})
+    with pytest.raises(ConfigError, match="algorithm.variant"):
+        validate_options("algorithm", entry.params, {"variant": "authors"})
+    # similarity off: no prototypes to compute, no client_start
+    assert make("fedcsd", SETUP, variant="released", similarity="off").client_start is None
+
+
+def test_released_mu_zero_is_exactly_fedavg(tiny, tmp_path):
+    a = _run(tiny, tmp_path, "a", {"name": "fedavg"})
+    b = _run(tiny, tmp_path, "b", {"name": "fedcsd", "variant": "released", "mu": 0.0})
+    for k in a.global_state:
+        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    c = _run(tiny, tmp_path, "c", {"name": "fedcsd", "variant": "released"})
+    assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
+
+
+def test_released_exchanges_no_prototypes(tiny, tmp_path):
+    """Own prototypes: up, FedAvg's bytes; down, FedAvg's plus the TMA teacher (from round 2),
+    the paper variant's bytes less its C x C matrix each way and the C-bool held list."""
+    base = _run(tiny, tmp_path, "avg", {"name": "fedavg"}, rounds=2)
+    paper = _run(tiny, tmp_path, "paper", {"name": "fedcsd"}, rounds=2)
+    rel = _run(tiny, tmp_path, "rel", {"name": "fedcsd", "variant": "released"}, rounds=2)
+    clients, C = 3, 10
+    pbytes = sum(v.numel() * 4 for v in base.global_state.values())
+    for r in range(2):
+        b, p, q = base.history[r], paper.history[r], rel.history[r]
+        assert q["bytes_up"] == b["bytes_up"]
+        assert q["bytes_down"] - b["bytes_down"] == (0 if r == 0 else clients * pbytes)
+        assert p["bytes_up"] - q["bytes_up"] == clients * (C * C * 4 + C)
+        assert p["bytes_down"] - q["bytes_down"] == clients * C * C * 4
+        assert 0.0 <= q["fedcsd_mask_filtered"] <= 1.0
+
+
+def test_released_under_every_executor(tiny, tmp_path):
+    """processes: bit for bit with sequential (one thread); batched: within float tolerance
+    (vmap's kernels), as for every algorithm (tests/engine/test_batched.py)."""
+    alg = {"name": "fedcsd", "variant": "released"}
+    runs = {}
+    for ex in ("sequential", "processes", "batched"):
+        runs[ex] = _run(tiny, tmp_path, ex, alg, engine={"executor": ex, "threads": 1, "workers": 2})
+    seq = runs["sequential"]
+    for k in seq.global_state:
+        assert torch.equal(seq.global_state[k], runs["processes"].global_state[k]), k
+        scale = seq.global_state[k].abs().max().clamp(min=1e-3)
+        assert ((seq.global_state[k] - runs["batched"].global_state[k]).abs().max() / scale).item() < 1e-4, k
+    for a, p, b in zip(seq.history, runs["processes"].history, runs["batched"].history, strict=True):
+        assert a["fedcsd_mask_filtered"] == p["fedcsd_mask_filtered"]
+        assert a["fedcsd_mask_filtered"] == pytest.approx(b["fedcsd_mask_filtered"], rel=1e-3, abs=1e-6)
+        assert a["bytes_up"] == p["bytes_up"] == b["bytes_up"]
+
+
+def test_released_privacy_client_level_runs_sample_level_refused(tiny, tmp_path):
+    """No pre-phase summary goes up, so client level can clip the uploaded model as FedAvg's;
+    sample level cannot: each sample's distillation reads prototypes of all the client's data."""
+    alg = {"name": "fedcsd", "variant": "released"}
+    res = _run(tiny, tmp_path, "client", alg, rounds=1, privacy={"level": "client"})
+    assert res.summary["epsilon"] > 0
+    with pytest.raises(ConfigError, match="privacy.level: sample: .*prototypes"):
+        _run(tiny, tmp_path, "sample", alg, rounds=1, privacy={"level": "sample"})
+    with pytest.raises(ConfigError, match="pre-phase"):  # the paper variant's prototypes go up
+        _run(tiny, tmp_path, "paper", {"name": "fedcsd"}, rounds=1, privacy={"level": "client"})

@@ -15,6 +15,24 @@ The server keeps a teacher ``w_xi``, a temporal moving average (TMA) of global m
 
 The mask's filter rate (the share of samples it removes, paper Fig. 5) is reported per
 round as ``fedcsd_mask_filtered``.
+
+``variant: released`` is the arithmetic of the authors' released code instead
+(``IAMJackYan/FedCSD`` at commit 5612114, ``train_ours.py``, ``train_epoch``), which departs
+from the paper in four ways:
+
+- each client distils towards its *own* prototypes, ``P_k`` from the teacher on its own
+  samples (``get_teacher_prototype``), computed in ``client_start``: no pre-phase, nothing
+  extra goes up or down, no server average;
+- the mask reads the *refined* logits, ``M = 1[softmax(z_hat)_y > 1/C]``: ``z_hat`` is nearly
+  flat (``delta_hat`` is about 1/C per class), so the filter is much milder;
+- the loss is ``tau^2 KL(q_xi || q_k)`` (``nn.KLDivLoss``), and the gradient flows through
+  ``delta_hat`` into the target, so the teacher's entropy term has a gradient too;
+- ``(1 - mu) CE + mu L_CSD`` with ``mu = 0.5, tau = 4``.
+The first three are what the variant is; the last is its defaults (``mu=0.5``, ``tau=4``,
+``loss_form=convex``, ``detach_similarity=false``), which an explicit key overrides. What it
+does not copy: the released data loader drops each epoch's last partial batch and augments
+the images the prototypes and teacher logits are computed on; here the prototypes cover every
+sample of the client, as the teacher table holds them.
 """
 
 from __future__ import annotations
@@ -24,6 +42,7 @@ from typing import Annotated, Any, Literal
 import torch
 import torch.nn.functional as F
 from pydantic import BeforeValidator, Field, model_validator
+from pydantic_core import ArgsKwargs
 
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Setup, fedavg_aggregate
@@ -40,6 +59,11 @@ def _yaml_switch(value: Any) -> Any:
     if value is False:
         return "off"
     return value
+
+
+# train_ours.py's argparse defaults (--mu 0.5, --T 4.0) and its loss (1 - mu) CE + mu KD,
+# with the gradient through the similarity (no detach): variant released's defaults
+RELEASED_DEFAULTS = {"mu": 0.5, "tau": 4.0, "loss_form": "convex", "detach_similarity": False}
 
 
 @params
@@ -59,8 +83,11 @@ class FedCSDParams(AlgorithmParams):
         project's decision); ``false`` lets the gradient flow through it, as the authors'
         released code does.
     loss_form: ``paper`` is ``CE + mu L_CSD`` (eq. 15); ``convex`` is ``(1 - mu) CE + mu L_CSD``,
-        the released code's form, which it runs with ``mu=0.5, tau=4``: set those yourself
-        (needs ``mu <= 1``).
+        the released code's form (needs ``mu <= 1``).
+    variant: ``paper`` (eq. 6-15, as above) or ``released``, the authors' code (module
+        docstring): own prototypes, mask from the refined logits, KL form. ``released`` changes
+        the defaults of the keys it is not given to the released code's: ``mu=0.5``, ``tau=4``,
+        ``loss_form=convex``, ``detach_similarity=false``.
     """
 
     mu: Annotated[float, Field(ge=0)] = 0.001
@@ -71,6 +98,17 @@ class FedCSDParams(AlgorithmParams):
     teacher: Literal["tma", "last_global"] = "tma"
     detach_similarity: bool = True
     loss_form: Literal["paper", "convex"] = "paper"
+    variant: Literal["paper", "released"] = "paper"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _released_defaults(cls, data: Any) -> Any:
+        """``variant: released`` fills the keys it is not given with the released code's values."""
+        kwargs = data.kwargs if isinstance(data, ArgsKwargs) else data
+        if not isinstance(kwargs, dict) or kwargs.get("variant") != "released":
+            return data
+        filled = {**RELEASED_DEFAULTS, **kwargs}
+        return ArgsKwargs(data.args, filled) if isinstance(data, ArgsKwargs) else filled
 
     @model_validator(mode="after")
     def _convex_weight(self) -> "FedCSDParams":
@@ -102,17 +140,22 @@ def csd_terms(
     z: torch.Tensor,
     z_teacher: torch.Tensor,
     y: torch.Tensor,
-    prototypes: torch.Tensor,
+    prototypes: torch.Tensor | None,
     tau: float,
     similarity: bool = True,
     mask: str = "adaptive",
     detach_similarity: bool = True,
+    released: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sample: ``(tau^2 sum_c -q_xi,c log q_k,c, M)``, the unmasked CSD loss and the mask.
 
     ``z`` are the student's logits (B, C), ``z_teacher`` the teacher's (constants), ``prototypes``
     ``P_G`` (C, C). The cosine with a zero prototype row is 0 (``F.normalize`` leaves a zero
     vector zero), so classes nobody holds get zero similarity and no NaN.
+
+    ``released``: the released code's arithmetic (module docstring): the loss as
+    ``tau^2 KL(q_xi || q_k)``, written as ``train_ours.py`` writes it, and the mask from the
+    refined logits ``z_hat`` instead of the teacher's.
     """
     num_classes = z.shape[-1]
     if similarity:
@@ -123,13 +166,18 @@ def csd_terms(
         z_hat = delta_hat * z_teacher
     else:
         z_hat = z_teacher
-    q_teacher = torch.softmax(z_hat / tau, dim=-1)
-    per_sample = (-q_teacher * F.log_softmax(z / tau, dim=-1)).sum(-1) * tau**2
+    if released:  # KLDivLoss(reduction='none')(log q_k, q_xi) * T^2, summed over classes
+        kl = F.kl_div(F.log_softmax(z / tau, dim=-1), F.softmax(z_hat / tau, dim=-1), reduction="none")
+        per_sample = (kl * (tau * tau)).sum(-1)
+    else:
+        q_teacher = torch.softmax(z_hat / tau, dim=-1)
+        per_sample = (-q_teacher * F.log_softmax(z / tau, dim=-1)).sum(-1) * tau**2
+    judged = z_hat if released else z_teacher  # whose softmax the mask reads
     if mask == "adaptive":
-        p_true = torch.softmax(z_teacher, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        p_true = torch.softmax(judged, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
         keep = p_true > 1.0 / num_classes
     elif mask == "argmax":
-        keep = z_teacher.argmax(-1) == y
+        keep = judged.argmax(-1) == y
     else:
         keep = torch.ones_like(y, dtype=torch.bool)
     return per_sample, keep.to(z.dtype)
@@ -142,6 +190,7 @@ def csd_terms(
 def fedcsd(hp: FedCSDParams, setup: Setup) -> Algorithm:
     num_classes = setup.num_classes
     similarity = hp.similarity == "on"
+    released = hp.variant == "released"
     ce_weight = 1.0 - hp.mu if hp.loss_form == "convex" else 1.0
 
     def init_server(global_params):
@@ -160,12 +209,17 @@ def fedcsd(hp: FedCSDParams, setup: Setup) -> Algorithm:
     def pre_combine(payload, summaries, weights):
         return {"prototypes": combine_prototypes(summaries["prototypes"], summaries["holds"])}
 
+    def own_prototypes(payload, ctx, data: ClientData, apply):
+        """released: the client's own ``P_k`` (``get_teacher_prototype``), kept in its round context."""
+        return {"prototypes": class_prototypes(data.teacher["logits"], data.y, num_classes)[0]}
+
     def local_loss(params, batch, payload, ctx, apply):
         x, y, w = batch["x"], batch["y"], batch["w"]
         z = apply(params, x)
         z_teacher = batch["teacher"]["logits"].detach()
+        protos = None if not similarity else ctx["prototypes"] if released else payload["prototypes"]
         per_sample, keep = csd_terms(
-            z, z_teacher, y, payload["prototypes"], hp.tau, similarity, hp.mask, hp.detach_similarity
+            z, z_teacher, y, protos, hp.tau, similarity, hp.mask, hp.detach_similarity, released
         )
         csd = (per_sample * keep * w).sum()
         loss = ce_weight * weighted_ce(z, y, w) + hp.mu * csd
@@ -184,8 +238,9 @@ def fedcsd(hp: FedCSDParams, setup: Setup) -> Algorithm:
         local_loss=local_loss,
         init_server=init_server,
         broadcast=broadcast,
-        client_summary=client_summary,
-        pre_combine=pre_combine,
+        client_summary=None if released else client_summary,
+        pre_combine=None if released else pre_combine,
+        client_start=own_prototypes if released and similarity else None,
         teacher=teacher,
         aggregate=aggregate,
     )

@@ -75,6 +75,10 @@ def check(cfg: Config, algorithm: Algorithm) -> None:
         if name in READS_LABEL_COUNTS:
             raise ConfigError(f"privacy.level: sample: {READS_LABEL_COUNTS[name]} of {name} reads the client's "
                               "label counts, which one sample changes; allowed: none or client")
+        if name == "fedcsd" and getattr(algorithm.hparams, "variant", "paper") == "released" \
+                and algorithm.client_start is not None:
+            raise ConfigError("privacy.level: sample: fedcsd's variant released distils every sample towards "
+                              "prototypes of the client's whole data, which one sample changes; allowed: none or client")
 
 
 # ---------------------------------------------------------------------------------------
