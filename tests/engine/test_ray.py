@@ -108,8 +108,12 @@ def _stop_cluster(port: int, timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
+# FedCSD's released variant: prototypes from the client's own teacher rows (client_start)
+ALGORITHMS = {"fedcsd_released": {"name": "fedcsd", "variant": "released"}}
+
+
 def _run(tiny, name, executor, **extra):
-    cfg = tiny(algorithm={"name": name}, train={"rounds": 2, "clients_per_round": 3},
+    cfg = tiny(algorithm=ALGORITHMS.get(name, {"name": name}), train={"rounds": 2, "clients_per_round": 3},
                engine={"executor": executor, "threads": 1, **extra})
     cfg["output"]["dir"] += f"-{name}-{executor}"
     return fedrift.run(cfg)
@@ -129,7 +133,7 @@ def seen_nodes(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("name", ["scaffold", "fedcsd", "fedgkd_vote"])  # client state, pre-phase, teacher rows
+@pytest.mark.parametrize("name", ["scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote"])  # client state, pre-phase, own prototypes, teacher rows
 def test_ray_cluster_equals_sequential_bit_for_bit(cluster, tiny, name, seen_nodes):
     ref = _run(tiny, name, "sequential")
     got = _run(tiny, name, "ray", ray_address=cluster, workers=2)
