@@ -24,6 +24,22 @@ def tiny_config(tmp_path, **sections) -> dict:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def own_cache(tmp_path_factory):
+    """fedrift's file cache (decoded images, text embeddings) in a folder of this session:
+    tests never read a user's cache, and a first load really decodes. Set in the environment,
+    so the CLI subprocesses the tests start use it too."""
+    import os
+
+    before = os.environ.get("FEDRIFT_CACHE")
+    os.environ["FEDRIFT_CACHE"] = str(tmp_path_factory.mktemp("fedrift-cache"))
+    yield
+    if before is None:
+        os.environ.pop("FEDRIFT_CACHE", None)
+    else:
+        os.environ["FEDRIFT_CACHE"] = before
+
+
+@pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Tests train tiny models: one torch thread is as fast, and immune to a busy machine
     (two OpenMP threads spin-wait badly when another job holds a core)."""

@@ -51,7 +51,8 @@ def test_cohort_size_is_a_count_or_a_fraction_not_both():
 
 
 def test_missing_data_folder_is_refused(tmp_path):
-    assert _refused([f"data.root={tmp_path / 'nope'}"]).startswith("data.root: folder")
+    said = _refused([f"data.root={tmp_path / 'nope'}"])
+    assert said.startswith(f"data.root: '{tmp_path / 'nope'}' does not exist; expected a folder")
 
 
 def test_bad_override_syntax_and_missing_file(tmp_path):
@@ -97,3 +98,35 @@ def test_the_issues_commands_run(tmp_path):
         r = fedrift.run(Path(__file__).parents[1] / "examples" / "demo.yaml", [*over, "model.name=logreg", "train.rounds=1", f"output.dir={out}",
                                                 "output.progress=false", "engine.executor=sequential"])
         assert r.summary["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    "overrides, start",
+    [(["train.lr_schedule=linear"], "train.lr_schedule: input should be 'constant', 'step' or 'cosine'"),
+     (["train.lr_schedule=step"], "train.lr_milestones: lr_schedule step needs at least one round"),
+     (["train.lr_schedule=step", "train.lr_milestones=[30,20]"], "train.lr_milestones: [30, 20] must increase strictly"),
+     (["train.lr_schedule=step", "train.lr_milestones=[20,20]"], "train.lr_milestones: [20, 20] must increase strictly"),
+     (["train.lr_schedule=step", "train.lr_milestones=[10,51]"], "train.lr_milestones: round 51 is after the last round (50)"),
+     (["train.lr_schedule=step", "train.lr_milestones=[0,10]"], "train.lr_milestones.0: input should be greater than or equal to 1"),
+     (["train.lr_schedule=step", "train.lr_milestones=[10]", "train.lr_gamma=0"], "train.lr_gamma: input should be greater than 0"),
+     (["train.lr_schedule=step", "train.lr_milestones=[10]", "train.lr_gamma=2"], "train.lr_gamma: input should be less than or equal to 1"),
+     (["train.lr_milestones=[10]"], "train.lr_milestones: used by train.lr_schedule step only, and this run's is constant"),
+     (["train.lr_schedule=cosine", "train.lr_gamma=0.5"], "train.lr_gamma: used by train.lr_schedule step only, and this run's is cosine"),
+     (["train.lr_schedule=step", "train.lr_milestones=[10]", "train.lr_min=0.01"],
+      "train.lr_min: used by train.lr_schedule cosine only, and this run's is step"),
+     (["train.lr_schedule=cosine", "train.lr_min=-1"], "train.lr_min: input should be greater than or equal to 0"),
+     (["train.lr_schedule=cosine", "train.lr=0.05", "train.lr_min=0.1"], "train.lr_min: 0.1 is above train.lr (0.05)")],
+)
+def test_lr_schedule_refusals_name_the_key(overrides, start):
+    assert _refused(overrides).startswith(start)
+
+
+def test_lr_schedule_keys_at_their_defaults_are_accepted_with_any_schedule():
+    """A resolved config.yaml holds every key, the unused ones at their defaults: it loads again."""
+    from fedrift.config import to_yaml
+    import yaml
+
+    for over in (["train.lr_schedule=cosine", "train.lr_min=0.001"], ["train.lr_schedule=step", "train.lr_milestones=[5]"], []):
+        cfg = load_config({}, over)
+        assert load_config(yaml.safe_load(to_yaml(cfg))) == cfg
+    assert load_config({}, ["train.lr_schedule=step", "train.lr_milestones=[1,50]"]).train.lr_at(1) == pytest.approx(0.005)

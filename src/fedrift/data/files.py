@@ -99,20 +99,7 @@ def field(doc: Any, key: str, path: Path | str, expected: str) -> Any:
     raise malformed(path, expected, f"no key {key!r}")
 
 
-def read_image(path: Path, size: int, channels: int) -> np.ndarray:
-    """uint8 ``(channels, size, size)``: the image decoded by Pillow, converted to RGB (3) or
-    grey (1), resized bilinearly to ``size`` x ``size`` when it is another size."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as img:
-            arr = np.asarray(_fit(img.convert("RGB" if channels == 3 else "L"), size), dtype=np.uint8)
-    except Exception as err:  # unidentifiable, truncated, unreadable
-        raise malformed(path, "an image file Pillow can decode", f"{type(err).__name__}: {err}") from None
-    return arr.reshape(size, size, channels).transpose(2, 0, 1)
-
-
-def _fit(img: Any, size: int) -> Any:
+def fit(img: Any, size: int) -> Any:
     """A Pillow image resized bilinearly to ``size`` x ``size`` (as it is if already that size)."""
     from PIL import Image
 
@@ -120,27 +107,14 @@ def _fit(img: Any, size: int) -> Any:
 
 
 def resize_grey(x: np.ndarray, size: int) -> np.ndarray:
-    """uint8 grey images ``(n, H, W)`` resized as :func:`read_image` resizes a file's: ``(n, size, size)``."""
+    """uint8 grey images ``(n, H, W)`` resized as ``image_cache.read_image`` resizes a file: ``(n, size, size)``."""
     from PIL import Image
 
     out = np.empty((len(x), size, size), dtype=np.uint8)
     for i, img in enumerate(x):
-        out[i] = np.asarray(_fit(Image.fromarray(np.ascontiguousarray(img, dtype=np.uint8), mode="L"), size))
+        out[i] = np.asarray(fit(Image.fromarray(np.ascontiguousarray(img, dtype=np.uint8), mode="L"), size))
     return out
 
 
-def read_images(paths: list[Path], size: int, channels: int) -> np.ndarray:
-    """uint8 ``(n, channels, size, size)`` for ``paths``, in order."""
-    out = np.empty((len(paths), channels, size, size), dtype=np.uint8)
-    for i, p in enumerate(paths):
-        out[i] = read_image(p, size, channels)
-    return out
-
-
-def image_files(folder: Path) -> list[Path]:
-    """The image files directly in ``folder`` (by suffix, any case), sorted by name."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-
-
-__all__ = ["DataError", "IMAGE_SUFFIXES", "check_md5", "field", "image_files", "load_pickle", "malformed",
-           "md5sum", "need_dir", "need_file", "need_root", "read_image", "read_images", "read_pickle", "resize_grey"]
+__all__ = ["DataError", "IMAGE_SUFFIXES", "check_md5", "field", "fit", "load_pickle", "malformed", "md5sum",
+           "need_dir", "need_file", "need_root", "read_pickle", "resize_grey"]

@@ -2,7 +2,10 @@
 Office-Caltech-10 (root/<domain>/<class>/<images>).
 
 Images are decoded with Pillow (declared, and already required by matplotlib), converted to
-RGB or grey and resized bilinearly to a fixed square size, then kept as uint8.
+RGB or grey and resized bilinearly to a fixed square size, then kept as uint8. ``data.root``
+may be the folder, a ``.zip`` of it, or a folder holding that one ``.zip``; the decoded pixels
+are cached by the files' content (:mod:`fedrift.data.image_cache`), so only a run's first load
+decodes.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pydantic import Field
 from fedrift.data import DATASETS
 from fedrift.data.base import Dataset, image_dataset, with_domains
 from fedrift.data.embedded import stratified_split
-from fedrift.data.files import DataError, image_files, malformed, need_dir, need_file, need_root, read_images
+from fedrift.data.files import DataError, malformed, need_dir, need_file, need_root
+from fedrift.data.image_cache import Tree, image_files, open_root, read_images
 from fedrift.params import params
 
 Side = Annotated[int, Field(ge=1, le=1024)]
@@ -36,13 +40,15 @@ class ImageFolderParams:
 
 @params
 class TinyImageNetParams:
-    """``size``: images resized to ``size`` x ``size`` (64: as published, no resize)."""
+    """``size``: images resized to ``size`` x ``size`` (64: as published, no resize; 32: the
+    downsampled variant of the papers' 32x32 rows, resized bilinearly from the 64x64 files)."""
 
     size: Side = 64
 
 
-def _tree(folder: Path, classes: list[str]) -> tuple[list[Path], np.ndarray]:
-    paths, labels = [], []
+def _tree(folder: Tree, classes: list[str]) -> tuple[list[Tree], np.ndarray]:
+    paths: list[Tree] = []
+    labels: list[int] = []
     for c, name in enumerate(classes):
         found = image_files(folder / name) if (folder / name).is_dir() else []
         paths += found
@@ -57,7 +63,8 @@ def _tree(folder: Path, classes: list[str]) -> tuple[list[Path], np.ndarray]:
 )
 def load_imagefolder(root: Path | None, options: ImageFolderParams) -> Dataset:
     """Classes are the sub-folder names, sorted; class ``k`` is the k-th."""
-    root = need_dir(need_root(root, "imagefolder", "one folder of images per class"), "one folder of images per class")
+    holds = "one folder of images per class"
+    root = open_root(need_root(root, "imagefolder", holds), holds)
     split = (root / "train").is_dir() and (root / "test").is_dir()
     top = root / "train" if split else root
     classes = sorted(p.name for p in top.iterdir() if p.is_dir())
@@ -73,7 +80,7 @@ def load_imagefolder(root: Path | None, options: ImageFolderParams) -> Dataset:
             raise DataError(f"data: {root / 'test' / extra[0]} is a class not in {top}; expected the classes {', '.join(classes)}")
         train_paths, y_train = _tree(top, classes)
         test_paths, y_test = _tree(root / "test", classes)
-        x_train, x_test = read_images(train_paths, size, ch), read_images(test_paths, size, ch)
+        x_train, x_test = read_images(train_paths, size, ch, "train"), read_images(test_paths, size, ch, "test")
     else:
         paths, y = _tree(top, classes)
         train, test = stratified_split(y, options.test_fraction, options.split_seed)
@@ -82,14 +89,14 @@ def load_imagefolder(root: Path | None, options: ImageFolderParams) -> Dataset:
     return image_dataset("imagefolder", x_train, y_train, x_test, y_test, len(classes))
 
 
-def _tiny_root(root: Path) -> Path:
+def _tiny_root(root: Tree) -> Tree:
     for folder in (root / "tiny-imagenet-200", root):
         if (folder / "wnids.txt").is_file():
             return folder
     return need_file(root / "tiny-imagenet-200" / "wnids.txt", "the tiny-imagenet-200 tree's list of 200 class ids").parent
 
 
-def _lines(path: Path, expected: str) -> list[str]:
+def _lines(path: Tree, expected: str) -> list[str]:
     try:
         return [line.rstrip("\r\n") for line in need_file(path, expected).read_text().splitlines() if line.strip()]
     except UnicodeDecodeError as err:
@@ -105,12 +112,12 @@ def load_tinyimagenet(root: Path | None, options: TinyImageNetParams) -> Dataset
     """Train: ``train/<wnid>/images/*.JPEG``; test: the labelled ``val`` split
     (``val/val_annotations.txt``: file, wnid, box; images in ``val/images/``), as in the
     papers (the published test split has no labels). Class k is line k of ``wnids.txt``."""
-    base = _tiny_root(need_root(root, "tinyimagenet", "tiny-imagenet-200/"))
+    base = _tiny_root(open_root(need_root(root, "tinyimagenet", "tiny-imagenet-200/"), "tiny-imagenet-200/"))
     wnids = [w.strip() for w in _lines(base / "wnids.txt", "one WordNet id per line")]
     if not wnids or len(set(wnids)) != len(wnids):
         raise malformed(base / "wnids.txt", "one distinct WordNet id per line", "empty or repeated ids")
     index = {w: k for k, w in enumerate(wnids)}
-    train_paths: list[Path] = []
+    train_paths: list[Tree] = []
     y_train: list[int] = []
     for w in wnids:
         folder = need_dir(base / "train" / w / "images", f"the training images of class {w} (*.JPEG)")
@@ -121,7 +128,7 @@ def load_tinyimagenet(root: Path | None, options: TinyImageNetParams) -> Dataset
         y_train += [index[w]] * len(found)
     notes = base / "val" / "val_annotations.txt"
     expected = "lines 'file<TAB>wnid<TAB>x0<TAB>y0<TAB>x1<TAB>y1' naming images in val/images and ids of wnids.txt"
-    test_paths: list[Path] = []
+    test_paths: list[Tree] = []
     y_test: list[int] = []
     for n, line in enumerate(_lines(notes, expected), 1):
         cols = line.split("\t")
@@ -133,7 +140,7 @@ def load_tinyimagenet(root: Path | None, options: TinyImageNetParams) -> Dataset
         raise malformed(notes, expected, "no lines")
     size = options.size
     return image_dataset(
-        "tinyimagenet", read_images(train_paths, size, 3), np.asarray(y_train), read_images(test_paths, size, 3),
+        "tinyimagenet", read_images(train_paths, size, 3, "train"), np.asarray(y_train), read_images(test_paths, size, 3, "val"),
         np.asarray(y_test), len(wnids),
     )
 
@@ -161,7 +168,7 @@ def load_office_caltech10(root: Path | None, options: OfficeCaltechParams) -> Da
     every domain. Each domain is split per class into train and test; the test set is all
     domains' test samples, each marked with its domain (for the ``domain`` partition)."""
     holds = "the folders amazon, caltech, dslr, webcam, each with one folder of images per class"
-    root = need_dir(need_root(root, "office_caltech10", holds), holds)
+    root = open_root(need_root(root, "office_caltech10", holds), holds)
     folders = [need_dir(root / d, f"the {d} domain: one folder of images per class") for d in OFFICE_DOMAINS]
     classes = sorted(p.name for p in folders[0].iterdir() if p.is_dir())
     if not classes:

@@ -35,6 +35,10 @@ class NpzParams:
 
 
 def _find(root: Path, file: str | None) -> Path:
+    if root.is_file():  # data.root=the .npz itself
+        if root.suffix.lower() != ".npz" or file is not None:
+            raise DataError(f"data.root: {root} is a file; expected a folder holding one .npz, or the .npz itself (without data.file)")
+        return root
     if file is not None:
         return need_file(root / file, EXPECTED)
     found = sorted(root.glob("*.npz"))

@@ -93,15 +93,14 @@ def encode_frozen(ids: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     (``$FEDRIFT_CACHE``, default ``~/.cache/fedrift``) under the SHA-256 of the ids and
     the weights' file, so runs on the same sentences encode them once."""
     import hashlib
-    import os
-    from pathlib import Path
 
+    from fedrift.cache import cache_dir, save_atomic
     from fedrift.pretrained import minilm_dir
 
     weights = minilm_dir("model.freeze_encoder") / "model.safetensors"
     h = hashlib.sha256(ids.to(torch.int64).contiguous().numpy().tobytes())
     h.update(f"{weights.stat().st_size}:{chunk}".encode())
-    cache = Path(os.environ.get("FEDRIFT_CACHE") or Path.home() / ".cache" / "fedrift") / f"minilm-pooled-{h.hexdigest()[:32]}.pt"
+    cache = cache_dir() / f"minilm-pooled-{h.hexdigest()[:32]}.pt"
     try:
         out = torch.load(cache, weights_only=True)
         if isinstance(out, torch.Tensor) and out.shape[0] == ids.shape[0]:
@@ -117,11 +116,5 @@ def encode_frozen(ids: torch.Tensor, chunk: int = 256) -> torch.Tensor:
             rows = order[start : start + chunk]
             width = max(1, int(lengths[rows].max()))
             out[rows] = model.pooled(ids[rows, :width])
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        torch.save(out, tmp)
-        os.replace(tmp, cache)
-    except OSError:
-        pass  # a read-only home: no cache, same result
+    save_atomic(cache, lambda tmp: torch.save(out, tmp))  # a read-only home: no cache, same result
     return out
