@@ -1,0 +1,94 @@
+"""examples/papers: every paper preset and the compare command in its comment validate.
+
+Validation is ``build_grid``'s, the one ``fedrift compare`` runs before anything: every run's
+config and registry options, the partition, and each setting's model and algorithm. The
+presets read CIFAR from disk; here the data section is swapped for a small ``npz`` of the same
+image shape and class count, everything else is the preset's and its command's.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedrift.config import read_yaml
+from fedrift.grid import build_grid, parse_algorithm, parse_grid_tokens
+from fedrift.report.html import ReportOptions
+from fedrift.report.published import PUBLISHED, data_caveat, match
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = sorted((REPO / "examples" / "papers").glob("*.yaml"))
+
+
+def command(preset: Path) -> list[str]:
+    """The ``fedrift compare`` command in the preset's comment, as tokens."""
+    lines = [line[1:].strip() for line in preset.read_text().splitlines() if line.startswith("#")]
+    start = next(i for i, line in enumerate(lines) if line.startswith(".venv/bin/fedrift compare"))
+    text = []
+    for line in lines[start:]:
+        text.append(line.rstrip("\\").strip())
+        if not line.endswith("\\"):
+            break
+    return shlex.split(" ".join(text))
+
+
+def stand_in(folder: Path, classes: int, per_class: int) -> Path:
+    """An .npz of 3x32x32 uint8 images (CIFAR's shape), ``per_class`` of each class."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(classes), per_class)
+    x = rng.integers(0, 256, size=(len(y), 32, 32, 3), dtype=np.uint8)
+    folder.mkdir()
+    np.savez(folder / "data.npz", x_train=x, y_train=y, x_test=x[::5], y_test=y[::5])
+    return folder
+
+
+def test_there_is_a_preset_per_seed_table_design():
+    assert [p.name for p in PRESETS] == ["fedadc-table1-cifar10-c0.1.yaml", "fedadc-table1-cifar10-c0.2.yaml",
+                                         "fedcsd-table1-cifar100.yaml", "fedgkd-table3-cifar10.yaml"]
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_a_preset_and_its_compare_command_validate(preset, tmp_path):
+    tokens = command(preset)
+    assert tokens[:4] == [".venv/bin/fedrift", "compare", "-c", str(preset.relative_to(REPO))]
+    out = tokens.index("--out")
+    grid = parse_grid_tokens(tokens[4:out] + tokens[out + 2:])
+    table = PUBLISHED[ReportOptions.parse(grid["report"]).paper]
+    doc = read_yaml(preset)
+    # the preset is a setting of its paper's table, and so is every swept value
+    assert match(table, doc) is not None
+    for key, values in grid["sweep"].items():
+        for value in values:
+            part = {**doc["partition"], key.split(".")[-1]: float(value)}
+            assert match(table, {**doc, "partition": part}) is not None, (key, value)
+    names = [parse_algorithm(entry)[0] for entry in grid["algorithms"]]
+    assert "fedavg" in names and set(names) <= set(table.methods.values())
+    if doc["data"]["name"] == "imagefolder":  # the JPEG copy, said so beside CIFAR-10's numbers
+        assert doc["data"]["root"] == "../shared/data/cifar10-jpeg"
+        assert data_caveat(table, doc).startswith("CIFAR-10 (JPEG q75 copy) vs published CIFAR-10")
+    else:
+        assert doc["data"]["name"] == table.data_name and data_caveat(table, doc) is None
+    classes = 100 if table.data_name == "cifar100" else 10
+    data = stand_in(tmp_path / "data", classes, 2000 // classes)
+    over = [*grid["overrides"], "data.name=npz", f"data.root={data}"]
+    built = build_grid(preset, algorithms=grid["algorithms"], seeds=[0], overrides=over, out=tmp_path / "all")
+    assert len(built.runs) == len(grid["algorithms"])
+    if grid["sweep"]:  # the swept values, on one algorithm
+        swept = build_grid(preset, algorithms=["fedavg"], seeds=[0], sweep=grid["sweep"], overrides=over,
+                           out=tmp_path / "sweep")
+        assert len(swept.runs) == len(next(iter(grid["sweep"].values())))
+
+
+def test_the_presets_use_the_papers_own_settings():
+    gkd = read_yaml(REPO / "examples/papers/fedgkd-table3-cifar10.yaml")
+    assert gkd["train"]["clip_grad_norm"] == 10  # the released code clips every method, FedAvg included
+    assert (gkd["train"]["rounds"], gkd["train"]["local_epochs"], gkd["train"]["batch_size"]) == (100, 20, 64)
+    assert "fedgkd_plus:model.projection_dim=256" in " ".join(command(REPO / "examples/papers/fedgkd-table3-cifar10.yaml"))
+    for c, cohort in (("0.2", 20), ("0.1", 10)):
+        adc = read_yaml(REPO / f"examples/papers/fedadc-table1-cifar10-c{c}.yaml")
+        assert adc["algorithm"]["aggregation"] == "uniform" and adc["train"]["clients_per_round"] == cohort
+        assert (adc["partition"]["num_clients"], adc["train"]["rounds"], adc["train"]["local_epochs"]) == (100, 500, 2)
+        assert match(PUBLISHED["fedadc-table1-cifar10"], adc) == (0 if c == "0.2" else 1)
