@@ -17,6 +17,7 @@ VARIANTS = [
     {"name": "fedadc", "variant": "nesterov"},
     {"name": "fedadc", "variant": "double_momentum"},
     {"name": "fedcsd", "loss_form": "convex", "mu": 0.5, "tau": 4},
+    {"name": "fedcsd", "variant": "released"},
 ]
 CASES = [{"name": e.name} for e in ALGORITHMS if e.source == "built in"] + VARIANTS  # plugins: their own tests
 
