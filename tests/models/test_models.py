@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, FedModel, build_model
 from fedrift.models.alexnet import AlexNetParams
+from fedrift.models.fedadc_cnn import FedADCCNNParams
 from fedrift.models.mlp import MLPParams
 from fedrift.models.resnet import ResNet18Params, ResNetParams, group_norm
 
@@ -31,6 +32,9 @@ CASES = [
     ("resnet50", ResNet18Params(width=4, group_channels=4), (3, 32, 32)),
     ("resnet50", ResNet18Params(width=4, group_channels=4), (3, 64, 64)),
     ("alexnet", AlexNetParams(hidden=32, group_channels=8), (3, 64, 64)),
+    ("fedadc_cnn", None, (3, 32, 32)),
+    ("fedadc_cnn", FedADCCNNParams(channels=[4, 4, 8, 8], hidden=[16, 8, 6]), (1, 28, 28)),
+    ("fedadc_cnn", FedADCCNNParams(channels=[4, 4, 8, 8], hidden=[16, 8, 6]), (2, 9, 5)),  # odd sides, floored
 ]
 # Smaller cases for the torch.func checks (3 copies, gradients).
 FUNC_CASES = [
@@ -43,6 +47,7 @@ FUNC_CASES = [
     ("resnet18", ResNet18Params(width=4, group_channels=4), (3, 16, 16)),
     ("resnet50", ResNet18Params(width=2, group_channels=4), (3, 16, 16)),
     ("alexnet", AlexNetParams(hidden=16, group_channels=8), (3, 63, 63)),
+    ("fedadc_cnn", FedADCCNNParams(channels=[4, 4, 8, 8], hidden=[16, 8, 6]), (3, 8, 8)),
 ]
 NUM_CLASSES = 10
 
@@ -59,7 +64,7 @@ def _input(shape, n=4, seed=0):
 def test_all_registered_models_are_covered():
     # text (the pretrained MiniLM encoder, on token ids) has its own tests: tests/models/test_text_model.py
     assert sorted({n for n, _, _ in CASES} | {"text"}) == [e.name for e in MODELS if e.source == "built in"] == [
-        "alexnet", "cnn", "logreg", "mlp", "resnet18", "resnet50", "resnet8", "text"]
+        "alexnet", "cnn", "fedadc_cnn", "logreg", "mlp", "resnet18", "resnet50", "resnet8", "text"]
 
 
 @pytest.mark.parametrize("name,options,shape", CASES, ids=_ids(CASES))
@@ -152,7 +157,7 @@ def test_seeded_build(name, options, shape):
     assert torch.equal(drawn, torch.rand(3))
 
 
-@pytest.mark.parametrize("name", ["cnn", "resnet8", "resnet18", "resnet50", "alexnet"])
+@pytest.mark.parametrize("name", ["cnn", "resnet8", "resnet18", "resnet50", "alexnet", "fedadc_cnn"])
 def test_image_models_refuse_vectors(name):
     with pytest.raises(ConfigError) as err:
         build_model(name, None, (60,), NUM_CLASSES, seed=0)
@@ -168,13 +173,15 @@ def test_too_small_images_refused():
         build_model("alexnet", None, (3, 62, 62), NUM_CLASSES, seed=0)
     with pytest.raises(ConfigError, match="cnn.*at least 4"):
         build_model("cnn", None, (1, 3, 3), NUM_CLASSES, seed=0)
+    with pytest.raises(ConfigError, match="fedadc_cnn cannot take input shape \\(3, 32, 3\\).*at least 4"):
+        build_model("fedadc_cnn", None, (3, 32, 3), NUM_CLASSES, seed=0)
     # The factory checks too, when called directly.
     with pytest.raises(ConfigError):
         MODELS.get("cnn").factory(MODELS.get("cnn").params(), (60,), NUM_CLASSES)
 
 
 def test_unknown_model_names_allowed_ones():
-    with pytest.raises(ConfigError, match="model.name: unknown model 'nope'; allowed: alexnet, cnn, logreg"):
+    with pytest.raises(ConfigError, match="model.name: unknown model 'nope'; allowed: alexnet, cnn, fedadc_cnn, logreg"):
         build_model("nope", None, (60,), NUM_CLASSES, seed=0)
 
 
@@ -279,3 +286,41 @@ def test_alexnet_is_fedbns_with_groupnorm():
     small = build_model("alexnet", AlexNetParams(hidden=32, projection_dim=8), (3, 80, 80), 10, seed=0)
     h, logits = small(_input((3, 80, 80), n=2), mode="both")
     assert h.shape == (2, 8) and logits.shape == (2, 10) and small.proj[0].in_features == 32
+
+
+def test_fedadc_cnn_layers_and_parameter_count_by_hand():
+    """FedADC's CNN: 4 convolutions and 4 fully connected layers, no normalisation, 2 max-pools
+    (the paper's description; widths and kernels are fedrift's, models/fedadc_cnn.py)."""
+    model = build_model("fedadc_cnn", None, (3, 32, 32), 10, seed=0)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.padding) for c in convs] == [
+        (3, 32, (3, 3), (1, 1)), (32, 32, (3, 3), (1, 1)), (32, 64, (3, 3), (1, 1)), (64, 64, (3, 3), (1, 1))]
+    assert [(m.in_features, m.out_features) for m in linears] == [(64 * 8 * 8, 512), (512, 256), (256, 128), (128, 10)]
+    assert not any(isinstance(m, (nn.GroupNorm, nn.LayerNorm, nn.Dropout)) for m in model.modules())
+    conv = 3 * 32 * 9 + 32 + 32 * 32 * 9 + 32 + 32 * 64 * 9 + 64 + 64 * 64 * 9 + 64  # 65,568
+    dense = 4096 * 512 + 512 + 512 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10  # 2,263,178
+    assert sum(p.numel() for p in model.parameters()) == conv + dense == 2_328_746
+    assert model.feature_dim == 128 and model.head_prefixes == ("fc",)
+    # the representation is dense3's ReLU output; the head is the 4th fully connected layer alone
+    x = _input((3, 32, 32), n=3)
+    with torch.no_grad():
+        h = F.max_pool2d(F.relu(model.conv2(F.relu(model.conv1(x)))), 2)
+        h = F.max_pool2d(F.relu(model.conv4(F.relu(model.conv3(h)))), 2)
+        h = F.relu(model.dense3(F.relu(model.dense2(F.relu(model.dense1(h.flatten(1)))))))
+        torch.testing.assert_close(model(x, mode="features"), h, rtol=0, atol=0)
+        torch.testing.assert_close(model(x), model.fc(h), rtol=0, atol=0)
+    # MNIST-sized input: 28 -> 14 -> 7
+    assert build_model("fedadc_cnn", None, (1, 28, 28), 10, seed=0).dense1.in_features == 64 * 7 * 7
+    head = build_model("fedadc_cnn", FedADCCNNParams(projection_dim=16), (3, 32, 32), 10, seed=0)
+    assert head.feature_dim == 16 and head.proj[0].in_features == 128 and head(x).shape == (3, 10)
+
+
+@pytest.mark.parametrize("options, key", [({"channels": [8, 8, 8]}, "channels"), ({"hidden": [8, 8, 8, 8]}, "hidden"),
+                                          ({"channels": [8, 0, 8, 8]}, "channels.1"), ({"dropout": 0.5}, "dropout")])
+def test_fedadc_cnn_options_are_checked(options, key):
+    from fedrift.config import validate_options
+
+    with pytest.raises(ConfigError) as err:
+        validate_options("model", FedADCCNNParams, options)
+    assert str(err.value).startswith(f"model.{key}:") and "\n" not in str(err.value)

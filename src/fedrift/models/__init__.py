@@ -80,6 +80,7 @@ def needs_image(min_side: int) -> ShapeCheck:
 # Importing the modules registers their factories.
 from fedrift.models import cnn, mlp, resnet, text  # noqa: E402,F401
 from fedrift.models import alexnet  # noqa: E402,F401
+from fedrift.models import fedadc_cnn  # noqa: E402,F401
 
 
 def build_model(
