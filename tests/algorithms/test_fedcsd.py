@@ -458,6 +458,11 @@ def test_released_loss_by_hand_uses_the_clients_own_prototypes():
                                torch.tensor([0.5072, 0.3303, 0.3667]), atol=1e-4, rtol=0)
     torch.testing.assert_close(loss, 0.5 * F.cross_entropy(Z_K, Y) + 0.5 * (m * kl).sum() / 3)
     torch.testing.assert_close(aux["fedcsd_mask_filtered"], torch.tensor(1 / 3))
+    # argmax of Z_HAT: class 0 in every row (y = 0, 2, 2): keeps the first sample only
+    argmax = _alg(variant="released", tau=TAU, mask="argmax")
+    loss, aux = argmax.local_loss({"z": Z_K}, batch, payload, {"prototypes": P_G}, _stored)
+    torch.testing.assert_close(loss, 0.5 * F.cross_entropy(Z_K, Y) + 0.5 * kl[0] / 3)
+    torch.testing.assert_close(aux["fedcsd_mask_filtered"], torch.tensor(2 / 3))
 
 
 def test_released_options_defaults_and_overrides():

@@ -29,10 +29,12 @@ from the paper in four ways:
   ``delta_hat`` into the target, so the teacher's entropy term has a gradient too;
 - ``(1 - mu) CE + mu L_CSD`` with ``mu = 0.5, tau = 4``.
 The first three are what the variant is; the last is its defaults (``mu=0.5``, ``tau=4``,
-``loss_form=convex``, ``detach_similarity=false``), which an explicit key overrides. What it
-does not copy: the released data loader drops each epoch's last partial batch and augments
-the images the prototypes and teacher logits are computed on; here the prototypes cover every
-sample of the client, as the teacher table holds them.
+``loss_form=convex``, ``detach_similarity=false``), which an explicit key overrides. The
+teacher is the same TMA (its ``g_mt``, ``alf=0.9``). What it does not copy: the released data
+loader drops each epoch's last partial batch and augments the images the prototypes and
+teacher logits are computed on, and its teacher runs in training mode (batch statistics in
+its BatchNorm ResNets); here the prototypes cover every sample of the client, as the teacher
+table holds them.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class FedCSDParams(AlgorithmParams):
         ``z_hat = delta_hat * z_xi`` (eq. 10); ``off`` distils ``z_xi`` itself (Table III).
     mask: ``adaptive`` keeps a sample when the teacher gives its true class more than 1/C
         (eq. 13); ``argmax`` when the teacher's prediction is the true class (eq. 16, Table IV);
-        ``off`` keeps every sample.
+        ``off`` keeps every sample. Under ``variant: released`` both rules read the refined
+        logits ``z_hat`` instead of ``z_xi``.
     teacher: ``tma`` (eq. 12) or ``last_global`` (the round's global model ``w_t``, Table III).
     detach_similarity: ``true`` treats ``delta_hat`` as a constant in the teacher target (this
         project's decision); ``false`` lets the gradient flow through it, as the authors'
