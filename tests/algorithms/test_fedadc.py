@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from torch.utils import _pytree as pytree
@@ -221,3 +223,46 @@ def test_fedadc_plus_with_lam_zero_is_exactly_fedadc(tiny, tmp_path):
     c = go({"name": "fedadc_plus", "variant": "nesterov"}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.history[-1]["kd_loss"] > 0
+
+
+@pytest.mark.parametrize("t_squared,kd", [(False, 0.5 * math.log(3)), (True, 2.0 * math.log(3))])
+def test_fedadc_plus_t_squared_scales_the_kl_by_hand(t_squared, kd):
+    # one sample, y = 0, class counts (2, 1): rho = (1, 1/2); global logits (0, 0): p~ = (1/2, 1/2),
+    # p_hat = (3/4, 1/4). Student logits (0, 2 ln 3): CE = ln 10; at T = 2, q = (1/4, 3/4),
+    # KL(p_hat || q) = 3/4 ln 3 + 1/4 ln(1/3) = ln(3) / 2, times T^2 = 4 with T_squared
+    apply = lambda p, x, mode="logits": p["z"].expand(len(x), -1)  # noqa: E731
+    z = torch.tensor([0.0, 2 * math.log(3)], dtype=torch.float64)
+    payload = {"params": {"z": torch.zeros(2, dtype=torch.float64)}, "momentum": {"z": torch.zeros(2, dtype=torch.float64)}}
+    alg = _alg("fedadc_plus", lam=0.5, T=2.0, T_squared=t_squared)
+    x = torch.zeros(1, 1, dtype=torch.float64)
+    batch = {"x": x, "y": torch.tensor([0]), "w": torch.ones(1, dtype=torch.float64),
+             "teacher": alg.teacher(payload, x, apply)}
+    ctx = _ctx(alg, payload, apply, 1, label_counts=(2.0, 1.0))
+    loss, aux = alg.local_loss({"z": z}, batch, payload, ctx, apply)
+    assert aux["kd_loss"].item() == pytest.approx(kd, rel=1e-12)
+    assert loss.item() == pytest.approx(0.5 * math.log(10) + 0.5 * kd, rel=1e-12)
+
+
+def test_fedadc_plus_t_squared_at_t_one_changes_nothing():
+    apply, w0 = _model()
+    payload = {"params": w0, "momentum": _momentum(w0)}
+    params = {k: v + 0.1 for k, v in w0.items()}
+    out = []
+    for t_squared in (False, True):
+        alg = _alg("fedadc_plus", T=1.0, T_squared=t_squared)
+        batch = _with_teacher(alg, payload, apply, _batches(1))[0]
+        out.append(alg.local_loss(params, batch, payload, _ctx(alg, payload, apply, 1), apply)[0])
+    assert torch.equal(out[0], out[1])
+
+
+def test_fedadc_objective_is_the_loss_at_w_without_the_nesterov_shift():
+    # what personalisation fine-tunes with: FedADC+'s loss at w itself, whatever the variant
+    apply, w0 = _model()
+    payload = {"params": w0, "momentum": _momentum(w0)}
+    params = {k: v + 0.1 for k, v in w0.items()}
+    heavy, nesterov = _alg("fedadc_plus"), _alg("fedadc_plus", variant="nesterov")
+    batch = _with_teacher(heavy, payload, apply, _batches(1))[0]
+    at_w = heavy.local_loss(params, batch, payload, _ctx(heavy, payload, apply, 1), apply)[0]
+    ctx = _ctx(nesterov, payload, apply, 1)
+    assert torch.equal(nesterov.objective(params, batch, payload, ctx, apply)[0], at_w)
+    assert not torch.equal(nesterov.local_loss(params, batch, payload, ctx, apply)[0], at_w)  # w - eta m_bar

@@ -29,6 +29,12 @@ and evaluation reports the mean over clients of their own models' accuracy, on t
 test set and on each client's local split, plus any extra predictions ``predict`` names
 (FedProto's nearest prototype).
 
+The loss alone (``objective``, None: ``local_loss``): where ``local_loss`` also carries part
+of the update rule (FedADC's Nesterov variant takes its gradient at a shifted point), this
+is the loss without it. Personalisation (``eval.personalize_loss: algorithm``) fine-tunes the
+classifier with it and the train section's optimiser: no ``grad_correction``, no
+``optimizer`` of the algorithm's own.
+
 Randomness inside training (FedGen's generator noise): an algorithm with ``noise_dim``
 finds ``batch["noise"]``, standard normal of shape (batch rows, noise_dim), a pure function
 of (seed, round, client, step), the same rows under every executor.
@@ -188,6 +194,7 @@ class Algorithm:
     name: str
     hparams: Any
     local_loss: Callable[[Params, Tree, Tree, Tree, Apply], tuple[torch.Tensor, Tree]]
+    objective: Callable[[Params, Tree, Tree, Tree, Apply], tuple[torch.Tensor, Tree]] | None = None  # the loss alone (docstring)
     init_server: Callable[[Params], Tree] = default_init_server
     broadcast: Callable[[Tree, RoundInfo], Tree] = default_broadcast
     init_client: Callable[[Params], Tree] | None = None

@@ -21,7 +21,13 @@ the paper's plain mean.
 
 FedADC+ adds self-confidence distillation (eq. 7-9) to the local loss:
 ``(1 - lam) CE + lam KL(p_hat || softmax(z / T))`` with the target from
-:func:`self_confidence_target` and the round's global model as teacher.
+:func:`self_confidence_target` and the round's global model as teacher. The paper states no
+temperature and writes no ``T^2``; ``T_squared: true`` scales the KL by ``T^2``, the form of
+cs-kd, which FedADC+ follows (cs-kd runs ``T=4``): ``algorithm.T=4 algorithm.T_squared=true``.
+
+Personalisation (``eval.personalize_loss: algorithm``) takes the loss alone (``objective``:
+the base loss at ``w``, without the Nesterov shift), never the embedded momentum or this
+optimiser (ALGORITHMS.md).
 
 Local optimiser: the algorithm brings its own (``train.momentum`` is not used; local
 momentum exists only in ``double_momentum``). ``eta`` is ``train.lr``. ``train.weight_decay``
@@ -79,11 +85,15 @@ class FedADCPlusParams(FedADCParams):
     """FedADC+ = FedADC's options plus self-confidence distillation (eq. 7-9).
 
     lam: weight of the KL term, loss ``(1 - lam) CE + lam KL``; 0 gives FedADC exactly.
-    T: temperature of the student and the teacher softmax.
+    T: temperature of the student and the teacher softmax (the paper states none).
+    T_squared: ``false`` (default) is eq. 7 as written, ``lam KL``; ``true`` is cs-kd's form,
+        ``lam T^2 KL``, which keeps the KL's gradient on the scale of CE's as ``T`` grows (cs-kd
+        uses ``T=4``). Equal at ``T=1``.
     """
 
     lam: Annotated[float, Field(ge=0, le=1)] = 0.35
     T: Annotated[float, Field(gt=0)] = 1.0
+    T_squared: bool = False
 
 
 def self_confidence_target(global_probs: torch.Tensor, y: torch.Tensor, label_counts: torch.Tensor) -> torch.Tensor:
@@ -165,6 +175,7 @@ def _fedadc(name: str, hp: FedADCParams, setup: Setup, base_loss, teacher=None) 
         name=name,
         hparams=hp,
         local_loss=local_loss,
+        objective=base_loss,  # the loss at w: no Nesterov shift (personalisation)
         teacher=teacher,
         init_server=momentum_server,
         broadcast=broadcast,
@@ -198,6 +209,8 @@ def fedadc_plus(hp: FedADCPlusParams, setup: Setup) -> Algorithm:
         teacher = F.softmax(batch["teacher"]["logits"].detach() / T, dim=-1)
         target = self_confidence_target(teacher, y, ctx["label_counts"])
         kd = kl_to_target(target, logits, w, T)
+        if hp.T_squared:
+            kd = (T * T) * kd
         return (1.0 - lam) * ce + lam * kd, {"ce_loss": ce, "kd_loss": kd}
 
     def teacher(payload, x, apply):  # the round's global model w_t, fixed all round: cacheable

@@ -1,14 +1,29 @@
-"""Personalisation by classifier calibration (FedADC): each client fine-tunes only the
-final linear layer of the global model on its own data, then is tested on its local split.
+"""Personalisation by classifier calibration (FedADC, papers/004 Fig. 7): each client fine-tunes
+only the final linear layer of the global model on its own data, then is tested on its local
+split.
 
-It runs through the same executor as training, with an optimiser whose updates are zero
-outside the classifier, so a personalised model differs from the global one in ``fc`` only.
+The fine-tuning takes a *loss* from the run, never its update rule (ALGORITHMS.md, FedADC):
+
+- ``eval.personalize_loss: ce``: cross-entropy; ``algorithm``: the algorithm's loss alone
+  (``Algorithm.objective``, else its ``local_loss``) with what that loss reads: the broadcast,
+  the client's stored state, ``client_start``, the teacher, the per-step noise and the
+  pre-phase (FedCSD's prototypes, combined over the calibrated clients). ``eval.personalize_mu``
+  adds ``mu/2 ||w - w_global||^2`` to either.
+- The update is the train section's optimiser (``train.optimizer``: SGD with ``train.lr``,
+  ``momentum``, ``weight_decay`` applied once) for every algorithm: no ``grad_correction``
+  (SCAFFOLD's controls, FedADC's embedded server momentum), no optimiser of the algorithm's own.
+- Only the classifier moves: the loss sees the body detached (no gradient, no backward pass
+  through it) and the optimiser is handed the classifier's parameters only, so every other
+  tensor of a personalised model equals the global model's, bit for bit.
+
+It runs through the same executor as training, as a round ``train.rounds + 1`` of the
+calibrated clients (their batch schedules drawn as for that round).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -17,22 +32,75 @@ from fedrift.algorithms.base import Algorithm, RoundInfo
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import squared_distance
 from fedrift.config import Config
-from fedrift.engine.executors.base import Executor, RoundTools
+from fedrift.engine.client import client_summary
+from fedrift.engine.executors.base import ClientJob, Executor, RoundTools
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_step
-from fedrift.engine.optim import Transform, chain, sgd
+from fedrift.engine.optim import Transform, local_optimizer
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
+from fedrift.engine.tree import stack
 from fedrift.metrics.evaluate import evaluate
 
+CHUNK = 64  # personal models trained at a time: bounded memory
 
-def only(names: set[str]) -> Transform:
-    """Zero the updates of every parameter not in ``names``."""
 
-    def update(updates, state, params):
-        return {k: (u if k in names else torch.zeros_like(u)) for k, u in updates.items()}, state
+def only(names: set[str], inner: Transform) -> Transform:
+    """``inner`` on the parameters in ``names`` alone (its state covers only them); every other
+    parameter is left as it is: untouched in place, and an update of ``-0.0`` otherwise (the
+    additive identity of every float, ``-0.0`` included), so it keeps its bits."""
 
-    return Transform(lambda p: (), update)
+    def pick(tree: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in tree.items() if k in names}
+
+    def update(grads, state, params):
+        updates, state = inner.update(pick(grads), state, pick(params))
+        return {k: updates[k] if k in names else torch.full_like(g, -0.0) for k, g in grads.items()}, state
+
+    def apply_inplace(grads, state, params):
+        return inner.apply_inplace(pick(grads), state, pick(params))  # the same tensors: moved in place
+
+    return Transform(lambda p: inner.init(pick(p)), update, apply_inplace if inner.apply_inplace is not None else None)
+
+
+def calibration(algorithm: Algorithm, loss: str, mu: float, head: set[str]) -> Algorithm:
+    """The algorithm the fine-tuning runs: the loss (``ce``, or ``algorithm``: the algorithm's
+    own and the hooks it reads) evaluated with the body detached, plus ``mu/2 ||w - w_t||^2``
+    when ``mu`` > 0; no gradient correction, no optimiser (the caller gives the train section's)."""
+    if loss == "algorithm":
+        base = algorithm.objective or algorithm.local_loss
+        a = algorithm
+        hooks: dict[str, Any] = dict(broadcast=a.broadcast, client_summary=a.client_summary, pre_combine=a.pre_combine,
+                                     client_start=a.client_start, teacher=a.teacher, noise_dim=a.noise_dim)
+    else:
+        base, hooks = ce_loss, {}
+
+    def local_loss(params, batch, payload, ctx, apply):
+        fixed = {k: (v if k in head else v.detach()) for k, v in params.items()}  # the body: a constant
+        out = base(fixed, batch, payload, ctx, apply)
+        if not mu:
+            return out
+        value, aux = out
+        return value + 0.5 * mu * squared_distance(fixed, payload["params"]), aux
+
+    return Algorithm(name=f"{algorithm.name} (personalize_loss {loss})", hparams=algorithm.hparams, local_loss=local_loss, **hooks)
+
+
+def _with_prephase(cfg: Config, tools: RoundTools, payload: dict[str, Any], fed: Federation,
+                   chunks: Callable[[], Iterator[list[ClientJob]]]) -> dict[str, Any]:
+    """The payload with the algorithm's pre-phase (FedCSD's prototypes) combined over the
+    calibrated clients, weighted as a round of them would be."""
+    alg = tools.algorithm
+    if alg.client_summary is None:
+        return payload
+    summaries, ids = [], []
+    for jobs in chunks():
+        chunk_tools = with_teacher(tools, payload, jobs, cfg.engine.teacher_cache)
+        summaries += [client_summary(chunk_tools, payload, job) for job in jobs]
+        ids += [job.client_id for job in jobs]
+    n = torch.tensor([float(fed.sizes[k]) for k in ids], dtype=torch.float64)
+    weights = torch.full_like(n, 1.0 / len(n)) if alg.hparams.aggregation == "uniform" else n / n.sum()
+    return {**payload, **alg.pre_combine(payload, stack(summaries), weights.to(fed.device))}
 
 
 def personalize(
@@ -48,34 +116,25 @@ def personalize(
 ) -> dict[str, Any]:
     """Fine-tune the classifier of each of ``clients`` (the server's evaluation panel: every
     client up to ``eval.clients_sample``, else that many drawn by the seed) for
-    ``eval.personalize_epochs``; test on their local splits.
-
-    ``eval.personalize_loss``: ``ce`` (plus ``eval.personalize_mu``/2 ||w - w_global||^2) or
-    ``algorithm`` (the run's own local loss, e.g. FedADC+'s self-confidence distillation).
-    """
+    ``eval.personalize_epochs`` with the loss of ``eval.personalize_loss`` (module docstring);
+    test on their local splits."""
     ev, tc = cfg.eval, cfg.train
     head = {k for k in server["params"] if k.split(".")[0] in head_prefixes}
     round_ = tc.rounds + 1  # batches drawn as for a round after the last one
+    tuned_alg = calibration(algorithm, ev.personalize_loss, ev.personalize_mu, head)
     info = RoundInfo(round=round_, num_clients=fed.num_clients, sampled=tuple(clients))
-    if ev.personalize_loss == "algorithm":
-        tuned_alg = algorithm
-        payload = algorithm.broadcast(server, info)
-    else:
-        mu = ev.personalize_mu
-
-        def local_loss(params, batch, payload, ctx, apply):
-            loss, aux = ce_loss(params, batch, payload, ctx, apply)
-            return loss + 0.5 * mu * squared_distance(params, payload["params"]), aux
-
-        tuned_alg = Algorithm(name="personalize", hparams=algorithm.hparams, local_loss=local_loss)
-        payload = {"params": server["params"]}
-    opt = chain(sgd(tc.lr, tc.momentum, tc.weight_decay, tc.clip_grad_norm), only(head))
+    payload = tuned_alg.broadcast(server, info)
+    opt = only(head, local_optimizer(tc))
     tuned = replace(tools, algorithm=tuned_alg, optimizer=opt, step=make_step(tuned_alg, tools.apply, opt, inplace=True))
 
+    def chunks() -> Iterator[list[ClientJob]]:  # CHUNK clients' jobs (and stored states) at a time
+        for start in range(0, len(clients), CHUNK):
+            yield [client_job(fed, k, store.get(k), tc, cfg.seed, round_, epochs=ev.personalize_epochs)
+                   for k in clients[start : start + CHUNK]]
+
+    payload = _with_prephase(cfg, tuned, payload, fed, chunks)
     rows = []
-    for start in range(0, len(clients), 64):  # bounded memory: 64 personal models at a time
-        jobs = [client_job(fed, k, store.get(k), tc, cfg.seed, round_, epochs=ev.personalize_epochs)
-                for k in clients[start : start + 64]]
+    for jobs in chunks():
         chunk_tools = with_teacher(tuned, payload, jobs, cfg.engine.teacher_cache)
         for job, out in zip(jobs, executor.run_round(chunk_tools, payload, jobs, round_)):
             local = fed.test_indices(job.client_id)
