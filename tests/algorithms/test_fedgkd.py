@@ -1,4 +1,5 @@
-"""FedGKD, FedGKD-Vote, FedGKD+: buffer, teacher, loss by hand, FedAvg identities, bytes."""
+"""FedGKD, FedGKD-Vote, FedGKD+: buffer, teacher, Vote's weights and loss by hand, FedAvg
+identities, bytes, executors."""
 
 import math
 from dataclasses import replace
@@ -11,7 +12,7 @@ from torch.func import functional_call, grad, stack_module_state, vmap
 import fedrift
 from fedrift.algorithms import make
 from fedrift.algorithms.base import ClientData, RoundInfo, Setup
-from fedrift.algorithms.fedgkd import average_params, vote_coefficients
+from fedrift.algorithms.fedgkd import average_params, mean_ce, vote_coefficients
 from fedrift.data import DATASETS
 from fedrift.engine.local import make_apply
 from fedrift.errors import ConfigError
@@ -57,10 +58,11 @@ _RUNS: dict = {}  # runs are deterministic: tests share them (read only) to stay
 
 @pytest.fixture
 def run(tiny, tmp_path_factory):
-    """``run(algorithm, rounds=3, model=None, engine=None)``: a ``tiny`` run, made once per session."""
+    """``run(algorithm, rounds=3, model=None, engine=None, partition=None)``: a ``tiny`` run,
+    made once per session."""
 
-    def go(algorithm, rounds=3, model=None, engine=None):
-        key = repr((sorted(algorithm.items()), rounds, model, engine))
+    def go(algorithm, rounds=3, model=None, engine=None, partition=None):
+        key = repr((sorted(algorithm.items()), rounds, model, engine, partition))
         if key not in _RUNS:
             sections = {"algorithm": algorithm, "train": {"rounds": rounds},
                         "output": {"dir": str(tmp_path_factory.mktemp("fedgkd") / "run")}}
@@ -68,6 +70,8 @@ def run(tiny, tmp_path_factory):
                 sections["model"] = model
             if engine is not None:
                 sections["engine"] = engine
+            if partition is not None:
+                sections["partition"] = partition
             _RUNS[key] = fedrift.run(tiny(**sections))
         return _RUNS[key]
 
@@ -101,25 +105,67 @@ def test_teacher_is_the_parameter_mean_of_the_buffer():
     payload = alg.broadcast(state, RoundInfo(round=4, num_clients=2, sampled=(0, 1)))
     assert payload["params"] is models[0] and payload["kd_on"] == 1.0
     assert torch.equal(payload["teacher"]["w"], avg["w"]) and torch.equal(payload["teacher"]["b"], avg["b"])
-    # one buffered model: the teacher is w_t itself, the same tensors
-    one = alg.broadcast({"params": models[0], "buffer": {"0": models[0]}}, RoundInfo(1, 2, (0, 1)))
-    assert one["teacher"] is models[0] and one["kd_on"] == 0.0
+    # one buffered model (round 2): the teacher is w_t itself, the same tensors
+    one = alg.broadcast({"params": models[0], "buffer": {"0": models[0]}}, RoundInfo(2, 2, (0, 1)))
+    assert one["teacher"] is models[0] and one["kd_on"] == 1.0
+    # none (round 1, w_0 is never buffered): w_t again, and no distillation
+    none = alg.broadcast(alg.init_server(models[0]), RoundInfo(1, 2, (0, 1)))
+    assert none["teacher"] is models[0] and none["kd_on"] == 0.0
 
 
 def test_buffer_keeps_the_latest_M_global_models_most_recent_first(run):
     runs = {r: run({"name": "fedgkd", "M": 3}, rounds=r) for r in (1, 3, 4, 5)}
-    init = dict(build_model("mlp", MODELS.get("mlp").params(hidden=[32]), (1, 8, 8), 10, seed=0).named_parameters())
-    # after 1 round: fewer than M, [w_2, w_1 = init]
+    # after 1 round: fewer than M, [w_1] only: the initial model w_0 is never buffered
     buf = runs[1].server_state["buffer"]
-    assert list(buf) == ["0", "1"]
+    assert list(buf) == ["0"]
     _assert_same(buf["0"], runs[1].global_state)
-    _assert_same(buf["1"], {k: v.detach() for k, v in init.items()})
-    # after M + 2 = 5 rounds: exactly M, [w_6, w_5, w_4]; buffer["0"] is the global model itself
+    # after 5 rounds: exactly M, [w_5, w_4, w_3]; buffer["0"] is the global model itself
     state = runs[5].server_state
     assert list(state["buffer"]) == ["0", "1", "2"]
     assert state["buffer"]["0"] is state["params"]
     for slot, r in (("0", 5), ("1", 4), ("2", 3)):
         _assert_same(state["buffer"][slot], runs[r].global_state)
+    # buffer_initial: true (fedrift's former buffer): after 1 round [w_1, w_0 = the initial model]
+    init = dict(build_model("mlp", MODELS.get("mlp").params(hidden=[32]), (1, 8, 8), 10, seed=0).named_parameters())
+    buf = run({"name": "fedgkd", "M": 3, "buffer_initial": True}, rounds=1).server_state["buffer"]
+    assert list(buf) == ["0", "1"]
+    _assert_same(buf["0"], runs[1].global_state)
+    _assert_same(buf["1"], {k: v.detach() for k, v in init.items()})
+
+
+def _w(bias):
+    """A logreg on 2 features and 3 classes with zero weights: its logits are ``bias`` on every sample."""
+    return {"fc.weight": torch.zeros(3, 2), "fc.bias": torch.tensor(bias)}
+
+
+def test_round_two_teacher_is_w1_and_w0_only_on_request():
+    w0, w1, w2 = _w([0.0, 0.0, 0.0]), _w([1.0, -1.0, 0.5]), _w([0.0, 2.0, -1.0])
+    info = [RoundInfo(r, 2, (0, 1)) for r in range(4)]
+    alg = _alg("fedgkd", M=3)
+    state = alg.aggregate_sums(alg.init_server(w0), {"params": w1}, info[1])  # round 1 made w_1
+    assert alg.broadcast(state, info[2])["teacher"] is w1  # exactly w_1, its very tensors
+    state = alg.aggregate_sums(state, {"params": w2}, info[2])
+    teacher = alg.broadcast(state, info[3])["teacher"]
+    assert torch.equal(teacher["fc.bias"], torch.tensor([0.5, 0.5, -0.25]))  # (w_1 + w_2)/2
+    # buffer_initial: round 2's teacher is (w_0 + w_1)/2, round 3's (w_0 + w_1 + w_2)/3
+    old = _alg("fedgkd", M=3, buffer_initial=True)
+    state = old.aggregate_sums(old.init_server(w0), {"params": w1}, info[1])
+    assert torch.equal(old.broadcast(state, info[2])["teacher"]["fc.bias"], torch.tensor([0.5, -0.5, 0.25]))
+    state = old.aggregate_sums(state, {"params": w2}, info[2])
+    torch.testing.assert_close(old.broadcast(state, info[3])["teacher"]["fc.bias"], torch.tensor([1 / 3, 1 / 3, -1 / 6]))
+
+
+def test_round_two_teacher_is_w1_through_the_engine(run):
+    """Round 2 distils from w_1 alone whatever M is, so after 2 rounds M=5 is M=1 exactly;
+    with w_0 buffered it is not (round 2's teacher is then (w_0 + w_1)/2)."""
+    for alg in ({"name": "fedgkd", "gamma": 2.0}, {"name": "fedgkd_vote", "lam": 2.0}):
+        five = run({**alg, "M": 5}, rounds=2).global_state
+        _assert_same(run({**alg, "M": 1}, rounds=2).global_state, five)
+        with_w0 = run({**alg, "M": 5, "buffer_initial": True}, rounds=2).global_state
+        assert any(not torch.equal(five[k], with_w0[k]) for k in five)
+    held = {"holdout": 0.1}  # Vote's server form too
+    five = run({"name": "fedgkd_vote", "lam": 2.0, "M": 5}, rounds=2, partition=held).global_state
+    _assert_same(run({"name": "fedgkd_vote", "lam": 2.0, "M": 1}, rounds=2, partition=held).global_state, five)
 
 
 @pytest.mark.parametrize("name", ["fedgkd", "fedgkd_plus"])
@@ -168,13 +214,15 @@ def test_vote_coefficients_by_hand():
 
 
 def test_vote_client_start_and_loss_by_hand():
-    """L_m = mean CE of each buffered model on the client's data; beta = 1/M with the configured
-    M even while fewer models are buffered (here 2 of M=5)."""
+    """vote_loss: client. L_m = mean CE of each buffered model on the client's data; beta = 1/M
+    with the configured M even while fewer models are buffered (here 2 of M=5)."""
     apply, student, w_t, batch = _logreg_case()
     older = {k: v + 0.3 for k, v in w_t.items()}
     payload = {"params": w_t, "teachers": {"0": w_t, "1": older}, "kd_on": 1.0}
     lam, M, T = 0.1, 5, 1.5
-    alg = _alg("fedgkd_vote", lam=lam, M=M, T=T)
+    alg = _alg("fedgkd_vote", lam=lam, M=M, T=T, vote_loss="client")
+    assert alg.hparams.vote_loss == "client" and "vote_coef" not in alg.broadcast(
+        alg.init_server(w_t), RoundInfo(1, 2, (0, 1)))  # the weights are the client's own
     data = ClientData(batch["x"], batch["y"], alg.teacher(payload, batch["x"], apply))  # as the engine hands it
     with torch.no_grad():
         ctx = alg.client_start(payload, {}, data, apply)
@@ -194,7 +242,87 @@ def test_vote_client_start_and_loss_by_hand():
     assert abs(float(loss - ce) - kd) < 1e-5 and kd > 1e-4
 
 
-@pytest.mark.parametrize("name", ["fedgkd", "fedgkd_vote"])
+# the server's split: 2 samples of labels 0 and 1; a logreg with zero weights sees logits ``bias``
+HELD_X, HELD_Y = torch.tensor([[1.0, -2.0], [0.5, 3.0]]), torch.tensor([0, 1])
+
+
+def _server_setup():
+    apply = make_apply(build_model("logreg", None, (2,), 3, seed=0), {})
+    return replace(SETUP, holdout_x=HELD_X, holdout_y=HELD_Y, apply=apply)
+
+
+def _ce_by_hand(bias, labels):
+    """Mean over the samples of -log softmax(bias)_y, every sample's logits being ``bias``."""
+    lse = math.log(sum(math.exp(b) for b in bias))
+    return sum(lse - bias[y] for y in labels) / len(labels)
+
+
+def test_vote_server_weights_by_hand():
+    """vote_loss: server. Each global model's L_m (mean CE on the server's split) is scored
+    once, when it enters the buffer; the broadcast sends lam softmax(-L_m M), the same for
+    every client, and the loss reads them from the payload, not from the client."""
+    lam, M = 0.1, 3
+    biases = [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 2.0], [0.5, 1.5, 0.0], [2.0, 1.0, 0.0]]  # w_0 .. w_4
+    L = [_ce_by_hand(b, [0, 1]) for b in biases]  # log 3, log(e + 2) - 1/2, log(2 + e^2), ...
+    alg = make("fedgkd_vote", _server_setup(), lam=lam, M=M)
+    assert alg.hparams.vote_loss == "server" and alg.client_start is None
+    state = alg.init_server(_w(biases[0]))
+    assert state["buffer"] == {} and state["vote_losses"].shape == (0,)  # w_0 is neither buffered nor scored
+    first = alg.broadcast(state, RoundInfo(1, 2, (0, 1)))  # round 1: w_0 in the one slot, weight lam, KD off
+    assert first["teachers"]["0"] is state["params"] and torch.equal(first["vote_coef"], torch.tensor([lam]))
+    for t in range(1, 5):
+        state = alg.aggregate_sums(state, {"params": _w(biases[t])}, RoundInfo(t, 2, (0, 1)))
+    # after round 4: [w_4, w_3, w_2] (w_1 dropped with its loss)
+    torch.testing.assert_close(state["vote_losses"], torch.tensor([L[4], L[3], L[2]]))
+    assert abs(L[2] - math.log(2 + math.e**2)) < 1e-12  # labels 0 and 1, the bias puts 2 on class 2
+    payload = alg.broadcast(state, RoundInfo(5, 2, (0, 1)))
+    e = [math.exp(-L[m] * M) for m in (4, 3, 2)]  # beta = 1/M
+    expected = [lam * em / sum(e) for em in e]
+    assert payload["vote_coef"].shape == (3,) and payload["teachers"] is state["buffer"]
+    for c, x in zip(payload["vote_coef"].tolist(), expected):
+        assert abs(c - x) < 1e-7
+    assert max(expected) / min(expected) > 2  # the weights differ: the check can tell them apart
+    # the local loss: CE + sum_m (gamma_m/2) KL_m with the payload's weights, whatever ctx holds
+    x, y, w = torch.tensor([[0.3, -1.0], [2.0, 0.1]]), torch.tensor([2, 0]), torch.full((2,), 0.5)
+    student = {"fc.weight": torch.tensor([[0.2, -0.1], [0.0, 0.3], [-0.4, 0.1]]), "fc.bias": torch.zeros(3)}
+    apply = _server_setup().apply
+    batch = _with_teacher(alg, payload, {"x": x, "y": y, "w": w}, apply)
+    loss = alg.local_loss(student, batch, payload, {}, apply)[0]
+    zs = _logits(student, x)
+    ce = float(F.cross_entropy(zs, y))
+    kd = sum(c * _kl_by_hand(_logits(_w(biases[m]), x), zs, 1.0) for c, m in zip(expected, (4, 3, 2)))
+    assert abs(float(loss) - ce - kd) < 1e-6 and kd > 1e-3
+
+
+def test_vote_server_scores_in_chunks_as_a_whole():
+    """mean_ce over more rows than one chunk equals cross_entropy over all of them."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, 2, generator=g), torch.randint(0, 3, (300,), generator=g)
+    model = {"fc.weight": torch.randn(3, 2, generator=g), "fc.bias": torch.randn(3, generator=g)}
+    got = mean_ce(_server_setup().apply, model, x, y)
+    assert got.shape == (1,)
+    torch.testing.assert_close(got[0], F.cross_entropy(_logits(model, x), y))
+
+
+def test_vote_server_with_w0_buffered_scores_it_at_the_start():
+    alg = make("fedgkd_vote", _server_setup(), M=2, buffer_initial=True)
+    state = alg.init_server(_w([1.0, 0.0, 0.0]))
+    assert list(state["buffer"]) == ["0"]
+    torch.testing.assert_close(state["vote_losses"], torch.tensor([_ce_by_hand([1.0, 0.0, 0.0], [0, 1])]))
+
+
+def test_vote_loss_form_resolved_and_refused(run):
+    server_setup = _server_setup()
+    assert _alg("fedgkd_vote").hparams.vote_loss == "client"  # auto, and no server split
+    assert make("fedgkd_vote", server_setup).hparams.vote_loss == "server"  # auto, with one
+    assert make("fedgkd_vote", server_setup, vote_loss="client").hparams.vote_loss == "client"
+    with pytest.raises(ConfigError, match=r"^algorithm\.vote_loss: server .* partition\.holdout"):
+        _alg("fedgkd_vote", vote_loss="server")
+    with pytest.raises(ConfigError, match="algorithm.vote_loss"):  # a run refuses it before anything is written
+        run({"name": "fedgkd_vote", "vote_loss": "server"}, rounds=1)
+
+
+@pytest.mark.parametrize("name", ["fedgkd", "fedgkd_vote", "fedgkd_vote/server"])
 def test_local_loss_gradient_under_vmap_matches_per_client(name):
     """The batched executor's rule: vmap(grad(local_loss)) over clients = each client's grad."""
     model = build_model("mlp", MODELS.get("mlp").params(hidden=[8]), (4,), 3, seed=0)
@@ -210,10 +338,15 @@ def test_local_loss_gradient_under_vmap_matches_per_client(name):
         alg = _alg(name, gamma=0.5, T=2.0)
         payload = {"params": w_t, "teacher": average_params([w_t, old]), "kd_on": 1.0}
         ctx = {"num_samples": torch.tensor([6.0, 6.0])}
-    else:
+    elif name == "fedgkd_vote":
         alg = _alg(name, lam=0.5, M=2, T=2.0)
         payload = {"params": w_t, "teachers": {"0": w_t, "1": old}, "kd_on": 1.0}
         ctx = {"vote_coef": torch.tensor([[0.3, 0.2], [0.1, 0.4]])}
+    else:  # the server's weights: in the payload, the same for every client
+        alg = make("fedgkd_vote", replace(SETUP, holdout_x=torch.zeros(2, 4), holdout_y=torch.zeros(2, dtype=torch.int64)),
+                   lam=0.5, M=2, T=2.0)
+        payload = {"params": w_t, "teachers": {"0": w_t, "1": old}, "kd_on": 1.0, "vote_coef": torch.tensor([0.35, 0.15])}
+        ctx = {"num_samples": torch.tensor([6.0, 6.0])}
     teacher = alg.teacher(payload, batches["x"].reshape(12, 4), apply)
     batches["teacher"] = {k: v.reshape(2, 6, *v.shape[1:]) for k, v in teacher.items()}
 
@@ -241,8 +374,11 @@ def test_no_distillation_in_round_one(run):
     base = run({"name": "fedavg"}, rounds=1)
     # round 1 distils from the untrained initial model: switched off, even with large weights
     for alg in ({"name": "fedgkd", "M": 3}, {"name": "fedgkd", "M": 1, "gamma": 5.0},
-                {"name": "fedgkd_vote", "lam": 5.0}):
+                {"name": "fedgkd_vote", "lam": 5.0}, {"name": "fedgkd", "gamma": 5.0, "buffer_initial": True}):
         _assert_same(base.global_state, run(alg, rounds=1).global_state)
+    held = {"holdout": 0.1}
+    _assert_same(run({"name": "fedavg"}, rounds=1, partition=held).global_state,
+                 run({"name": "fedgkd_vote", "lam": 5.0}, rounds=1, partition=held).global_state)
     plus_base = run({"name": "fedavg"}, rounds=1, model=PLUS_MODEL)
     plus = run({"name": "fedgkd_plus", "gamma": 5.0}, rounds=1, model=PLUS_MODEL)
     _assert_same(plus_base.global_state, plus.global_state)
@@ -254,8 +390,12 @@ def test_zero_weights_give_fedavg_exactly(run):
         {"name": "fedgkd", "gamma": 0.0},
         {"name": "fedgkd", "gamma": 0.0, "kd_loss": "mse", "M": 2},
         {"name": "fedgkd_vote", "lam": 0.0, "M": 2},
+        {"name": "fedgkd", "gamma": 0.0, "M": 3, "buffer_initial": True},
     ):
         _assert_same(base.global_state, run(alg).global_state)
+    held = {"holdout": 0.1}  # Vote's server form
+    _assert_same(run({"name": "fedavg"}, partition=held).global_state,
+                 run({"name": "fedgkd_vote", "lam": 0.0, "M": 2}, partition=held).global_state)
     # ... and a non-zero weight does move away from FedAvg after round 1
     moved = run({"name": "fedgkd", "M": 3}).global_state
     assert any(not torch.equal(base.global_state[k], moved[k]) for k in moved)
@@ -303,8 +443,46 @@ def test_downlink_bytes(run):
         return [row["bytes_down"] / (row["clients"] * model_bytes) for row in res.history]
 
     assert per_round({"name": "fedgkd", "M": 1}) == [1, 1, 1, 1]  # the teacher is w_t: sent once
-    assert per_round({"name": "fedgkd", "M": 3}) == [1, 2, 2, 2]  # w_t and w_bar from round 2
-    assert per_round({"name": "fedgkd_vote", "M": 3}) == [1, 2, 3, 3]  # every buffered model
+    assert per_round({"name": "fedgkd", "M": 3}) == [1, 1, 2, 2]  # w_t and w_bar from round 3 (w_0 unbuffered)
+    assert per_round({"name": "fedgkd", "M": 3, "buffer_initial": True}) == [1, 2, 2, 2]  # ... from round 2
+    assert per_round({"name": "fedgkd_vote", "M": 3}) == [1, 1, 2, 3]  # every buffered model
+    # the server's form: the buffered models and their n weights, n float32s
+    res = run({"name": "fedgkd_vote", "M": 3}, rounds=4, partition={"holdout": 0.1})
+    assert res.server_state["vote_losses"].dtype == torch.float32
+    model_bytes = sum(v.numel() * v.element_size() for v in res.global_state.values())
+    assert [row["bytes_down"] for row in res.history] == [
+        row["clients"] * (n * model_bytes + 4 * n) for row, n in zip(res.history, [1, 1, 2, 3])]
+
+
+def test_vote_server_form_resumes_to_the_same_bits(tiny, tmp_path, monkeypatch):
+    """The server's losses (``vote_losses``) are server state: a checkpoint carries them."""
+    from conftest import ctrl_c_in_round
+
+    cfg = lambda d, every: tiny(  # noqa: E731
+        algorithm={"name": "fedgkd_vote", "M": 2, "lam": 0.5}, partition={"holdout": 0.1}, train={"rounds": 4},
+        output={"dir": str(tmp_path / d)}, engine={"checkpoint_every": every})
+    whole = fedrift.run(cfg("whole", 0))
+    undo = ctrl_c_in_round(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        fedrift.run(cfg("stopped", 2))
+    undo()
+    resumed = fedrift.resume(tmp_path / "stopped")
+    assert resumed.summary["resumed_from_round"] == 2
+    _assert_same(whole.global_state, resumed.global_state)
+    assert torch.equal(whole.server_state["vote_losses"], resumed.server_state["vote_losses"])
+    assert whole.server_state["vote_losses"].shape == (2,)
+
+
+def test_vote_client_form_batched_equals_sequential(tiny, tmp_path):
+    """The client form's executors (algorithm_cases runs Vote in its server form)."""
+    results = [fedrift.run(tiny(algorithm={"name": "fedgkd_vote", "M": 2, "lam": 0.5, "vote_loss": "client"},
+                                engine={"executor": ex}, train={"rounds": 3, "batch_size": 32},
+                                output={"dir": str(tmp_path / ex)}))
+               for ex in ("sequential", "batched")]
+    seq, bat = (r.global_state for r in results)
+    for k in seq:
+        torch.testing.assert_close(seq[k], bat[k], rtol=1e-4, atol=1e-5)
+    assert results[0].history[-1]["fedgkd_kd"] > 0
 
 
 # ----------------------------------------------------------------------------------------

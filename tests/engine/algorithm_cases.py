@@ -28,7 +28,10 @@ MODELS = {
     "fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16},
     "moon": {"name": "mlp", "hidden": [32], "projection_dim": 16},
 }
-PARTITIONS = {"feddf": {"holdout": 0.1}}  # merged into the partition section (FedDF's proxy data)
+# merged into the partition section: FedDF's proxy data; Vote's server split (its default
+# vote_loss then scores the buffered models on the server; tests/algorithms/test_fedgkd.py
+# checks the client form's executors)
+PARTITIONS = {"feddf": {"holdout": 0.1}, "fedgkd_vote": {"holdout": 0.1}}
 
 
 def case(name: str) -> dict:
