@@ -9,6 +9,7 @@ against the entry's options class, so every key is checked. Any refusal is a
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Mapping
 
@@ -76,6 +77,12 @@ class TrainConfig(_Section):
     weight_decay: Annotated[float, Field(ge=0)] = 1.0e-5
     clip_grad_norm: Annotated[float, Field(gt=0)] | None = None
     optimizer: Literal["sgd", "adamw"] = "sgd"  # the local optimiser (engine/optim.py)
+    # the local learning rate per round (lr_at): constant (train.lr), step (times lr_gamma at
+    # each of lr_milestones) or cosine (from train.lr down towards lr_min over the rounds)
+    lr_schedule: Literal["constant", "step", "cosine"] = "constant"
+    lr_milestones: list[PositiveInt] = []  # step: the rounds from which the lr is multiplied by lr_gamma
+    lr_gamma: Annotated[float, Field(gt=0, le=1)] = 0.1  # step: the factor at each milestone
+    lr_min: Annotated[float, Field(ge=0)] = 0.0  # cosine: the floor of the decay
 
     @model_validator(mode="after")
     def _one_cohort_size(self) -> "TrainConfig":
@@ -84,6 +91,43 @@ class TrainConfig(_Section):
                 "train.clients_per_round and train.participation both set; allowed: one of them"
             )
         return self
+
+    @model_validator(mode="after")
+    def _schedule_keys(self) -> "TrainConfig":
+        """Each schedule's own keys, and only those: a key another schedule reads is refused
+        when set away from its default (its default is what a resolved config.yaml holds)."""
+        own = {"lr_milestones": ("step", []), "lr_gamma": ("step", 0.1), "lr_min": ("cosine", 0.0)}
+        for key, (schedule, default) in own.items():
+            if self.lr_schedule != schedule and getattr(self, key) != default:
+                raise ValueError(
+                    f"train.{key}: used by train.lr_schedule {schedule} only, and this run's is "
+                    f"{self.lr_schedule}; allowed: train.lr_schedule={schedule}, or leave train.{key} unset"
+                )
+        ms = self.lr_milestones
+        if self.lr_schedule == "step":
+            if not ms:
+                raise ValueError("train.lr_milestones: lr_schedule step needs at least one round, e.g. train.lr_milestones=[50,75]")
+            if any(b <= a for a, b in zip(ms, ms[1:])):
+                raise ValueError(f"train.lr_milestones: {ms} must increase strictly; allowed: rounds in increasing order")
+            if ms[-1] > self.rounds:
+                raise ValueError(f"train.lr_milestones: round {ms[-1]} is after the last round ({self.rounds}); "
+                                 f"allowed: rounds 1 to train.rounds")
+        if self.lr_schedule == "cosine" and self.lr_min > self.lr:
+            raise ValueError(f"train.lr_min: {self.lr_min} is above train.lr ({self.lr}); allowed: 0 to train.lr")
+        return self
+
+    def lr_at(self, round_: int) -> float:
+        """The local learning rate of round ``round_`` (1-based): a pure function of this
+        section and the round, so every executor, process and device derives the same one,
+        and a checkpoint needs none. ``step``: ``lr * lr_gamma ** k``, ``k`` the milestones at or
+        before the round. ``cosine``: ``lr_min + (lr - lr_min) (1 + cos(pi (t - 1) / R)) / 2``
+        (``R = rounds``), computed as ``lr - (lr - lr_min) (1 - cos(pi (t - 1) / R)) / 2``: the
+        same value, and round 1 is ``lr`` exactly."""
+        if self.lr_schedule == "step":
+            return self.lr * self.lr_gamma ** sum(1 for m in self.lr_milestones if m <= round_)
+        if self.lr_schedule == "cosine":
+            return self.lr - (self.lr - self.lr_min) * (1.0 - math.cos(math.pi * (round_ - 1) / self.rounds)) / 2.0
+        return self.lr
 
 
 class EngineConfig(_Section):

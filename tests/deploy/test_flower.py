@@ -1,7 +1,8 @@
 """The Flower deployment end to end: a real ``flower-superlink`` (TLS with certificates made
 here, SuperNode authentication on) and two ``flower-supernode`` processes on loopback, each
-registered with its own key and serving one fedrift client. FedAvg, FedGKD (a teacher) and
-SCAFFOLD (client state, kept on the devices) deployed give the global model of fedrift's own
+registered with its own key and serving one fedrift client. FedAvg, FedGKD (a teacher),
+SCAFFOLD (client state, kept on the devices) and SCAFFOLD under a step learning-rate schedule
+(each device derives round 2's lr itself) deployed give the global model of fedrift's own
 simulation of the same federation: the same clients each round, the same batches, the same
 functions in the same order, so equal bit for bit here (asserted within 1e-6).
 
@@ -32,7 +33,8 @@ assert importlib.util.find_spec("flwr") is not None, "the flower extra is missin
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
-ALGORITHMS = ("fedavg", "fedgkd", "scaffold")
+ALGORITHMS = ("fedavg", "fedgkd", "scaffold", "scaffold_step")  # the runs, by algorithm (or case)
+CASES = {"scaffold_step": ("scaffold", {"lr_schedule": "step", "lr_milestones": [2], "lr_gamma": 0.5})}
 CLIENTS = 2
 TOL = 1e-6
 
@@ -43,6 +45,7 @@ def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _config(root: Path, algorithm: str, out: Path) -> dict:
+    algorithm, schedule = CASES.get(algorithm, (algorithm, {}))
     return {
         "seed": 0,
         "data": {"name": "npz", "root": str(root)},
@@ -50,7 +53,7 @@ def _config(root: Path, algorithm: str, out: Path) -> dict:
         "model": {"name": "mlp", "hidden": [16]},
         "algorithm": {"name": algorithm},
         "engine": {"threads": 1, "executor": "sequential"},
-        "train": {"rounds": 2, "clients_per_round": CLIENTS, "local_epochs": 1, "batch_size": 16, "lr": 0.05},
+        "train": {"rounds": 2, "clients_per_round": CLIENTS, "local_epochs": 1, "batch_size": 16, "lr": 0.05, **schedule},
         "output": {"dir": str(out), "progress": False},
     }
 
@@ -120,6 +123,9 @@ def test_deployed_equals_simulation(deployed, algorithm):
         assert mine["test_accuracy"] == pytest.approx(theirs["test_accuracy"], abs=TOL)
         assert mine["train_loss"] == pytest.approx(theirs["train_loss"], abs=TOL)
         assert mine["clients"] == theirs["clients"] == CLIENTS
+        assert mine["lr"] == theirs["lr"]
+    if algorithm == "scaffold_step":  # round 2 at the decayed lr, on the devices as in the simulation
+        assert [r["lr"] for r in rows] == [0.05, 0.025]
         # Flower's messages carry the tensors and their framing: more than the tensors, not much more
         for key in ("bytes_down", "bytes_up"):
             assert theirs[key] < mine[key] < 1.5 * theirs[key] + 20_000, (key, mine[key], theirs[key])

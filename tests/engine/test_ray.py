@@ -109,11 +109,13 @@ def _stop_cluster(port: int, timeout: float = 30.0) -> None:
 
 
 # FedCSD's released variant: prototypes from the client's own teacher rows (client_start)
-ALGORITHMS = {"fedcsd_released": {"name": "fedcsd", "variant": "released"}}
+ALGORITHMS = {"fedcsd_released": {"name": "fedcsd", "variant": "released"}, "scaffold_step": {"name": "scaffold"}}
+# SCAFFOLD under a step schedule: round 2's actors train at the decayed lr the parent's tools have
+SCHEDULES = {"scaffold_step": {"lr_schedule": "step", "lr_milestones": [2], "lr_gamma": 0.5}}
 
 
 def _run(tiny, name, executor, **extra):
-    cfg = tiny(algorithm=ALGORITHMS.get(name, {"name": name}), train={"rounds": 2, "clients_per_round": 3},
+    cfg = tiny(algorithm=ALGORITHMS.get(name, {"name": name}), train={"rounds": 2, "clients_per_round": 3, **SCHEDULES.get(name, {})},
                engine={"executor": executor, "threads": 1, **extra})
     cfg["output"]["dir"] += f"-{name}-{executor}"
     return fedrift.run(cfg)
@@ -133,13 +135,15 @@ def seen_nodes(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("name", ["scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote"])  # client state, pre-phase, own prototypes, teacher rows
+# client state, pre-phase, own prototypes, teacher rows, a learning-rate schedule
+@pytest.mark.parametrize("name", ["scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote", "scaffold_step"])
 def test_ray_cluster_equals_sequential_bit_for_bit(cluster, tiny, name, seen_nodes):
     ref = _run(tiny, name, "sequential")
     got = _run(tiny, name, "ray", ray_address=cluster, workers=2)
     for k in ref.global_state:
         assert torch.equal(ref.global_state[k], got.global_state[k]), k
     assert [r["test_accuracy"] for r in got.history] == [r["test_accuracy"] for r in ref.history]
+    assert [r["lr"] for r in got.history] == [r["lr"] for r in ref.history] == ([0.05, 0.025] if name in SCHEDULES else [0.05] * 2)
     assert len(seen_nodes["nodes"]) == 2  # the two actors ran on both nodes
 
 

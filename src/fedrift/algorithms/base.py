@@ -213,6 +213,9 @@ class Algorithm:
     predict: Callable[[Tree, Params, torch.Tensor, Apply], dict[str, torch.Tensor]] | None = None
     sums: dict[str, SumWeights] | None = None  # streamed aggregation (module docstring): field -> weighting
     aggregate_sums: Callable[[Tree, Tree, RoundInfo], Tree] | None = None
+    # set by engine.build under a train.lr_schedule: this algorithm built again by its factory
+    # with another Setup.lr, for the rounds at that lr (hooks read the lr they were built with)
+    at_lr: Callable[[float], "Algorithm"] | None = None
 
     def __post_init__(self) -> None:
         derived = getattr(self.aggregate, "from_sums", None)

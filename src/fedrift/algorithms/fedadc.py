@@ -30,7 +30,9 @@ the base loss at ``w``, without the Nesterov shift), never the embedded momentum
 optimiser (ALGORITHMS.md).
 
 Local optimiser: the algorithm brings its own (``train.momentum`` is not used; local
-momentum exists only in ``double_momentum``). ``eta`` is ``train.lr``. ``train.weight_decay``
+momentum exists only in ``double_momentum``). ``eta`` is ``train.lr`` (under
+``train.lr_schedule`` the round's, in the local steps, the Nesterov shift and the server step
+alike, as SlowMo's). ``train.weight_decay``
 is added to the gradient as in SGD, ``g = grad f + wd w`` (at ``w_half`` for nesterov, so
 ``g`` is the gradient of the decayed objective at the point the paper evaluates it), and
 ``train.clip_grad_norm`` clips the data gradient before decay, as torch does; neither

@@ -21,7 +21,9 @@ same value rearranged, so that ``eta_g = 1`` is FedAvg's weighted average bit fo
 Decisions. ``c``'s update is the paper's ``(1/N) sum_{k in S_t} Delta c_k``: a plain mean,
 whatever ``aggregation`` says (``c`` estimates the mean gradient of all N clients, and each
 client's control is its own, not weighted by its size); ``aggregation`` applies to the model.
-``Delta c_k`` is computed as ``(w_t - w_k) / (H_k eta) - c`` and ``c_k+ = c_k + Delta c_k`` (the
+Under ``train.lr_schedule`` ``eta`` is the round's lr in the local steps and in ``c_k+``
+alike: ``(w_t - w_k) / (H_k eta)`` is the mean corrected gradient only with the lr the client
+trained with. ``Delta c_k`` is computed as ``(w_t - w_k) / (H_k eta) - c`` and ``c_k+ = c_k + Delta c_k`` (the
 spec's formula rearranged, so that the server's ``c`` moves by exactly what the clients stored).
 The local optimiser is the algorithm's own: SGD with momentum ``local_momentum`` (0, off, as
 the paper and the spec), ``train.momentum`` unused. ``train.clip_grad_norm`` clips the data

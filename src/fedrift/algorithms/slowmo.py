@@ -7,7 +7,10 @@ change as a pseudo-gradient and keeps a momentum ``m`` (zero-initialised) over r
     m       = beta m + g
     w_{t+1} = w_t - alpha eta m
 
-``eta`` is the local learning rate (``train.lr``). Aggregation weights: the paper writes a
+``eta`` is the local learning rate (``train.lr``; under ``train.lr_schedule`` the round's, in
+the clients' steps and in both server lines alike: SlowMo's Algorithm 1 writes ``gamma_t``, the
+lr the clients trained with that round, so ``g`` stays a gradient-sized quantity as the lr
+decays and the server step shrinks with it). Aggregation weights: the paper writes a
 plain mean (its clients hold equal shares); fedrift uses ``p_k = n_k / sum_j n_j`` like every
 method (ALGORITHMS.md, Notation), and ``aggregation: uniform`` gives the paper's mean.
 

@@ -353,5 +353,6 @@ def _prepare_client(msg: Message, context: Context) -> tuple[Device, dict[str, A
     payload = decode(msg.content, "payload", dev.fed.device)
     t = int(meta["round"])
     job = client_job(dev.fed, k, dev.state(context), dev.cfg.train, dev.cfg.seed, t, work=float(meta["work"]))
-    tools = with_teacher(dev.tools, payload, [job], dev.cfg.engine.teacher_cache)
+    # the round's tools: at its lr under a train.lr_schedule (a pure function of config and round)
+    tools = with_teacher(dev.tools.at_round(t), payload, [job], dev.cfg.engine.teacher_cache)
     return dev, payload, job, tools

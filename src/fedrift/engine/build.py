@@ -129,7 +129,14 @@ def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
         holdout_y=prep.dataset.y_train[held].to(prep.device) if len(held) else None,
     )
     entry = ALGORITHMS.get(prep.config.algorithm.name, "algorithm.name")
-    return entry.factory(prep.options["algorithm"], setup)
+    algorithm = entry.factory(prep.options["algorithm"], setup)
+    if tc.lr_schedule == "constant":
+        return algorithm
+    # under a schedule, round t runs the algorithm built at its lr (RoundTools.at_round): the
+    # same factory and options, Setup.lr = train.lr_at(t), so every hook that reads the lr
+    # (local steps, SCAFFOLD's controls, SlowMo's and FedADC's server steps) reads the round's
+    options = prep.options["algorithm"]
+    return dataclasses.replace(algorithm, at_lr=lambda lr: entry.factory(options, dataclasses.replace(setup, lr=lr)))
 
 
 def build_run(prep: Prepared) -> tuple[FedModel, Algorithm]:

@@ -147,9 +147,51 @@ def make_tools(
     # training batches arrive cut (RoundTools.batch): the step's apply does not read them,
     # so it also runs under DP-SGD's per-sample vmap
     step_apply = apply if vmappable else make_apply(model, buffers, channels_last)
+    step = make_step(algorithm, step_apply, optimizer, inplace=True, dp=dp)
+    schedule = None
+    if getattr(train, "lr_schedule", "constant") != "constant":
+        if algorithm.at_lr is None:
+            raise ValueError(f"algorithm {algorithm.name}: train.lr_schedule {train.lr_schedule} needs the algorithm "
+                             "as engine.build.build_algorithm makes it (with at_lr)")
+
+        def pieces(lr: float) -> tuple[Algorithm, Transform, StepFn]:
+            alg = algorithm.at_lr(lr)
+            opt = alg.optimizer or local_optimizer(train.model_copy(update={"lr": lr}))
+            return alg, opt, make_step(alg, step_apply, opt, inplace=True, dp=dp)
+
+        schedule = LrSchedule(train, (algorithm, optimizer, step), pieces)
     return RoundTools(
-        algorithm, apply, optimizer, make_step(algorithm, step_apply, optimizer, inplace=True, dp=dp), x, y, seed=seed,
+        algorithm, apply, optimizer, step, x, y, seed=seed,
         vmap_apply=make_apply(model, buffers, prepare=prepare if vmappable else None), eval_batch=eval_batch or (CHUNK if channels_last else 1024),
         teacher_memo=TeacherMemo(len(x)) if algorithm.teacher is not None and augment is None else None,
-        augment=augment, dp=dp, dp_shapes=shapes, cut=None if vmappable else prepare,
+        augment=augment, dp=dp, dp_shapes=shapes, cut=None if vmappable else prepare, lr=train.lr, schedule=schedule,
     )
+
+
+class LrSchedule:
+    """A run's training pieces (algorithm, optimiser, step) at each local learning rate its
+    ``train.lr_schedule`` reaches (``train.lr_at(round)``), built on first use by the
+    algorithm's factory (``Algorithm.at_lr``) and the train section's optimiser at that lr.
+    Those of ``train.lr`` are the run's own; of the others only the latest is kept (a cosine
+    schedule reaches a new lr every round; FedDF's factory holds a copy of its proxy data)."""
+
+    def __init__(self, train: Any, base: tuple[Algorithm, Transform, StepFn],
+                 build: Callable[[float], tuple[Algorithm, Transform, StepFn]]) -> None:
+        self.lr_at: Callable[[int], float] = train.lr_at
+        self._base = (train.lr, base)
+        self._last: tuple[float, tuple[Algorithm, Transform, StepFn]] | None = None
+        self._build = build
+
+    def pieces(self, lr: float) -> tuple[Algorithm, Transform, StepFn]:
+        """The algorithm, optimiser and step at ``lr`` (the same objects while it is the latest)."""
+        if lr == self._base[0]:
+            return self._base[1]
+        if self._last is None or self._last[0] != lr:
+            self._last = (lr, self._build(lr))
+        return self._last[1]
+
+    def owns(self, tools: Any) -> bool:
+        """Whether ``tools`` train with this schedule's own pieces at their lr (a personalisation's
+        tools, with another algorithm and optimiser, do not)."""
+        held = [p for lr, p in (self._base, self._last or (None, None)) if lr == tools.lr]
+        return bool(held) and all(a is b for a, b in zip(held[0], (tools.algorithm, tools.optimizer, tools.step)))

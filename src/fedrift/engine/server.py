@@ -182,8 +182,12 @@ class Server:
         return range(self.first, self.cfg.train.rounds + 1)
 
     def open(self, t: int) -> Round:
-        """Sample round ``t``'s clients, broadcast, and plan the work of those that return."""
-        cfg, fed, alg = self.cfg, self.fed, self.algorithm
+        """Sample round ``t``'s clients, broadcast, and plan the work of those that return.
+        The round's tools and algorithm are those at its learning rate (``train.lr_schedule``):
+        broadcast, training and aggregation all see the lr the clients train with."""
+        cfg, fed = self.cfg, self.fed
+        base = self.tools.at_round(t)
+        alg = base.algorithm
         self.t = t
         start = time.perf_counter()
         sampled = self.sampler(fed.num_clients, self.m, cfg.seed, t, fed.label_counts_np, retries=cfg.engine.sampling_retries)
@@ -203,7 +207,7 @@ class Server:
         # build their own rows (workers, actors, devices) need none unless the server runs a
         # pre-phase that reads it.
         own = self.clients_build_teacher and (alg.client_summary is None or self.prephase_on_clients)
-        tools = self.tools if own else with_teacher(self.tools, payload, jobs, cfg.engine.teacher_cache)
+        tools = base if own else with_teacher(base, payload, jobs, cfg.engine.teacher_cache)
         sums = None
         if self.streams:
             w = weights.to(fed.device)
@@ -237,7 +241,7 @@ class Server:
     def combine(self, rnd: Round, summaries: list[dict[str, Any]]) -> None:
         """The pre-phase's server side: the clients' summaries (in job order) combined with the
         round's aggregation weights; the result joins the payload that goes down."""
-        extra = self.algorithm.pre_combine(rnd.payload, stack(summaries), rnd.weights.to(self.fed.device))
+        extra = rnd.tools.algorithm.pre_combine(rnd.payload, stack(summaries), rnd.weights.to(self.fed.device))
         rnd.payload = {**rnd.payload, **extra}
         rnd.down += len(rnd.jobs) * tree_bytes(extra)
         rnd.up += sum(tree_bytes(s) for s in summaries)
@@ -247,7 +251,7 @@ class Server:
         states, evaluate and log when due, checkpoint when due; the round's metrics row, or
         None when the round is not evaluated. ``up``: the bytes uploaded, when the transport
         measured them (else the uploads' tensor bytes)."""
-        cfg, fed, alg, t, tc = self.cfg, self.fed, self.algorithm, rnd.t, self.cfg.train
+        cfg, fed, alg, t, tc = self.cfg, self.fed, rnd.tools.algorithm, rnd.t, self.cfg.train
         if not outputs:
             raise self._no_clients(t, f"all {len(rnd.jobs)} clients that trained failed (engine.accept_failures)")
         info, weights = rnd.info, rnd.weights
@@ -296,6 +300,7 @@ class Server:
                 bytes_down=rnd.down,
                 bytes_up=up_bytes,
                 clients=len(rnd.sampled),
+                lr=rnd.tools.lr,
                 **counts,
             )
             if self.accountant is not None:
@@ -340,7 +345,7 @@ class Server:
 
     def _aggregate(self, rnd: Round, outputs: list[ClientOutput], weights: torch.Tensor, info: RoundInfo) -> None:
         """The whole round's uploads at once: stacked (or privately averaged), then ``aggregate``."""
-        cfg, alg = self.cfg, self.algorithm
+        cfg, alg = self.cfg, rnd.tools.algorithm
         for o in outputs:  # stored now: not held beside the stacked uploads
             self._keep_state(o)
         if cfg.privacy.level == "client":  # one upload, the noised mean of the clipped models

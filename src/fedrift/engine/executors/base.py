@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 import torch
@@ -84,6 +84,21 @@ class RoundTools:
     dp: tuple[float, float] | None = None  # sample-level DP: (clip C, noise multiplier z) of the step
     dp_shapes: tuple[tuple[str, tuple[int, ...]], ...] | None = None  # ... and the parameters' shapes
     cut: Callable[[torch.Tensor], torch.Tensor] | None = None  # text: a batch cut to its longest sentence (TokenCut)
+    lr: float | None = None  # the local learning rate these tools train at: train.lr, or a round's (at_round)
+    schedule: Any = None  # engine.local.LrSchedule under a train.lr_schedule, else None (train.lr throughout)
+
+    def at_lr(self, lr: float) -> "RoundTools":
+        """The run's training tools at local learning rate ``lr``: algorithm, optimiser and step
+        built at it (``LrSchedule``); these tools themselves when the run has no schedule or
+        ``lr`` is theirs. For the run's own training tools (not personalisation's)."""
+        if self.schedule is None or lr == self.lr:
+            return self
+        algorithm, optimizer, step = self.schedule.pieces(lr)
+        return replace(self, algorithm=algorithm, optimizer=optimizer, step=step, lr=lr)
+
+    def at_round(self, round_: int) -> "RoundTools":
+        """The tools of round ``round_``: at ``train.lr_at(round_)`` (see :meth:`at_lr`)."""
+        return self if self.schedule is None else self.at_lr(self.schedule.lr_at(round_))
 
     def client_data(self, job: ClientJob, payload: dict[str, Any]) -> ClientData:
         """The client's samples, with their rows of the teacher table (cached or computed)."""

@@ -5,7 +5,9 @@ once, builds the run's pieces itself (dataset, model, algorithm, ``apply``, opti
 ``engine.build``, as the server did, and keeps them. Per round a worker receives the payload
 (pickled once, the same bytes for every worker) and its clients' jobs (ids, sample indices,
 the batch schedule drawn by the parent, contexts, and the rows they read of the round's
-teacher table when the engine built one), trains them one after another with the client
+teacher table when the engine built one) and the local learning rate of the tools it was
+handed (the round's under ``train.lr_schedule``: the worker trains with its own tools rebuilt at
+that lr, ``RoundTools.at_lr``), trains them one after another with the client
 function (``engine.client``), and sends back their outputs. Outputs are returned in job
 order, so the server aggregates in a fixed client order whatever order the workers finish
 in. Equality: results equal the
@@ -124,9 +126,17 @@ def _portable(tree: Any, device: torch.device | str = "cpu", memo: dict[int, Any
     return out
 
 
+_ROUND_FIELDS = ("teacher_cache",)  # a new teacher table each round
+_LR_FIELDS = ("algorithm", "optimizer", "step", "lr")  # a round's own under a train.lr_schedule (RoundTools.at_round)
+
+
 def _same_run(a: RoundTools, b: RoundTools) -> bool:
-    """The same run's tools, whatever the round's teacher table (a new RoundTools each round)."""
-    return all(getattr(a, f.name) is getattr(b, f.name) for f in fields(RoundTools) if f.name != "teacher_cache")
+    """The same run's tools, whatever the round's teacher table and, under a learning-rate
+    schedule, whatever the round's lr (the schedule's own pieces at it, which the workers
+    build too: ``RoundTools.at_lr``)."""
+    scheduled = a.schedule is not None and a.schedule is b.schedule and a.schedule.owns(a)
+    skip = _ROUND_FIELDS + (_LR_FIELDS if scheduled else ())
+    return all(getattr(a, f.name) is getattr(b, f.name) for f in fields(RoundTools) if f.name not in skip)
 
 
 def _teacher_rows(tools: RoundTools, jobs: list[ClientJob]) -> tuple[torch.Tensor, dict[str, Any]] | None:
@@ -237,16 +247,17 @@ def _worker_main(conn: Connection, lifeline: Connection, doc: dict[str, Any]) ->
                 if tools.teacher_memo is not None:
                     tools.teacher_memo.load(_portable(head[1], device))
                 continue
-            _, round_, jobs, teacher = head
+            _, round_, lr, jobs, teacher = head
             payload = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the parent is gone
         if device.type != "cpu":
             payload, jobs = _portable(payload, device), [_portable(j, device) for j in jobs]
+        at_lr = tools.at_lr(lr)  # the parent's tools' lr: the round's under a train.lr_schedule
         if teacher == "build":  # no pre-phase read the table: the worker makes its own rows
-            round_tools = with_teacher(tools, payload, jobs, True)
+            round_tools = with_teacher(at_lr, payload, jobs, True)
         else:
-            round_tools = _with_teacher_rows(tools, teacher)
+            round_tools = _with_teacher_rows(at_lr, teacher)
         outputs: list[ClientOutput] = []
         reply: tuple | None = None
         for pos, job in enumerate(jobs):  # one at a time, to know which client failed
@@ -334,7 +345,7 @@ class ProcessesExecutor:
         self._busy = True
         for w, bucket in zip(used, buckets):
             mine = [jobs[i] for i in bucket]
-            head = ("round", round_, [_portable(j) for j in mine], teacher or _teacher_rows(tools, mine))
+            head = ("round", round_, tools.lr, [_portable(j) for j in mine], teacher or _teacher_rows(tools, mine))
             try:
                 w.conn.send_bytes(pickle.dumps(head, _PROTOCOL))
                 w.conn.send_bytes(blob)

@@ -69,8 +69,8 @@ class _ClientActor:
 
         return os.getpid(), ray.get_runtime_context().get_node_id(), _fingerprint(self.tools)
 
-    def train(self, round_: int, jobs: list[ClientJob], payload: dict[str, Any], teacher: Any) -> list[ClientOutput]:
-        tools = self.tools
+    def train(self, round_: int, lr: float | None, jobs: list[ClientJob], payload: dict[str, Any], teacher: Any) -> list[ClientOutput]:
+        tools = self.tools.at_lr(lr)  # the parent's tools' lr: the round's under a train.lr_schedule
         if teacher == "build":
             tools = with_teacher(tools, payload, jobs, True)
         else:
@@ -122,7 +122,7 @@ class RayExecutor:
         for b, bucket in enumerate(buckets):
             mine = [_portable(jobs[i]) for i in bucket]
             work.append((mine, teacher or _teacher_rows(tools, mine)))
-        futures = {b: self._actors[b].train.remote(round_, mine, payload_ref, part) for b, (mine, part) in enumerate(work)}
+        futures = {b: self._actors[b].train.remote(round_, tools.lr, mine, payload_ref, part) for b, (mine, part) in enumerate(work)}
         results: dict[int, list[ClientOutput]] = {}
         lost = 0
         while futures:
@@ -137,7 +137,7 @@ class RayExecutor:
                 self._actors[b] = self._new_actors(1)[0]
                 self.replaced += 1
                 mine, part = work[b]
-                futures[b] = self._actors[b].train.remote(round_, mine, payload_ref, part)
+                futures[b] = self._actors[b].train.remote(round_, tools.lr, mine, payload_ref, part)
         out: list[ClientOutput | None] = [None] * len(jobs)
         device = tools.x.device
         for b, bucket in enumerate(buckets):
