@@ -324,3 +324,77 @@ def test_fedadc_cnn_options_are_checked(options, key):
     with pytest.raises(ConfigError) as err:
         validate_options("model", FedADCCNNParams, options)
     assert str(err.value).startswith(f"model.{key}:") and "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------ BatchNorm (model.norm: batch)
+
+
+def test_resnet_batchnorm_variants_shapes_and_counts():
+    """``norm: batch`` swaps every GroupNorm for fedrift's BatchNorm: the same parameters (and
+    the same initial weights for a seed), plus a running mean and variance per channel."""
+    from fedrift.models.norm import BatchNorm2d, model_state, running_stat_names
+
+    group = build_model("resnet8", None, (3, 32, 32), 10, seed=0)
+    model = build_model("resnet8", ResNetParams(norm="batch"), (3, 32, 32), 10, seed=0)
+    assert ResNetParams().norm == "group" and ResNet18Params().norm == "group"
+    assert not any(isinstance(m, nn.GroupNorm) for m in model.modules())
+    norms = [m for m in model.modules() if isinstance(m, BatchNorm2d)]
+    assert len(norms) == 9 and sum(m.num_features for m in norms) == 16 * 3 + 32 * 3 + 64 * 3
+    assert sum(p.numel() for p in model.parameters()) == 78_042
+    assert all(torch.equal(a, b) for a, b in zip(group.parameters(), model.parameters()))
+    keys = running_stat_names(model)
+    assert len(keys) == 18 and keys[:2] == ("stem_norm.running_mean", "stem_norm.running_var")
+    state = model_state(model)
+    assert list(state) == [k for k, _ in model.named_parameters()] + list(keys)  # parameters, then statistics
+    assert sum(state[k].numel() for k in keys) == 2 * 336
+    model.eval()
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert model(torch.randn(2, 3, 32, 32), mode="features").shape == (2, 64)
+    for name, options, shape, n_norms in [
+        ("resnet18", ResNet18Params(width=4, norm="batch"), (3, 32, 32), 1 + 8 * 2 + 3),
+        ("resnet50", ResNet18Params(width=4, norm="batch"), (3, 64, 64), 1 + 16 * 3 + 4),
+    ]:
+        bn = build_model(name, options, shape, 5, seed=0)
+        gn = build_model(name, ResNet18Params(width=4, group_channels=4), shape, 5, seed=0)
+        assert sum(p.numel() for p in bn.parameters()) == sum(p.numel() for p in gn.parameters())
+        assert len(running_stat_names(bn)) == 2 * n_norms
+        bn.eval()
+        assert bn(torch.randn(2, *shape)).shape == (2, 5)
+
+
+def test_batchnorm_matches_torch_and_masks_padding():
+    """Train mode: torch.nn.BatchNorm2d's output and running statistics (momentum 0.1, unbiased
+    variance in the update) to float rounding, the statistics reassigned, num_batches_tracked
+    left at 0; eval mode: torch's bit for bit. Rows the mask drops do not count."""
+    from fedrift.models.norm import BatchNorm2d, norm_mode
+
+    torch.manual_seed(0)
+    mine, ref = BatchNorm2d(3), nn.BatchNorm2d(3)
+    with torch.no_grad():
+        for m in (mine, ref):
+            m.weight.copy_(torch.tensor([0.5, 1.0, 2.0]))
+            m.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+            m.running_mean.copy_(torch.tensor([1.0, 0.0, -1.0]))
+            m.running_var.copy_(torch.tensor([2.0, 1.0, 0.5]))
+    x = torch.randn(5, 3, 4, 4) * 2 + 1
+    before = mine.running_mean
+    assert torch.allclose(mine(x), ref(x), atol=1e-5)
+    assert mine.running_mean is not before  # a new tensor: no in-place update
+    assert torch.allclose(mine.running_mean, ref.running_mean, atol=1e-6)
+    assert torch.allclose(mine.running_var, ref.running_var, atol=1e-6)
+    assert int(mine.num_batches_tracked) == 0 and int(ref.num_batches_tracked) == 1
+    mine.eval(), ref.eval()
+    assert torch.equal(mine(x), ref(x))
+    # padding: the statistics of the kept rows only, whatever the dropped rows hold
+    padded = torch.cat([x[:3], torch.full((2, 3, 4, 4), 50.0)])
+    start = (mine.running_mean.clone(), mine.running_var.clone())
+    with norm_mode([mine], train=True, mask=torch.tensor([True, True, True, False, False])):
+        out_masked = mine(padded)
+    masked = (mine.running_mean, mine.running_var)
+    mine.running_mean, mine.running_var = start
+    with norm_mode([mine], train=True):
+        out_kept = mine(x[:3])
+    assert torch.allclose(out_masked[:3], out_kept, atol=1e-5)
+    assert torch.allclose(masked[0], mine.running_mean, atol=1e-6)
+    assert torch.allclose(masked[1], mine.running_var, atol=1e-6)
+    assert not mine.training and mine.sample_mask is None  # norm_mode puts the module back

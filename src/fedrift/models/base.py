@@ -18,8 +18,10 @@ projection output, ``feature_dim == projection_dim``, the classifier ``fc`` maps
 ``projection_dim`` to the classes, and the projection's parameters are named ``proj.*``
 (``PROJECTION_PREFIX``), which is how an algorithm that only sees parameters can tell.
 
-Models hold no FL state and use no BatchNorm (its in-place running stats break
-``torch.func.vmap``): GroupNorm instead.
+Models hold no FL state. They normalise with GroupNorm by default; torch's BatchNorm (its
+in-place running statistics break ``torch.func.vmap``) is never used. The BatchNorm option of
+the ResNets (``model.norm: batch``) is ``models/norm.py``'s, whose running statistics are
+model state the engine carries beside the parameters (that module's docstring says how).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``resnet8``: the CIFAR ResNet-8 of FedDF (Lin et al. 2020) and FedGKD (Yao et al. 2023),
 ``resnet18`` (He et al. 2016; FedGKD's CIFAR-100 and Tiny-ImageNet model) and ``resnet50``
-(its bottleneck version), with GroupNorm in place of BatchNorm.
+(its bottleneck version), with GroupNorm in place of BatchNorm, or BatchNorm (``norm: batch``).
 
 A 3x3 convolution stem of ``width`` channels, then three stages of one BasicBlock each
 (widths ``width``, ``2*width``, ``4*width``; strides 1, 2, 2), global average pooling (the
@@ -8,6 +8,11 @@ representation, ``4*width`` wide) and a linear classifier ``fc``. Every norm is 
 with ``group_channels`` channels per group. Width 16 on 3x32x32 with 10 classes: 78,042
 parameters. Option ``projection_dim`` adds a projection head before ``fc`` (see
 ``models/base.py``).
+
+Option ``norm: batch`` puts a BatchNorm (``models/norm.py``: running statistics as state the
+engine carries, which that module's docstring defines) wherever a GroupNorm is: the same
+parameters (two affine weights per channel) and the same initial weights for a seed, plus
+a running mean and variance per channel. ``group`` (the default) is the GroupNorm model.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from torch.nn import functional as F
 
 from fedrift.models import needs_image, register_model
 from fedrift.models.base import FedModel
+from fedrift.models.norm import BatchNorm2d
 from fedrift.params import params
 
 _check = needs_image(8)
@@ -34,11 +40,15 @@ class ResNetParams:
     ``projection_dim``: when set, a projection head ``proj`` (``Linear(feat, feat) -> ReLU ->
     Linear(feat, projection_dim)``, MOON's) sits between the representation and ``fc``;
     ``features`` then returns its output (MOON, FedGKD+; 256 in their papers). None: no head.
+
+    ``norm``: ``group`` (GroupNorm, the default) or ``batch`` (BatchNorm with running
+    statistics, as the FedGKD+ and MOON Tiny-ImageNet rows; ``group_channels`` then unused).
     """
 
     width: Annotated[int, Field(ge=1)] = 16
     group_channels: Annotated[int, Field(ge=1)] = 16
     projection_dim: Annotated[int, Field(ge=1)] | None = None
+    norm: Literal["group", "batch"] = "group"
 
 
 def group_norm(channels: int, group_channels: int) -> nn.GroupNorm:
@@ -53,6 +63,12 @@ def group_norm(channels: int, group_channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(groups, channels)
 
 
+def norm_layer(norm: str, channels: int, group_channels: int) -> nn.Module:
+    """The normalisation ``model.norm`` names: ``group`` (:func:`group_norm`) or ``batch``
+    (``models.norm.BatchNorm2d``: running statistics as state the engine carries)."""
+    return BatchNorm2d(channels) if norm == "batch" else group_norm(channels, group_channels)
+
+
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, kernel_size=3, stride=stride, padding=1, bias=False)
 
@@ -65,18 +81,19 @@ def _init_convs(model: nn.Module) -> None:
 
 
 class BasicBlock(nn.Module):
-    """conv3x3-GN-ReLU-conv3x3-GN plus a shortcut (1x1 conv + GN when the shape changes)."""
+    """conv3x3-GN-ReLU-conv3x3-GN plus a shortcut (1x1 conv + GN when the shape changes);
+    BN for GN under ``norm="batch"``."""
 
-    def __init__(self, cin: int, cout: int, stride: int, group_channels: int) -> None:
+    def __init__(self, cin: int, cout: int, stride: int, group_channels: int, norm: str = "group") -> None:
         super().__init__()
         self.conv1 = _conv3x3(cin, cout, stride)
-        self.norm1 = group_norm(cout, group_channels)
+        self.norm1 = norm_layer(norm, cout, group_channels)
         self.conv2 = _conv3x3(cout, cout)
-        self.norm2 = group_norm(cout, group_channels)
+        self.norm2 = norm_layer(norm, cout, group_channels)
         if stride != 1 or cin != cout:
             self.shortcut = nn.Sequential(
                 nn.Conv2d(cin, cout, kernel_size=1, stride=stride, bias=False),
-                group_norm(cout, group_channels),
+                norm_layer(norm, cout, group_channels),
             )
         else:
             self.shortcut = nn.Identity()
@@ -97,15 +114,16 @@ class ResNet8(FedModel):
         width: int = 16,
         group_channels: int = 16,
         projection_dim: int | None = None,
+        norm: str = "group",
     ) -> None:
         super().__init__()
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
         self.stem = _conv3x3(input_shape[0], width)
-        self.stem_norm = group_norm(width, group_channels)
-        self.stage1 = BasicBlock(width, width, 1, group_channels)
-        self.stage2 = BasicBlock(width, 2 * width, 2, group_channels)
-        self.stage3 = BasicBlock(2 * width, 4 * width, 2, group_channels)
+        self.stem_norm = norm_layer(norm, width, group_channels)
+        self.stage1 = BasicBlock(width, width, 1, group_channels, norm)
+        self.stage2 = BasicBlock(width, 2 * width, 2, group_channels, norm)
+        self.stage3 = BasicBlock(2 * width, 4 * width, 2, group_channels, norm)
         self._classifier(4 * width, num_classes, projection_dim)
         _init_convs(self)
 
@@ -117,12 +135,13 @@ class ResNet8(FedModel):
 
 @register_model(
     "resnet8",
-    "ResNet-8 with GroupNorm (FedDF/FedGKD CIFAR model); (C,H,W) input, H,W >= 8",
+    "ResNet-8 with GroupNorm, or BatchNorm (model.norm) (FedDF/FedGKD CIFAR model); (C,H,W) input, H,W >= 8",
     ResNetParams,
     _check,
 )
 def build_resnet8(options: ResNetParams, input_shape: tuple[int, ...], num_classes: int) -> ResNet8:
-    return ResNet8(tuple(input_shape), num_classes, options.width, options.group_channels, options.projection_dim)
+    return ResNet8(tuple(input_shape), num_classes, options.width, options.group_channels, options.projection_dim,
+                   options.norm)
 
 
 @params
@@ -131,32 +150,35 @@ class ResNet18Params:
     ``group_channels``: channels per GroupNorm group (16 as in FedGKD); ``stem``: ``cifar``
     (one 3x3 convolution, stride 1: for 32x32 inputs), ``imagenet`` (7x7 stride 2 and a 3x3
     max-pool: the usual one, for 64x64 and up) or ``auto`` (cifar up to 32x32, else imagenet).
-    ``projection_dim``: the optional projection head (see ``ResNetParams``)."""
+    ``projection_dim``: the optional projection head; ``norm``: ``group`` or ``batch`` (see
+    ``ResNetParams``)."""
 
     width: Annotated[int, Field(ge=1)] = 64
     group_channels: Annotated[int, Field(ge=1)] = 16
     stem: Literal["auto", "cifar", "imagenet"] = "auto"
     projection_dim: Annotated[int, Field(ge=1)] | None = None
+    norm: Literal["group", "batch"] = "group"
 
 
 class Bottleneck(nn.Module):
     """ResNet-50's block: conv1x1-GN-ReLU, conv3x3 (the stride, as torchvision's v1.5)-GN-ReLU,
-    conv1x1 to ``4 * planes``-GN, plus a shortcut (1x1 conv + GN when the shape changes)."""
+    conv1x1 to ``4 * planes``-GN, plus a shortcut (1x1 conv + GN when the shape changes);
+    BN for GN under ``norm="batch"``."""
 
     expansion = 4
 
-    def __init__(self, cin: int, planes: int, stride: int, group_channels: int) -> None:
+    def __init__(self, cin: int, planes: int, stride: int, group_channels: int, norm: str = "group") -> None:
         super().__init__()
         cout = planes * self.expansion
         self.conv1 = nn.Conv2d(cin, planes, kernel_size=1, bias=False)
-        self.norm1 = group_norm(planes, group_channels)
+        self.norm1 = norm_layer(norm, planes, group_channels)
         self.conv2 = _conv3x3(planes, planes, stride)
-        self.norm2 = group_norm(planes, group_channels)
+        self.norm2 = norm_layer(norm, planes, group_channels)
         self.conv3 = nn.Conv2d(planes, cout, kernel_size=1, bias=False)
-        self.norm3 = group_norm(cout, group_channels)
+        self.norm3 = norm_layer(norm, cout, group_channels)
         if stride != 1 or cin != cout:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(cin, cout, kernel_size=1, stride=stride, bias=False), group_norm(cout, group_channels)
+                nn.Conv2d(cin, cout, kernel_size=1, stride=stride, bias=False), norm_layer(norm, cout, group_channels)
             )
         else:
             self.shortcut = nn.Identity()
@@ -183,6 +205,7 @@ class ResNet(FedModel):
         group_channels: int = 16,
         stem: str = "auto",
         projection_dim: int | None = None,
+        norm: str = "group",
     ) -> None:
         super().__init__()
         self.input_shape = tuple(input_shape)
@@ -194,12 +217,12 @@ class ResNet(FedModel):
             self.stem = _conv3x3(input_shape[0], width)
         else:
             self.stem = nn.Conv2d(input_shape[0], width, kernel_size=7, stride=2, padding=3, bias=False)
-        self.stem_norm = group_norm(width, group_channels)
+        self.stem_norm = norm_layer(norm, width, group_channels)
         cin, grow = width, getattr(block, "expansion", 1)
         for i, (planes, stride, depth) in enumerate(zip((width, 2 * width, 4 * width, 8 * width), (1, 2, 2, 2), depths), 1):
-            blocks = [block(cin, planes, stride, group_channels)]
+            blocks = [block(cin, planes, stride, group_channels, norm)]
             cin = planes * grow
-            blocks += [block(cin, planes, 1, group_channels) for _ in range(depth - 1)]
+            blocks += [block(cin, planes, 1, group_channels, norm) for _ in range(depth - 1)]
             setattr(self, f"layer{i}", nn.Sequential(*blocks))
         self._classifier(cin, num_classes, projection_dim)
         _init_convs(self)
@@ -219,9 +242,10 @@ class ResNet18(ResNet):
 
     def __init__(
         self, input_shape: tuple[int, ...], num_classes: int, width: int = 64, group_channels: int = 16,
-        stem: str = "auto", projection_dim: int | None = None,
+        stem: str = "auto", projection_dim: int | None = None, norm: str = "group",
     ) -> None:
-        super().__init__(input_shape, num_classes, BasicBlock, (2, 2, 2, 2), width, group_channels, stem, projection_dim)
+        super().__init__(input_shape, num_classes, BasicBlock, (2, 2, 2, 2), width, group_channels, stem, projection_dim,
+                         norm)
 
 
 class ResNet50(ResNet):
@@ -232,30 +256,33 @@ class ResNet50(ResNet):
 
     def __init__(
         self, input_shape: tuple[int, ...], num_classes: int, width: int = 64, group_channels: int = 16,
-        stem: str = "auto", projection_dim: int | None = None,
+        stem: str = "auto", projection_dim: int | None = None, norm: str = "group",
     ) -> None:
-        super().__init__(input_shape, num_classes, Bottleneck, (3, 4, 6, 3), width, group_channels, stem, projection_dim)
+        super().__init__(input_shape, num_classes, Bottleneck, (3, 4, 6, 3), width, group_channels, stem, projection_dim,
+                         norm)
 
 
 @register_model(
     "resnet18",
-    "ResNet-18 with GroupNorm; CIFAR stem up to 32x32, ImageNet stem above (model.stem); (C,H,W), H,W >= 8",
+    "ResNet-18 with GroupNorm, or BatchNorm (model.norm); CIFAR stem up to 32x32, ImageNet stem above (model.stem); (C,H,W), H,W >= 8",
     ResNet18Params,
     _check,
 )
 def build_resnet18(options: ResNet18Params, input_shape: tuple[int, ...], num_classes: int) -> ResNet18:
     return ResNet18(
-        tuple(input_shape), num_classes, options.width, options.group_channels, options.stem, options.projection_dim
+        tuple(input_shape), num_classes, options.width, options.group_channels, options.stem, options.projection_dim,
+        options.norm,
     )
 
 
 @register_model(
     "resnet50",
-    "ResNet-50 (bottleneck blocks) with GroupNorm; CIFAR stem up to 32x32, ImageNet stem above (model.stem); (C,H,W), H,W >= 8",
+    "ResNet-50 (bottleneck blocks) with GroupNorm, or BatchNorm (model.norm); CIFAR stem up to 32x32, ImageNet stem above (model.stem); (C,H,W), H,W >= 8",
     ResNet18Params,
     _check,
 )
 def build_resnet50(options: ResNet18Params, input_shape: tuple[int, ...], num_classes: int) -> ResNet50:
     return ResNet50(
-        tuple(input_shape), num_classes, options.width, options.group_channels, options.stem, options.projection_dim
+        tuple(input_shape), num_classes, options.width, options.group_channels, options.stem, options.projection_dim,
+        options.norm,
     )
