@@ -13,7 +13,9 @@ from its own ``data-root`` (node config; default ``data.root``), and trains its 
 :func:`fedrift.engine.client.train_client` on the batch schedule it derives itself (a pure
 function of seed, round and client). A stateful algorithm's client state (SCAFFOLD's
 control, FedDyn's gradient, MOON's previous model) stays on the device, in Flower's
-``context.state``; the server keeps none.
+``context.state``; the server keeps none. A BatchNorm model's running statistics are part of
+every model state (``models/norm.py``), so they travel in the payload and uploads and stay in
+the devices' states like the parameters.
 
 Importing this module needs ``flwr`` (the ``flower`` extra).
 """
@@ -318,7 +320,10 @@ class Device:
         model, self.algorithm = build_run(prep)
         self.tools = build_tools(prep, model, self.algorithm)
         self.fed = Federation(prep.dataset, prep.partition, prep.device)
-        self.params = {n: p.detach().clone() for n, p in model.to(prep.device).named_parameters()}
+        from fedrift.models.norm import model_state
+
+        # the initial model state, BatchNorm's running statistics included (models/norm.py)
+        self.params = model_state(model.to(prep.device))
 
     def state(self, context: Context) -> dict[str, Any]:
         """The client's state as this device kept it, or the algorithm's initial one (made from

@@ -223,6 +223,7 @@ def run_facts(prep: Prepared, model: FedModel, executor: str) -> dict[str, Any]:
 
 
 def final_state(global_params: dict[str, torch.Tensor], model: FedModel) -> dict[str, torch.Tensor]:
-    """The final global model's state_dict on the CPU: the aggregated parameters and the
-    model's buffers."""
-    return {k: v.detach().cpu() for k, v in {**global_params, **dict(model.named_buffers())}.items()}
+    """The final global model's state_dict on the CPU: the aggregated parameters (and BatchNorm
+    running statistics, ``models/norm.py``) and the model's other buffers."""
+    buffers = {k: v for k, v in model.named_buffers() if k not in global_params}
+    return {k: v.detach().cpu() for k, v in {**global_params, **buffers}.items()}

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
+from fedrift.engine.local import optimizer_init
 from fedrift.errors import FedriftError
 
 
@@ -33,7 +34,7 @@ def train_client(tools: RoundTools, payload: dict[str, Any], job: ClientJob, rou
         stage = "local_loss"
         # the client's own copy: the step may update it in place (RoundTools.step)
         params = {k: v.clone() for k, v in tools.start_params(payload, ctx).items()}
-        opt_state = tools.optimizer.init(params)
+        opt_state = optimizer_init(tools.optimizer, params, tools.apply)  # BatchNorm statistics: not optimised
         loss_sum = torch.zeros((), device=params[next(iter(params))].device)
         aux_sum: dict[str, torch.Tensor] = {}
         for s, idx in enumerate(job.schedule):

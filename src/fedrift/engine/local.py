@@ -11,6 +11,8 @@ from torch.func import functional_call, grad_and_value
 from fedrift.algorithms.base import Algorithm, check_local_loss
 from fedrift.engine.optim import Transform, apply_updates
 from fedrift.engine.privacy import dp_grad_and_value
+from fedrift.errors import ConfigError
+from fedrift.models.norm import batch_norms, norm_mode, running_stat_names, without_stats
 
 Params = dict[str, torch.Tensor]
 StepFn = Callable[[Params, Any, dict, dict, dict], tuple[Params, Any, torch.Tensor, dict]]
@@ -18,7 +20,7 @@ StepFn = Callable[[Params, Any, dict, dict, dict], tuple[Params, Any, torch.Tens
 
 def make_apply(
     model: nn.Module, buffers: dict[str, torch.Tensor], channels_last: bool = False, prepare: Callable[..., Any] | None = None
-) -> Callable[..., Any]:
+) -> "ModelApply":
     """``apply(params, x, mode)``: the model run with given parameters (strict: no fallbacks).
 
     ``prepare`` turns raw integer rows into model input: uint8 images normalised
@@ -33,21 +35,56 @@ def make_apply(
     infer for the FedAvg CNN and ResNet-8 (BENCHMARKS.md). Same function, other float rounding.
     Not under ``vmap``, which cannot express the layout: the batched executor's step uses a
     plain ``apply``.
+
+    A model with BatchNorm (``models/norm.py``): ``params`` is the whole model state, its
+    running statistics included, and the call runs in eval mode with them; the local step
+    runs the trained model through :meth:`ModelApply.train_call` instead.
     """
+    return ModelApply(model, buffers, channels_last, prepare)
 
-    def apply(params: Params, x: torch.Tensor, mode: str = "logits") -> Any:
-        if prepare is not None and not x.is_floating_point():
-            x = prepare(x)
-        return functional_call(model, (params, buffers), (x,), {"mode": mode}, strict=True)
 
-    if not channels_last:
-        return apply
+class ModelApply:
+    """The ``apply`` of :func:`make_apply`, a callable; ``stat_keys`` names the BatchNorm running
+    statistics a model state carries (empty without BatchNorm: ``apply`` is then exactly the
+    plain functional call)."""
 
-    def apply_channels_last(params: Params, x: torch.Tensor, mode: str = "logits") -> Any:
-        laid = {k: v.clone(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in params.items()}
-        return apply(laid, x, mode)
+    def __init__(self, model: nn.Module, buffers: dict[str, torch.Tensor], channels_last: bool = False,
+                 prepare: Callable[..., Any] | None = None) -> None:
+        self.model, self.channels_last, self.prepare = model, channels_last, prepare
+        self.stat_keys = running_stat_names(model)
+        self.norms = [m for _, m in batch_norms(model)]
+        carried = set(self.stat_keys)
+        self.buffers = {k: v for k, v in buffers.items() if k not in carried}  # fixed: not model state
 
-    return apply_channels_last
+    def _inputs(self, params: Params, x: torch.Tensor) -> tuple[Params, torch.Tensor]:
+        if self.channels_last:
+            params = {k: v.clone(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in params.items()}
+        if self.prepare is not None and not x.is_floating_point():
+            x = self.prepare(x)
+        return params, x
+
+    def __call__(self, params: Params, x: torch.Tensor, mode: str = "logits") -> Any:
+        params, x = self._inputs(params, x)
+        if not self.norms:
+            return functional_call(self.model, (params, self.buffers), (x,), {"mode": mode}, strict=True)
+        with norm_mode(self.norms, train=False):
+            return functional_call(self.model, (params, self.buffers), (x,), {"mode": mode}, strict=True)
+
+    def train_call(self, params: Params, stats: Params, x: torch.Tensor, mode: str = "logits",
+                   mask: torch.Tensor | None = None) -> tuple[Any, Params]:
+        """The trained model's forward pass in train mode: ``(output, new running statistics)``.
+        ``params`` without the statistics, ``stats`` the current ones; ``mask`` (bool per row)
+        keeps padded rows out of the batch statistics."""
+        params, x = self._inputs(params, x)
+        state = {**params, **stats, **self.buffers}  # one dict: the layers' new statistics are written back into it
+        with norm_mode(self.norms, train=True, mask=mask):
+            out = functional_call(self.model, state, (x,), {"mode": mode}, strict=True)
+        return out, {k: state[k] for k in self.stat_keys}
+
+
+def stat_keys_of(apply: Callable[..., Any]) -> tuple[str, ...]:
+    """The running statistics an ``apply``'s model carries (none for a plain function)."""
+    return tuple(getattr(apply, "stat_keys", ()))
 
 
 def prefers_channels_last(model: nn.Module, device: torch.device) -> bool:
@@ -86,39 +123,85 @@ def make_step(
     (the executors copy the starting model once per client). No new model per step: on the
     FedAvg CNN the new tensors had cost 7-10% of the step (page faults on fresh memory).
     ``dp=(C, z)``: DP-SGD's clipped, noised gradient (:func:`fedrift.engine.privacy.dp_grad_and_value`).
+
+    BatchNorm models (``apply.stat_keys``, ``models/norm.py``): ``params`` carries the running
+    statistics too. ``local_loss``, ``grad_correction`` and the optimiser see the parameters
+    without them (so the optimiser state must be made from those: :func:`optimizer_init`);
+    a call of ``apply`` on such a dict is the trained model, in train mode, and the statistics
+    it leaves are returned in the new ``params``. Under ``functional`` the batch's zero-weight
+    rows (the batched executor's padding) are left out of the batch statistics.
     """
 
     checked = False
+    stat_keys = stat_keys_of(apply)
+    if stat_keys and dp is not None:
+        raise ConfigError("privacy.level: DP-SGD cannot train a model with BatchNorm (batch statistics mix the "
+                          "samples); allowed: model.norm group with privacy")
 
     def loss_fn(params: Params, batch: dict, payload: dict, ctx: dict):
+        return checked_loss(params, batch, payload, ctx, apply)
+
+    def checked_loss(params: Params, batch: dict, payload: dict, ctx: dict, apply_: Callable[..., Any]):
         nonlocal checked
-        out = algorithm.local_loss(params, batch, payload, ctx, apply)
+        out = algorithm.local_loss(params, batch, payload, ctx, apply_)
         if not checked:  # the first step of this executor's (or worker's) first client
             check_local_loss(algorithm.name, out)
             checked = True
         return out
 
+    def stats_loss_fn(params: Params, stats: Params, batch: dict, payload: dict, ctx: dict):
+        """``local_loss`` with the running statistics threaded through its train-mode calls;
+        returns ``(loss, (aux, new statistics))``."""
+        held = dict(stats)
+        mask = batch["w"] > 0 if functional else None
+
+        def step_apply(p: Params, x: torch.Tensor, mode: str = "logits") -> Any:
+            if stat_keys[0] in p:  # a fixed model (broadcast, teacher, previous model): eval mode
+                return apply(p, x, mode)
+            out, new = apply.train_call(p, held, x, mode, mask)
+            held.update(new)
+            return out
+
+        loss, aux = checked_loss(params, batch, payload, ctx, step_apply)
+        return loss, (aux, held)
+
+    fn = stats_loss_fn if stat_keys else loss_fn
     if dp is not None:
-        grad_fn = dp_grad_and_value(loss_fn, *dp)
+        grad_fn = dp_grad_and_value(fn, *dp)
     else:
-        grad_fn = grad_and_value(loss_fn, has_aux=True) if functional else autograd_grad_and_value(loss_fn)
+        grad_fn = grad_and_value(fn, has_aux=True) if functional else autograd_grad_and_value(fn)
     correct = algorithm.grad_correction
     in_place = optimizer.apply_inplace if inplace and not functional else None
 
     def step(params: Params, opt_state: Any, batch: dict, payload: dict, ctx: dict):
-        grads, (loss, aux) = grad_fn(params, batch, payload, ctx)
+        if stat_keys:
+            trained = without_stats(params, stat_keys)
+            grads, (loss, (aux, stats)) = grad_fn(trained, {k: params[k] for k in stat_keys}, batch, payload, ctx)
+        else:
+            trained, stats = params, None
+            grads, (loss, aux) = grad_fn(params, batch, payload, ctx)
         if correct is not None:
-            grads = correct(grads, params, payload, ctx)
+            grads = correct(grads, trained, payload, ctx)
         aux = {k: v.detach() for k, v in aux.items()}
         if in_place is not None:
             with torch.no_grad():
-                opt_state = in_place(grads, opt_state, params)
+                opt_state = in_place(grads, opt_state, trained)
+            if stats is not None:
+                params.update(stats)  # the trained tensors moved in place; the statistics are new
             return params, opt_state, loss.detach(), aux
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        new = apply_updates(params, updates)
+        updates, opt_state = optimizer.update(grads, opt_state, trained)
+        new = apply_updates(trained, updates)
+        if stats is not None:
+            return {k: (new[k] if k in new else stats[k]).detach() for k in params}, opt_state, loss.detach(), aux
         return {k: v.detach() for k, v in new.items()}, opt_state, loss.detach(), aux
 
     return step
+
+
+def optimizer_init(optimizer: Transform, params: Params, apply: Callable[..., Any]) -> Any:
+    """The optimiser state for a client's ``params``: over the trained tensors only (a
+    BatchNorm model's running statistics are not optimised, see :func:`make_step`)."""
+    return optimizer.init(without_stats(params, stat_keys_of(apply)))
 
 
 def make_tools(
@@ -137,6 +220,11 @@ def make_tools(
     from fedrift.engine.teacher import TeacherMemo
 
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    if running_stat_names(model) and privacy is not None and privacy.level != "none":
+        raise ConfigError(
+            f"privacy.level: {privacy.level} cannot protect a model with BatchNorm (batch statistics mix the "
+            "samples; the running statistics would travel unnoised); allowed: none with model.norm batch, or model.norm group"
+        )
     channels_last = prefers_channels_last(model, x.device)
     apply = make_apply(model, buffers, channels_last, prepare)
     optimizer = algorithm.optimizer or local_optimizer(train)

@@ -35,10 +35,11 @@ from fedrift.engine.sampling import SAMPLERS, cohort_size, eval_clients
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
 from fedrift.engine.tree import RunningSum, all_finite, shares_memory, signature, stack, tree_bytes
-from fedrift.errors import DivergenceError, NoClientsError
+from fedrift.errors import ConfigError, DivergenceError, NoClientsError
 from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import LocalParts, evaluate, evaluate_personal
 from fedrift.models.base import FedModel
+from fedrift.models.norm import model_state, running_stat_names
 
 
 class UploadStack:
@@ -96,6 +97,7 @@ class Round:
     up: int = 0
     start: float = 0.0
     sums: dict[str, RunningSum] | None = None  # streamed aggregation: the running sums (Server.take)
+    stats: RunningSum | None = None  # ... and of the uploaded BatchNorm statistics (Server.average_stats)
     taken: dict[int, int] = field(default_factory=dict)  # client id -> upload bytes, once taken
     waiting: dict[int, ClientOutput] = field(default_factory=dict)  # arrived ahead of job order
 
@@ -131,7 +133,14 @@ class Server:
         self.m = cohort_size(fed.num_clients, tc.clients_per_round, tc.participation)
         self.sampler = SAMPLERS.get(cfg.engine.sampling, "engine.sampling").factory
         model = model.to(fed.device)
-        params = {k: v.detach().clone() for k, v in model.named_parameters()}
+        params = model_state(model)  # the parameters, and BatchNorm's running statistics (models/norm.py)
+        # BatchNorm: the new global statistics are the weighted average of the uploaded ones,
+        # whatever the algorithm does with the parameters (average_stats); personal models keep theirs
+        self.stat_keys = running_stat_names(model)
+        self.averages_stats = bool(self.stat_keys) and not algorithm.personal
+        if self.stat_keys and cfg.eval.personalize:
+            raise ConfigError("eval.personalize: classifier calibration keeps the body as the global model's, which "
+                              "BatchNorm's train-mode statistics would change; allowed: false with model.norm batch")
         self.tools = make_tools(model, algorithm, tc, fed.x, fed.y, cfg.seed, cfg.eval.batch_size, fed.prepare,
                                 Augment.from_config(cfg.data), cfg.privacy)
         self.accountant = None if cfg.privacy.level == "none" else Accountant(
@@ -212,7 +221,8 @@ class Server:
         if self.streams:
             w = weights.to(fed.device)
             sums = {f: RunningSum(sum_weights(kind, w)) for f, kind in alg.sums.items()}
-        return Round(t, info, list(sampled), fate, payload, jobs, weights, tools, down, 0, start, sums)
+        stats = RunningSum(weights.to(fed.device)) if sums is not None and self.averages_stats else None
+        return Round(t, info, list(sampled), fate, payload, jobs, weights, tools, down, 0, start, sums, stats)
 
     def take(self, rnd: Round, out: ClientOutput) -> None:
         """One client's output as soon as it exists (executors that train in this process call
@@ -228,6 +238,8 @@ class Server:
             self._keep_state(o)
             for f, acc in rnd.sums.items():
                 acc.add(o.upload[f])
+            if rnd.stats is not None:
+                rnd.stats.add(self._stats(o))
             rnd.taken[o.client_id] = tree_bytes(o.upload)
             o.upload, o.end_params = {}, {}
 
@@ -275,6 +287,8 @@ class Server:
             self.state = alg.aggregate_sums(self.state, {f: acc.result() for f, acc in rnd.sums.items()}, info)
         else:
             self._aggregate(rnd, outputs, weights, info)
+        if self.averages_stats:
+            self.average_stats(rnd, outputs, weights)
         if self.accountant is not None:
             self.epsilon = self.accountant.step()
         self.uploads.release_if_held(self.state)
@@ -354,6 +368,24 @@ class Server:
         else:
             stacked, agg_weights = self.uploads([o.upload for o in outputs]), weights.to(self.fed.device)
         self.state = alg.aggregate(self.state, stacked, agg_weights, info)
+
+    def average_stats(self, rnd: Round, outputs: list[ClientOutput], weights: torch.Tensor) -> None:
+        """BatchNorm's new global running statistics: ``sum_k p_k s_k`` over the uploaded ones
+        with the round's aggregation weights (as FedAvg over a state_dict), in place of whatever
+        the algorithm's aggregate made of them (``models/norm.py``)."""
+        if rnd.stats is not None:  # streamed: summed as the uploads arrived (take)
+            mean = rnd.stats.result()
+        else:
+            acc = RunningSum(weights.to(self.fed.device))
+            for o in outputs:
+                acc.add(self._stats(o))
+            mean = acc.result()
+        self.state = {**self.state, "params": {**self.state["params"], **mean}}
+
+    def _stats(self, out: ClientOutput) -> dict[str, torch.Tensor]:
+        """The running statistics a client uploaded with its parameters."""
+        params = out.upload["params"]
+        return {k: params[k] for k in self.stat_keys}
 
     def weights(self, clients: list[int]) -> torch.Tensor:
         """Aggregation weights over the clients that return: p_k by samples, or uniform."""

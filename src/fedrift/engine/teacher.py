@@ -9,6 +9,10 @@ large no-grad batches, into a table indexed by training-sample index; each local
 its rows as ``batch["teacher"]``. With ``engine.teacher_cache: false`` the executors call the
 algorithm's ``teacher`` hook on every batch instead (same values up to float rounding).
 
+A teacher is a whole model state from the broadcast, so a BatchNorm model (``model.norm:
+batch``) runs it in eval mode with its running statistics, changing none of them, as FedGKD's
+released code runs its teacher (``models/norm.py``); its fingerprint covers those statistics.
+
 Across rounds, :class:`TeacherMemo` keeps each model's outputs on the samples it has seen:
 FedGKD-Vote's teachers are the last M global models, each a teacher for M rounds, so a
 client sampled again would run models it already ran on the very same samples.

@@ -9,17 +9,22 @@ in the default layout rather than channels-last). Tested (tests/engine/test_batc
 3 rounds every parameter within 1e-4 of its tensor's largest value and metrics within 1e-3
 relative, for every algorithm on a tiny MLP; the FedAvg CNN within 1e-4 after one round (the
 differences grow with rounds). Clients are grouped by step count so little is spent on padding.
+
+BatchNorm models (``model.norm: batch``): the running statistics are stacked with the
+parameters, so a masked step keeps them too, and padded rows are left out of the batch
+statistics (``models/norm.py``): the same statistics as ``sequential`` to float rounding.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import torch
 from torch.func import vmap
 
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
-from fedrift.engine.local import make_step
+from fedrift.engine.local import make_step, optimizer_init
 from fedrift.engine.tree import stack
 
 
@@ -113,7 +118,7 @@ class BatchedExecutor:
             params = tools.start_params(payload, ctx)  # the clients' own models, stacked with ctx
         else:
             params = {name: p.unsqueeze(0).expand(n, *p.shape) for name, p in payload["params"].items()}
-        opt_state = vmap(tools.optimizer.init)(params)
+        opt_state = vmap(partial(optimizer_init, tools.optimizer, apply=tools.apply))(params)
         vstep = self._vstep(tools)
         steps = [j.num_steps for j in jobs]
         idx_all, w_all = _index_table(jobs, max(steps), batch_size)
