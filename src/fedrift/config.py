@@ -332,8 +332,8 @@ def plugin_list(value: Any) -> list[str]:
 
 
 def _check_paths(cfg: Config) -> None:
-    if cfg.data.root is not None and not Path(cfg.data.root).expanduser().is_dir():
-        raise ConfigError(f"data.root: folder {cfg.data.root!r} does not exist")
+    if cfg.data.root is not None and not Path(cfg.data.root).expanduser().exists():
+        raise ConfigError(f"data.root: {cfg.data.root!r} does not exist; expected a folder (or a .zip for image trees, a .npz for npz)")
 
 
 def validate_options(section: str, params_cls: type | None, options: dict[str, Any]) -> Any:
