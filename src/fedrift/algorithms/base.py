@@ -122,8 +122,8 @@ def require_projection(name: str, setup: Setup) -> None:
     """Refuse, before anything is written, a model without the projection head ``name`` needs."""
     if setup.projection_dim is None:
         raise ConfigError(
-            f"model.projection_dim: algorithm {name} needs a model with a projection head and this "
-            "model has none; set model.projection_dim (256 in the paper, as MOON's) on cnn, mlp, resnet8 or resnet18"
+            f"model.projection_dim: algorithm {name} needs a model with a projection head and this model has "
+            "none; add model.projection_dim=256 (MOON's paper and FedGKD's released code) on cnn, mlp, resnet8 or resnet18"
         )
 
 
