@@ -36,7 +36,7 @@ eager ones after the same steps (the exactness the executors promise).
     .venv/bin/python benchmarks/step_cost.py --cifar-runs examples/workload_r1.yaml
 
 ``--cifar-runs CONFIG``: the same in whole runs (``fedrift run`` in a child process, its
-worker processes included): CPU seconds a round per executor (sequential, processes with two
+worker processes included, CPU read from /proc): CPU seconds a round per executor (sequential, processes with two
 one-thread workers, batched), every client 20 local steps of 64, start-up and evaluation
 taken out by differencing a 1-round and a 3-round run.
 """
@@ -44,6 +44,7 @@ taken out by differencing a 1-round and a 3-round run.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -349,16 +350,29 @@ def cifar(root: Path, with_compile: bool = True, reps: int = 8, passes: int = 3,
     for note in compile_notes:
         print(note)
 
+def _tree_cpu(pid: int, seen: dict[int, float]) -> None:
+    """Record the CPU seconds (user + system) of ``pid`` and its descendants, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            seen[p] = max(seen.get(p, 0.0), (int(fields[11]) + int(fields[12])) / tick)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+
+
 def cifar_runs(config: str, root: str, steps: int = 20, rounds: tuple[int, int] = (1, 3)) -> None:
-    """CPU seconds of whole R1 runs per executor (``fedrift run`` in a child process: its CPU
-    and its workers', from ``getrusage(RUSAGE_CHILDREN)``), every client ``steps`` local steps
-    of batch 64, evaluation only after the last round. The difference between a run of
-    ``rounds[1]`` and one of ``rounds[0]`` rounds is the CPU of the rounds between, start-up
-    and evaluation excluded; samples / that = samples per CPU second, which against the
-    one-thread plain step's (x the cores) is the executor's share of the compute limit when
-    every core is its own. The child gets the same ``FEDRIFT_CACHE`` (decoded images)."""
-    import os
-    import resource
+    """CPU seconds of whole R1 runs per executor (``fedrift run`` in a child process; its CPU
+    and every descendant's, worker processes included, read from /proc every 0.1 s), every
+    client ``steps`` local steps of batch 64, evaluation only after the last round. The
+    difference between a run of ``rounds[1]`` and one of ``rounds[0]`` rounds is the CPU of
+    the rounds between, start-up and evaluation excluded; samples / that = samples per CPU
+    second, which against the one-thread plain step's (x the cores) is the executor's share
+    of the compute limit when every core is its own."""
     import subprocess
 
     import yaml
@@ -372,17 +386,19 @@ def cifar_runs(config: str, root: str, steps: int = 20, rounds: tuple[int, int] 
     for name, extra in cases:
         cpu = []
         for n in rounds:
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             args = [sys.executable, "-c", runner, "run", "-c", config, f"data.root={root}", f"engine.executor={name}",
                     f"train.rounds={n}", f"train.local_steps={steps}", "eval.every=1000", "eval.at_rounds=[]",
                     "output.progress=false", f"output.dir=runs/step_cost_cifar/{name}-{n}", "output.overwrite=true", *extra]
-            subprocess.run(args, check=True, stdout=subprocess.DEVNULL, env=os.environ)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+            child, seen = subprocess.Popen(args, stdout=subprocess.DEVNULL), {}
+            while child.poll() is None:
+                _tree_cpu(child.pid, seen)
+                time.sleep(0.1)
+            if child.returncode:
+                raise SystemExit(f"{name}: fedrift run exited {child.returncode}")
+            cpu.append(sum(seen.values()))
         per_round = (cpu[1] - cpu[0]) / (rounds[1] - rounds[0])
         samples = cohort * steps * R1_BATCH
         print(f"| {name} | {cpu[0]:.1f} | {cpu[1]:.1f} | {per_round:.1f} | {samples} | {samples / per_round:.0f} |", flush=True)
-
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
