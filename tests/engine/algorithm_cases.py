@@ -23,6 +23,7 @@ OPTIONS = {
     "fedproto": {"lam": 1.0},
     "fedgen": {"alpha": 1.0, "gen_steps": 2},
     "feddf": {"steps": 10, "eval_every": 5},
+    "fedacg": {"lam": 0.85, "beta": 0.1},
 }
 MODELS = {
     "fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16},

@@ -123,7 +123,9 @@ def personalize(
     round_ = tc.rounds + 1  # batches drawn as for a round after the last one
     tuned_alg = calibration(algorithm, ev.personalize_loss, ev.personalize_mu, head)
     info = RoundInfo(round=round_, num_clients=fed.num_clients, sampled=tuple(clients))
-    payload = tuned_alg.broadcast(server, info)
+    # from the global model itself: a broadcast may send another point to train from (FedACG's
+    # look-ahead w_t + lam m), which is its update rule, not the model being calibrated
+    payload = {**tuned_alg.broadcast(server, info), "params": server["params"]}
     opt = only(head, local_optimizer(tc))
     tuned = replace(tools, algorithm=tuned_alg, optimizer=opt, step=make_step(tuned_alg, tools.apply, opt, inplace=True))
 
