@@ -77,3 +77,12 @@ def test_fedacg_lam_zero_beta_zero_is_exactly_fedavg(tiny, tmp_path):
         c = fedrift.run(tiny(algorithm={"name": "fedacg", **hp}, train=train, output={"dir": str(tmp_path / f"c{i}")}))
         assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state), hp
     assert set(c.server_state["momentum"]) == set(c.server_state["params"])
+
+
+def test_batchnorm_statistics_go_down_without_the_lookahead():
+    alg = make("fedacg", SETUP, lam=0.5)
+    state = {"params": {"fc.weight": torch.tensor([1.0]), "bn.running_var": torch.tensor([0.1]), "bn.running_mean": torch.tensor([2.0])},
+             "momentum": {"fc.weight": torch.tensor([2.0]), "bn.running_var": torch.tensor([-1.0]), "bn.running_mean": torch.tensor([1.0])}}
+    sent = alg.broadcast(state, INFO)["params"]
+    assert torch.equal(sent["fc.weight"], torch.tensor([2.0]))  # 1 + 0.5 * 2
+    assert torch.equal(sent["bn.running_var"], torch.tensor([0.1])) and torch.equal(sent["bn.running_mean"], torch.tensor([2.0]))

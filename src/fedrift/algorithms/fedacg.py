@@ -40,6 +40,7 @@ from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.slowmo import momentum_server
 from fedrift.algorithms.terms import squared_distance
 from fedrift.engine.tree import tree_map
+from fedrift.models.norm import STATS
 from fedrift.params import params
 
 
@@ -57,8 +58,11 @@ class FedACGParams(AlgorithmParams):
 
 
 def lookahead(state: Tree, lam: float) -> dict:
-    """``w~_t = w_t + lam m_{t-1}``, the model FedACG sends."""
-    return tree_map(lambda w, m: w + lam * m, state["params"], state["momentum"])
+    """``w~_t = w_t + lam m_{t-1}``, the model FedACG sends. BatchNorm's running statistics
+    (``model.norm: batch``) go down as they are: a rule meant for parameters is never applied
+    to them (models/norm.py; an extrapolated variance could turn negative)."""
+    w, m = state["params"], state["momentum"]
+    return {k: v if k.rsplit(".", 1)[-1] in STATS else v + lam * m[k] for k, v in w.items()}
 
 
 def fedacg_step(state: Tree, avg: dict) -> Tree:
