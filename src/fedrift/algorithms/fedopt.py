@@ -19,6 +19,8 @@ Adam's bias correction; Flower's FedAdagrad and FedYogi start ``v`` at 0, not ``
 The server reads the uploads only through FedAvg's weighted sum ``sum_k p_k w_k`` (streamed:
 one client's upload in memory at a time) and ``Delta_t`` is that sum minus ``w_t``
 (``sum_k p_k = 1``). ``m`` and ``v`` live in the server state, so checkpoints carry them.
+BatchNorm's running statistics (``model.norm: batch``) are set to their weighted average by
+the engine after this step, as for every method: the adaptive rule moves parameters only.
 
 ``eta_s`` defaults: 0.01 for Adam and Yogi, 0.1 for Adagrad. With ``beta1 = 0.9`` the first
 round moves each coordinate by about ``eta_s`` under Adam/Yogi (``|m| = 0.1 |Delta|``,
