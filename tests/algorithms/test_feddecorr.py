@@ -10,6 +10,7 @@ from fedrift.algorithms import make
 from fedrift.algorithms.base import Setup
 from fedrift.algorithms.feddecorr import decorrelation
 from fedrift.engine.local import make_apply
+from fedrift.errors import ConfigError
 from fedrift.models import MODELS, build_model
 
 SETUP = Setup(num_classes=3, num_clients=2, feature_dim=2, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
@@ -97,3 +98,9 @@ def test_beta_zero_is_exactly_fedavg(tiny, tmp_path):
     c = run({"name": "feddecorr", "beta": 1.0}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.history[-1]["decorr"] > 0  # the added term, reported per round
+
+
+def test_sample_level_privacy_is_refused(tiny):
+    """DP-SGD's per-sample losses would make the penalty 0: refused, not silently FedAvg."""
+    with pytest.raises(ConfigError, match="whole batch"):
+        fedrift.run(tiny(algorithm={"name": "feddecorr"}, privacy={"level": "sample"}))

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from torch.func import grad, vmap
 
@@ -10,6 +11,7 @@ from fedrift.algorithms import make
 from fedrift.algorithms.base import Setup
 from fedrift.algorithms.fedlc import calibrated_ce, calibration
 from fedrift.engine.local import make_apply
+from fedrift.errors import ConfigError
 from fedrift.models import build_model
 
 SETUP = Setup(num_classes=3, num_clients=2, feature_dim=2, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
@@ -81,3 +83,9 @@ def test_tau_zero_is_exactly_fedavg(tiny, tmp_path):
     c = run({"name": "fedlc"}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.summary["final_accuracy"] > 0.3
+
+
+def test_sample_level_privacy_is_refused(tiny):
+    """The margins come from the client's label counts, which one sample changes."""
+    with pytest.raises(ConfigError, match="label counts"):
+        fedrift.run(tiny(algorithm={"name": "fedlc"}, privacy={"level": "sample"}))

@@ -2,6 +2,7 @@
 two-step autograd computation, the nested gradient under vmap, FedAvg identity at rho = 0."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from fedrift.algorithms import make
 from fedrift.algorithms.base import Setup
 from fedrift.algorithms.fedsam import perturbation
 from fedrift.engine.local import autograd_grad_and_value, make_apply
+from fedrift.errors import ConfigError
 from fedrift.models import build_model
 
 SETUP = Setup(num_classes=3, num_clients=2, feature_dim=2, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
@@ -140,3 +142,12 @@ def test_runs_with_weight_decay_and_clipping(tiny, tmp_path):
                          engine={"executor": "batched"}))
     assert all(torch.isfinite(v).all() for v in r.global_state.values())
     assert r.summary["final_accuracy"] > 0.3
+
+
+@pytest.mark.parametrize("name", ["fedsam", "fedasam"])
+def test_sample_level_privacy_is_refused(tiny, name):
+    """DP-SGD takes each sample's gradient alone: the batch's perturbation would not exist."""
+    cfg = tiny(algorithm={"name": name}, privacy={"level": "sample"})
+    with pytest.raises(ConfigError, match="whole batch"):
+        fedrift.run(cfg)
+    assert not Path(cfg["output"]["dir"]).exists()

@@ -39,7 +39,13 @@ from fedrift.errors import ConfigError
 Params = dict[str, torch.Tensor]
 
 # loss hooks that read ctx["label_counts"]: a client statistic, not a per-sample one
-READS_LABEL_COUNTS = {"fedadc_plus": "its loss", "fedrs": "its restricted softmax", "fedgen": "its upload"}
+READS_LABEL_COUNTS = {"fedadc_plus": "its loss", "fedrs": "its restricted softmax", "fedgen": "its upload",
+                      "fedlc": "its calibrated logits"}
+# loss hooks whose term is a statistic of the whole batch: DP-SGD's per-sample losses would
+# silently change the method (FedDecorr's penalty is 0 on one sample)
+READS_BATCH = {"feddecorr": "its decorrelation penalty (0 on a single sample)",
+               "fedsam": "its perturbation (from the whole batch's gradient)",
+               "fedasam": "its perturbation (from the whole batch's gradient)"}
 # built-in algorithms whose upload holds more than the model, refused for client level before
 # the run starts (any other, a plugin's, is refused at its first upload by ``private_mean``)
 UPLOADS_MORE = {"scaffold": "delta_control", "fednova": "a", "feddistill_plus": "class_logits, counts",
@@ -75,6 +81,9 @@ def check(cfg: Config, algorithm: Algorithm) -> None:
         if name in READS_LABEL_COUNTS:
             raise ConfigError(f"privacy.level: sample: {READS_LABEL_COUNTS[name]} of {name} reads the client's "
                               "label counts, which one sample changes; allowed: none or client")
+        if name in READS_BATCH:
+            raise ConfigError(f"privacy.level: sample computes each sample's gradient alone, and {READS_BATCH[name]} "
+                              f"of {name} needs the whole batch; allowed: none or client")
         if name == "fedcsd" and getattr(algorithm.hparams, "variant", "paper") == "released" \
                 and algorithm.client_start is not None:
             raise ConfigError("privacy.level: sample: fedcsd's variant released distils every sample towards "
