@@ -24,6 +24,10 @@ OPTIONS = {
     "fedgen": {"alpha": 1.0, "gen_steps": 2},
     "feddf": {"steps": 10, "eval_every": 5},
     "fedacg": {"lam": 0.85, "beta": 0.1},
+    "fedsam": {"rho": 0.1},
+    "fedasam": {"rho": 0.5, "eta": 0.05},
+    "fedlc": {"tau": 1.0},
+    "feddecorr": {"beta": 0.5},
 }
 MODELS = {
     "fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16},
