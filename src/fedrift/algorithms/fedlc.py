@@ -49,9 +49,9 @@ class FedLCParams(AlgorithmParams):
     tau: Annotated[float, Field(ge=0)] = 1.0
 
 
-def calibration(label_counts: torch.Tensor, tau: float) -> torch.Tensor:
-    """``tau n_c^{-1/4}`` per class (C), ``inf`` for a class with count 0."""
-    counts = label_counts.to(torch.get_default_dtype())
+def calibration(label_counts: torch.Tensor, tau: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``tau n_c^{-1/4}`` per class (C), ``inf`` for a class with count 0, in ``dtype``."""
+    counts = label_counts.to(dtype)
     held = counts > 0
     margin = tau * counts.clamp_min(1.0).pow(-0.25)
     return torch.where(held, margin, torch.full_like(margin, float("inf")))
@@ -60,7 +60,7 @@ def calibration(label_counts: torch.Tensor, tau: float) -> torch.Tensor:
 def calibrated_ce(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor, label_counts: torch.Tensor,
                   tau: float) -> torch.Tensor:
     """``sum_i w_i CE(z_i - tau n^{-1/4}, y_i)``; rows with ``w = 0`` add exactly 0."""
-    z = logits - calibration(label_counts, tau).to(logits.dtype)
+    z = logits - calibration(label_counts, tau, logits.dtype)
     picked = F.log_softmax(z, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
     picked = torch.where(w > 0, picked, torch.zeros_like(picked))
     return -(picked * w).sum()

@@ -23,8 +23,9 @@ under its ``vmap``), and no Python branch or ``.item()`` reads a tensor. The los
 per step is ``L_B(w + e)``; ``objective`` (personalisation) is the plain loss at ``w``.
 
 ``rho = 0`` builds FedAvg's loss, so the result is FedAvg's bit for bit. Defaults: FedSAM
-``rho = 0.05`` (SAM's and Caldarola et al.'s starting value), FedASAM ``rho = 0.5``,
-``eta = 0.01`` (ASAM's CIFAR setting, also its code's defaults).
+``rho = 0.05`` (SAM's default, Foret et al.), FedASAM ``rho = 0.5``, ``eta = 0.01`` (ASAM's
+code's defaults); the tuning spaces cover the values the FL papers report per dataset.
+Cost: two forward and backward passes per local step.
 
 Interaction with the train section: the local optimiser (``train.optimizer``, momentum,
 ``train.weight_decay``, ``train.clip_grad_norm``) acts on the returned gradient
@@ -32,8 +33,8 @@ Interaction with the train section: the local optimiser (``train.optimizer``, mo
 (as torch's SGD does behind SAM's two-step optimiser); ``e`` is formed from the data
 gradient alone, without decay or clipping, as in SAM's code. A BatchNorm model
 (``model.norm: batch``) passes both forward passes through train mode, so its running
-statistics take two updates a step (SAM's code skips the second); GroupNorm, the default,
-has none.
+statistics take two updates a step, the second from the first's result (SAM's code skips
+the second); GroupNorm, the default, has none.
 """
 
 from __future__ import annotations
