@@ -28,6 +28,7 @@ OPTIONS = {
     "fedasam": {"rho": 0.5, "eta": 0.05},
     "fedlc": {"tau": 1.0},
     "feddecorr": {"beta": 0.5},
+    "feddc": {"alpha": 0.1},
 }
 MODELS = {
     "fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16},
