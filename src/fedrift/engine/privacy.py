@@ -48,8 +48,8 @@ READS_BATCH = {"feddecorr": "its decorrelation penalty (0 on a single sample)",
                "fedasam": "its perturbation (from the whole batch's gradient)"}
 # built-in algorithms whose upload holds more than the model, refused for client level before
 # the run starts (any other, a plugin's, is refused at its first upload by ``private_mean``)
-UPLOADS_MORE = {"scaffold": "delta_control", "feddc": "delta_control", "fednova": "a", "feddistill_plus": "class_logits, counts",
-                "fedgen": "label_counts"}
+UPLOADS_MORE = {"scaffold": "delta_control", "feddc": "delta_control", "fednova": "a",
+                "feddistill_plus": "class_logits, counts", "fedgen": "label_counts"}
 
 
 def check(cfg: Config, algorithm: Algorithm) -> None:
