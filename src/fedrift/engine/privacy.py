@@ -49,7 +49,8 @@ READS_BATCH = {"feddecorr": "its decorrelation penalty (0 on a single sample)",
 # built-in algorithms whose upload holds more than the model, refused for client level before
 # the run starts (any other, a plugin's, is refused at its first upload by ``private_mean``)
 UPLOADS_MORE = {"scaffold": "delta_control", "feddc": "delta_control", "fednova": "a",
-                "feddistill_plus": "class_logits, counts", "fedgen": "label_counts"}
+                "feddistill_plus": "class_logits, counts", "fedgen": "label_counts",
+                "fedexp": "sq_norm", "elastic": "sensitivity"}
 
 
 def check(cfg: Config, algorithm: Algorithm) -> None:
