@@ -6,14 +6,18 @@ algorithm names, which stand for every setting of that algorithm (``fedadc`` is 
 settings sharing the most options when some share any). ``papers`` adds the seed
 papers' orderings (:data:`PAPERS`) among the algorithms the grid has. Each claim is checked
 per swept values with the paired differences of :mod:`fedrift.report.paired` (A - B on the
-seeds where both completed, with the 95% t interval), on the test accuracy at best
-validation when the runs have a validation split, else on the best accuracy:
+seeds where both completed), on the test accuracy at best validation when the runs have a
+validation split, else on the best accuracy, and judged by the tables' ``*``: significant
+when the exact sign-flip test gives p < 0.05 and the 95% t interval excludes 0, which takes
+at least ``MIN_SEEDS`` (6) paired seeds (the rule and why: :mod:`fedrift.report.paired`):
 
-- ``holds``: the interval lies above 0 (``>=``: ``holds (ahead)``; also ``holds (not
-  behind)``, a mean >= 0 whose interval reaches 0);
-- ``ahead, not significant`` (``>``): a mean > 0 whose interval reaches 0;
-- ``behind, not significant``: a mean below 0 (or 0 for ``>``) whose interval reaches 0;
-- ``reversed``: the interval lies below 0;
+- ``holds``: significant, A ahead (``>=``: ``holds (ahead)``; also ``holds (not behind)``,
+  a mean >= 0 that is not significant, with enough seeds to have tested it);
+- ``ahead, not significant`` (``>``): a mean > 0, not significant;
+- ``behind, not significant``: a mean below 0 (or 0 for ``>``), not significant;
+- ``reversed``: significant, A behind;
+- ``N seeds: ahead`` / ``behind`` / ``tied, too few to test`` with 2 to 5 paired seeds (no
+  difference of so few seeds can be significant, so none is called either way);
 - ``one seed: ahead`` / ``behind`` / ``tied`` (no interval), ``no pairs``.
 """
 
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from fedrift.errors import ConfigError
-from fedrift.report.paired import METRICS, differences, fmt_diff
+from fedrift.report.paired import METRICS, MIN_SEEDS, differences, fmt_diff, rule
 from fedrift.report.table import markdown_lines, text_lines
 from fedrift.report.table import to_csv as table_csv
 
@@ -99,16 +103,19 @@ def resolve_claims(specs: Sequence[str] | None, labels: Sequence[str]) -> list[C
 
 def verdict(op: str, diff: Mapping[str, Any], key: str) -> str:
     """The verdict on one claim from its paired differences on ``key`` (module docstring)."""
-    mean, low, high = diff.get(f"{key}_diff_mean"), diff.get(f"{key}_diff_low"), diff.get(f"{key}_diff_high")
+    mean, n, sig = diff.get(f"{key}_diff_mean"), diff.get(f"{key}_diff_n") or 0, diff.get(f"{key}_diff_significant")
     if mean is None:
         return "no pairs"
-    if low is None or high is None:
-        return "one seed: " + ("ahead" if mean > 0 else "behind" if mean < 0 else "tied")
-    if high < 0:
-        return "reversed"
+    side = "ahead" if mean > 0 else "behind" if mean < 0 else "tied"
+    if n < 2:
+        return f"one seed: {side}"
+    if sig:
+        return "reversed" if mean < 0 else "holds (ahead)" if op == ">=" else "holds"
+    if n < MIN_SEEDS:
+        return f"{n} seeds: {side}, too few to test"
     if op == ">=":
-        return "holds (ahead)" if low > 0 else "holds (not behind)" if mean >= 0 else "behind, not significant"
-    return "holds" if low > 0 else "ahead, not significant" if mean > 0 else "behind, not significant"
+        return "holds (not behind)" if mean >= 0 else "behind, not significant"
+    return "ahead, not significant" if mean > 0 else "behind, not significant"
 
 
 def check_claims(claims: Sequence[Claim], groups: Sequence[Any]) -> list[dict[str, Any]]:
@@ -138,24 +145,28 @@ def display(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> tuple[list[str
     """Headers and cells: claim, swept values, A - B per metric (points), seeds, verdict, source."""
     sweep, shown = _columns(rows)
     headers = ["claim", *(k.split(".")[-1] for k in sweep), *(f"{name} (A - B)" for _, name in shown), "seeds",
-               "verdict", "source"]
+               "p", "verdict", "source"]
     cells = []
     for r in rows:
         diffs = [fmt_diff(r.get(f"{k}_diff_mean"), r.get(f"{k}_diff_ci95"), r.get(f"{k}_diff_significant"), pm)
                  for k, _ in shown]
         n = r.get(f"{r['metric']}_diff_n", 0)
-        cells.append([r["claim"], *(str(r.get(k, "")) for k in sweep), *diffs, str(n), r["verdict"], r["source"] or "-"])
+        p = r.get(f"{r['metric']}_diff_p")
+        cells.append([r["claim"], *(str(r.get(k, "")) for k in sweep), *diffs, str(n), "-" if p is None else f"{p:.3g}",
+                      r["verdict"], r["source"] or "-"])
     return headers, cells
 
 
-NOTE = ("Claims: A - B in percentage points, paired per seed, {pm} the half-width of the 95% t interval (* when it "
-        "excludes 0); the verdict is on {metric}.")
+NOTE = ("Claims: A - B in percentage points, paired per seed, {pm} the half-width of the 95% t interval; p: the exact "
+        "sign-flip test's on {metric}, the metric the verdict is on. ")
 
 
 def note(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> str:
+    """The note under the claims table: its columns and the ``*`` rule the verdicts follow."""
     metric = rows[0]["metric"] if rows else "test_accuracy_at_best_val"
+    judged = [r.get(f"{r['metric']}_diff_n") or 0 for r in rows]
     return NOTE.format(pm=pm, metric="the test accuracy at best validation" if metric == "test_accuracy_at_best_val"
-                       else "the best accuracy")
+                       else "the best accuracy") + rule(max(judged, default=0))
 
 
 def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:

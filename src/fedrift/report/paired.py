@@ -1,4 +1,4 @@
-"""Paired differences to a reference method, with a t confidence interval over seeds.
+"""Paired differences to a reference method: a t interval to read, and a mark that cannot over-claim.
 
 Every method of a grid sees, for a given seed, the same partition, client samples and batch
 order, so a seed's noise is shared: the difference of two methods on the *same* seed is far
@@ -10,8 +10,24 @@ same swept values (``report.reference``, default ``fedavg`` when the grid has it
   validation split, at best validation);
 - ``*_diff_mean`` is the mean of the d's; ``*_diff_ci95`` the half-width of the 95% Student t
   interval, ``t(0.975, n - 1) * sd(d, ddof=1) / sqrt(n)``; ``*_diff_low``/``*_diff_high`` its
-  ends; ``*_diff_significant`` whether it excludes 0; ``*_diff_n`` the pairs. One pair gives a
-  difference and no interval (None, shown ``-``); none gives nothing.
+  ends; ``*_diff_n`` the pairs. One pair gives a difference and no interval (None, shown
+  ``-``); none gives nothing.
+- ``*_diff_p`` is the two-sided p-value of the exact paired sign-flip (randomisation) test
+  (:func:`sign_flip_p`), and ``*_diff_significant`` (the table's ``*``) is true when
+  ``p < 0.05`` *and* the t interval excludes 0.
+
+Why not the t interval alone. Accuracy on a finite test set moves in steps of ``1/n_test``
+(0.1 points on 1,000 images), so a few seeds can easily differ by exactly the same amount:
+two seeds both 0.3 points behind give sd 0 and a t interval of width 0, which "excludes 0"
+although two coin flips agree half the time. The t interval also rests on normal
+differences, which three to five seeds cannot show. The sign-flip test needs neither: if the
+two methods are interchangeable, each seed's difference is as likely to be d as -d, so the
+2^n sign patterns of the observed |d|'s are equally likely and p is the share of them whose
+|sum| is at least the observed one. It is exact at any n, ties and steps included, and its
+smallest p is ``2^(1-n)`` (every seed on the same side): below :data:`MIN_SEEDS` (6) seeds no
+difference can reach 0.05, so none is marked, whatever the t interval says. Requiring the
+interval too keeps a ``*`` from ever standing beside an interval that holds 0 (one seed far
+out on the same side as the others). ``report.claims`` judges by the same mark.
 """
 
 from __future__ import annotations
@@ -25,6 +41,19 @@ from fedrift.errors import ConfigError
 # summary keys compared, and their names in the tables
 METRICS = (("best_accuracy", "best"), ("final_accuracy", "final"), ("test_accuracy_at_best_val", "at best val"))
 LEVEL = 0.95
+ALPHA = 1 - LEVEL  # the sign-flip test's level (two-sided)
+EXACT_UP_TO = 16  # seeds enumerated exactly (2^16 sign patterns); more: a seeded random sample of patterns
+SAMPLES = 1 << 16
+
+
+def _min_seeds(alpha: float) -> int:
+    n = 1
+    while 2.0 ** (1 - n) >= alpha:
+        n += 1
+    return n
+
+
+MIN_SEEDS = _min_seeds(ALPHA)  # 6: the fewest paired seeds whose smallest p (2^(1-n)) is below 0.05
 
 
 def interval(diffs: Sequence[float], level: float = LEVEL) -> tuple[float | None, float | None]:
@@ -39,6 +68,38 @@ def interval(diffs: Sequence[float], level: float = LEVEL) -> tuple[float | None
     from scipy.stats import t  # scipy is slow to import: only when there is an interval to take
 
     return mean, float(t.ppf(0.5 + level / 2, len(d) - 1)) * statistics.stdev(d) / math.sqrt(len(d))
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float | None:
+    """Two-sided p-value of the exact paired sign-flip test of "mean difference 0": the
+    share of the 2^n sign patterns ``s`` with ``|sum(s_i |d_i|)| >= |sum(d_i)|`` (a pattern
+    equal to the observed one up to float rounding counts as at least as extreme, so p never
+    errs low). Exact up to :data:`EXACT_UP_TO` differences; beyond, ``(1 + hits) / (1 +
+    SAMPLES)`` over seeded random patterns (valid, slightly conservative). None for none."""
+    import numpy as np
+
+    d = np.abs(np.asarray([float(x) for x in diffs], dtype=np.float64))
+    if not len(d):
+        return None
+    observed = abs(math.fsum(float(x) for x in diffs))
+    tol = 1e-9 * max(1.0, float(d.sum()))
+    if len(d) <= EXACT_UP_TO:
+        bits = (np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1
+        hits = int((np.abs((1.0 - 2.0 * bits) @ d) >= observed - tol).sum())
+        return hits / 2 ** len(d)
+    signs = np.random.default_rng(0).choice((-1.0, 1.0), size=(SAMPLES, len(d)))
+    hits = int((np.abs(signs @ d) >= observed - tol).sum())
+    return (1 + hits) / (1 + SAMPLES)
+
+
+def significant(diffs: Sequence[float]) -> bool | None:
+    """The ``*`` (module docstring): p < ALPHA and the t interval excludes 0; None below two
+    differences (no interval)."""
+    mean, half = interval(diffs)
+    if mean is None or half is None:
+        return None
+    p = sign_flip_p(diffs)
+    return bool(p is not None and p < ALPHA and (mean - half > 0 or mean + half < 0))
 
 
 def resolve_reference(spec: str | None, algorithms: Sequence[str]) -> str | None:
@@ -78,7 +139,8 @@ def add_paired(groups: Sequence[Any], rows: Sequence[dict[str, Any]], reference:
 
 def differences(g: Any, ref: Any, keys: Sequence[str]) -> dict[str, Any]:
     """Setting ``g`` against setting ``ref`` on the seeds at which both completed, per summary
-    key: ``KEY_diff_mean``, ``_ci95``, ``_n``, ``_low``, ``_high`` and ``_significant``."""
+    key: ``KEY_diff_mean``, ``_ci95``, ``_n``, ``_low``, ``_high``, ``_p`` and ``_significant``
+    (module docstring)."""
     theirs = {r.seed: r for r in ref.done() if r.seed is not None}
     pairs = [(r, theirs[r.seed]) for r in g.done() if r.seed in theirs]
     out: dict[str, Any] = {}
@@ -89,7 +151,8 @@ def differences(g: Any, ref: Any, keys: Sequence[str]) -> dict[str, Any]:
         low, high = (mean - half, mean + half) if mean is not None and half is not None else (None, None)
         out[f"{key}_diff_mean"], out[f"{key}_diff_ci95"], out[f"{key}_diff_n"] = mean, half, len(diffs)
         out[f"{key}_diff_low"], out[f"{key}_diff_high"] = low, high
-        out[f"{key}_diff_significant"] = None if low is None or high is None else (low > 0 or high < 0)
+        out[f"{key}_diff_p"] = sign_flip_p(diffs)
+        out[f"{key}_diff_significant"] = significant(diffs)
     return out
 
 
@@ -106,7 +169,7 @@ def headers(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
 
 
 def cell(row: Mapping[str, Any], key: str, pm: str = "+-") -> str:
-    """``+2.0 +- 2.5*`` in percentage points (``*``: the interval excludes 0), ``+2.0 +- -``
+    """``+2.0 +- 2.5*`` in percentage points (``*``: :func:`significant`), ``+2.0 +- -``
     for one seed, ``ref`` on the reference's row, ``-`` when nothing pairs."""
     if row.get("algorithm") == row.get("reference"):
         return "ref"
@@ -122,16 +185,37 @@ def fmt_diff(mean: float | None, half: float | None, significant: bool | None, p
     return f"{100 * mean:+.1f} {pm} {100 * half:.1f}" + ("*" if significant else "")
 
 
+RULE = ("* when the exact two-sided sign-flip test over the paired seeds gives p < 0.05 and the interval excludes 0; "
+        "with n seeds its smallest p is 2^(1-n), so * needs at least {min} paired seeds (p per metric in the csv: "
+        "*_diff_p).")
 NOTE = ("'vs {ref}': paired differences in percentage points, the mean over seeds of (setting - {ref}) on the same "
-        "seed and swept values, {pm} the half-width of the 95% Student t interval (ddof=1); * when the interval "
-        "excludes 0; '{pm} -' with one seed (no interval).")
+        "seed and swept values, {pm} the half-width of the 95% Student t interval (ddof=1); '{pm} -' with one seed "
+        "(no interval). ")
+
+
+def rule(most: int | None = None) -> str:
+    """The ``*`` rule as the tables print it; ``most``: the most seeds any difference of the
+    table pairs, which, below :data:`MIN_SEEDS`, the rule says no mark is possible with."""
+    text = RULE.format(min=MIN_SEEDS)
+    if most is not None and 0 < most < MIN_SEEDS:
+        text += (f" These differences pair at most {most} seed{'s' if most > 1 else ''}: none can carry *; "
+                 f"run {MIN_SEEDS} or more seeds to test them.")
+    return text
+
+
+def most_pairs(rows: Sequence[Mapping[str, Any]]) -> int:
+    """The most seeds any paired difference of ``rows`` has."""
+    return max((int(v) for r in rows for k, v in r.items() if k.endswith("_diff_n") and isinstance(v, int)), default=0)
 
 
 def note(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> str | None:
-    """The tables' footnote on the paired columns, or None without them."""
+    """The tables' footnote on the paired columns (what they are and the ``*`` rule), or None
+    without them."""
     if not headers(rows):
         return None
-    return NOTE.format(ref=next(r["reference"] for r in rows if r.get("reference")), pm=pm)
+    ref = next(r["reference"] for r in rows if r.get("reference"))
+    return NOTE.format(ref=ref, pm=pm) + rule(most_pairs(rows))
 
 
-__all__ = ["METRICS", "add_paired", "cell", "differences", "fmt_diff", "headers", "interval", "note", "resolve_reference"]
+__all__ = ["ALPHA", "METRICS", "MIN_SEEDS", "add_paired", "cell", "differences", "fmt_diff", "headers", "interval",
+           "most_pairs", "note", "resolve_reference", "rule", "sign_flip_p", "significant"]
