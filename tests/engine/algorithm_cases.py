@@ -28,6 +28,8 @@ OPTIONS = {
     "fedasam": {"rho": 0.5, "eta": 0.05},
     "fedlc": {"tau": 1.0},
     "feddecorr": {"beta": 0.5},
+    "fedexp": {"epsilon": 1e-4},
+    "elastic": {"tau": 0.5},
     "feddc": {"alpha": 0.1},
 }
 MODELS = {
