@@ -118,7 +118,7 @@ def test_every_algorithm_runs_on_the_text_model_or_refuses_adamw(tmp_path, monke
     monkeypatch.setenv("FEDRIFT_CACHE", str(tmp_path / "cache"))
     extra = {"moon": {"model": {"projection_dim": 8}}, "fedgkd_plus": {"model": {"projection_dim": 8}},
              "feddf": {"partition": {"holdout": 0.2}, "algorithm": {"steps": 2}}}
-    sgd_only = {"scaffold", "slowmo", "fedadc", "fedadc_plus", "fednova"}
+    sgd_only = {"scaffold", "slowmo", "fedadc", "fedadc_plus", "fednova", "feddc"}
     for name in ALGORITHMS.names():
         cfg = {
             "seed": 0,
