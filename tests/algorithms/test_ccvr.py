@@ -1,0 +1,225 @@
+"""CCVR: the clients' statistics and the server's merge by hand (eq. 3-4), the virtual features'
+moments, the retraining as SGD on the classifier only, determinism, and runs whose training is
+FedAvg's bit for bit while every evaluated row carries the calibrated model's accuracy too."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import one_line_refusal
+
+import fedrift
+from fedrift.algorithms import make
+from fedrift.algorithms.base import Setup
+from fedrift.algorithms.ccvr import (CCVR_RNG, CCVRParams, class_stats, global_stats, merge, retrain_head,
+                                     virtual_features, virtual_set)
+from fedrift.engine.local import make_apply
+from fedrift.engine.rng import generator
+from fedrift.metrics.evaluate import evaluate
+from fedrift.models import MODELS, build_model
+from fedrift.tuning import score_of
+
+SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0,
+              clip_grad_norm=None, seed=0)
+
+
+def fold(*clients, num_classes=3):
+    acc = None
+    for h, y in clients:
+        acc = merge(acc, class_stats(h, y), num_classes)
+    return acc
+
+
+def test_client_statistics_by_hand():
+    h = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 0.0]])
+    s = class_stats(h, torch.tensor([2, 2, 0]))
+    assert torch.equal(s["classes"], torch.tensor([0, 2])) and torch.equal(s["count"], torch.tensor([1, 2]))
+    assert torch.equal(s["mean"], torch.tensor([[5.0, 0.0], [2.0, 3.0]]))
+    # class 2: deviations +-(1, 1), unbiased: (2 * [[1, 1], [1, 1]]) / (2 - 1); one sample: zero
+    assert torch.equal(s["cov"], torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[2.0, 2.0], [2.0, 2.0]]]))
+    assert s["mean"].dtype == h.dtype  # sent in the features' dtype
+
+
+def test_merge_by_hand_in_one_dimension():
+    # client A holds class 0 at 1 and 3 (N 2, mean 2, var 2); client B at 5 (N 1, mean 5, var 0).
+    # eq. 4: 1/2 * 2 + 0 + 2/2 * 4 + 1/2 * 25 - 3/2 * 9 = 4 = the variance of (1, 3, 5)
+    acc = fold((torch.tensor([[1.0], [3.0]]), torch.tensor([0, 0])), (torch.tensor([[5.0]]), torch.tensor([0])),
+               num_classes=2)
+    n, mu, sigma = global_stats(acc)
+    assert n.tolist() == [3.0, 0.0]
+    assert mu[0].item() == 3.0 and sigma[0, 0, 0].item() == pytest.approx(4.0, abs=1e-12)
+    assert torch.equal(mu[1], torch.zeros(1)) and torch.equal(sigma[1], torch.zeros(1, 1))  # nobody holds class 1
+
+
+def test_merge_is_the_papers_equation_and_the_pooled_covariance():
+    g = torch.Generator().manual_seed(0)
+    clients = [(torch.randn(n, 4, generator=g, dtype=torch.float64) * 3 + 1, torch.randint(0, 3, (n,), generator=g))
+               for n in (7, 12, 5)]
+    n, mu, sigma = global_stats(fold(*clients))
+    for c in range(3):
+        # eq. 4 as the paper writes it, from each client's (N, mu, Sigma)
+        parts = [class_stats(h[y == c], y[y == c]) for h, y in clients if (y == c).any()]
+        nk = [float(p["count"][0]) for p in parts]
+        mk = [p["mean"][0] for p in parts]
+        sk = [p["cov"][0] for p in parts]
+        nc = sum(nk)
+        mc = sum(a / nc * m for a, m in zip(nk, mk))
+        eq4 = (sum((a - 1) / (nc - 1) * s for a, s in zip(nk, sk)) + sum(a / (nc - 1) * torch.outer(m, m) for a, m in zip(nk, mk))
+               - nc / (nc - 1) * torch.outer(mc, mc))
+        pooled = torch.cat([h[y == c] for h, y in clients])
+        assert n[c] == len(pooled) == nc
+        torch.testing.assert_close(mu[c], mc)
+        torch.testing.assert_close(sigma[c], eq4)
+        torch.testing.assert_close(sigma[c], torch.from_numpy(np.cov(pooled.numpy().T, ddof=1)))
+
+
+def test_virtual_features_have_the_moments():
+    mu = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    a = torch.tensor([[1.0, 0.0, 0.0], [0.5, 2.0, 0.0], [-1.0, 0.3, 0.7]], dtype=torch.float64)
+    sigma = a @ a.T
+    x = virtual_features(mu, sigma, 100_000, generator(0, CCVR_RNG, 1, 0, 0))
+    torch.testing.assert_close(x.mean(0), mu, atol=0.03, rtol=0)
+    torch.testing.assert_close(torch.cov(x.T), sigma, atol=0.06, rtol=0.02)
+    # singular (rank 1, as one sample's class or dead ReLU units give): every draw on mu's line
+    v = torch.tensor([1.0, 2.0, -2.0], dtype=torch.float64)
+    x = virtual_features(mu, torch.outer(v, v), 1000, generator(0, CCVR_RNG, 1, 0, 1))
+    off = (x - mu) - ((x - mu) @ v / (v @ v))[:, None] * v
+    assert torch.isfinite(x).all() and off.abs().max() < 1e-9 and (x - mu).abs().max() > 1
+
+
+def _model():
+    model = build_model("mlp", MODELS.get("mlp").params(hidden=[4]), (5,), 3, seed=0)
+    return model, make_apply(model, {}), {k: v.detach() for k, v in model.named_parameters()}
+
+
+def _acc(apply, params, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(30, 5, generator=g), torch.randint(0, 3, (30,), generator=g)
+    h = apply(params, x, mode="features")
+    return fold((h[:15], y[:15]), (h[15:], y[15:]))
+
+
+def test_calibration_changes_only_the_classifier():
+    model, apply, params = _model()
+    alg = make("ccvr", SETUP, M=20, epochs=2)
+    out = alg.calibration.calibrate(params, _acc(apply, params), 3, apply, {"fc.weight", "fc.bias"})
+    assert out.keys() == params.keys()
+    for k in params:
+        if k.startswith("fc."):
+            assert not torch.equal(out[k], params[k]), k
+        else:
+            assert out[k] is params[k], k  # the global model's own tensor
+
+
+def test_retraining_is_sgd_with_momentum_on_the_virtual_features():
+    """The same steps as torch.optim.SGD on an nn.Linear, in the seeded batch order."""
+    model, apply, params = _model()
+    hp = CCVRParams(M=10, epochs=3, lr=0.05, momentum=0.9, batch_size=8)
+    x, y = virtual_set(_acc(apply, params), hp.M, 0, 2)
+    out = retrain_head(apply, params, {"fc.weight", "fc.bias"}, x, y, hp, 0, 2)
+    fc = torch.nn.Linear(4, 3)
+    fc.load_state_dict({"weight": params["fc.weight"], "bias": params["fc.bias"]})
+    opt = torch.optim.SGD(fc.parameters(), lr=0.05, momentum=0.9)
+    for e in range(3):
+        order = torch.from_numpy(generator(0, CCVR_RNG, 2, 1, e).permutation(len(y)))
+        for i in range(0, len(y), 8):
+            idx = order[i : i + 8]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(fc(x[idx].float()), y[idx]).backward()
+            opt.step()
+    torch.testing.assert_close(out["fc.weight"], fc.weight.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out["fc.bias"], fc.bias.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_deterministic_under_a_seed_and_keyed_by_round():
+    _, apply, params = _model()
+    head = {"fc.weight", "fc.bias"}
+    cal = make("ccvr", SETUP, M=20, epochs=2).calibration
+    acc = _acc(apply, params)
+    a, b = cal.calibrate(params, acc, 3, apply, head), cal.calibrate(params, acc, 3, apply, head)
+    other = cal.calibrate(params, acc, 4, apply, head)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["fc.weight"], other["fc.weight"])
+    other_seed = make("ccvr", Setup(**{**SETUP.__dict__, "seed": 1}), M=20, epochs=2).calibration
+    assert not torch.equal(a["fc.weight"], other_seed.calibrate(params, acc, 3, apply, head)["fc.weight"])
+
+
+def test_no_virtual_features_is_the_global_model():
+    _, apply, params = _model()
+    out = make("ccvr", SETUP, M=0).calibration.calibrate(params, _acc(apply, params), 1, apply, {"fc.weight", "fc.bias"})
+    assert out is params
+
+
+def _runs(tiny, tmp_path, **ccvr):
+    def run(alg, d, **sections):
+        return fedrift.run(tiny(algorithm=alg, output={"dir": str(tmp_path / d)}, train={"rounds": 3}, **sections))
+
+    return run({"name": "fedavg"}, "fedavg"), run({"name": "ccvr", "M": 40, "epochs": 2, **ccvr}, "ccvr"), run
+
+
+def test_training_is_fedavg_bit_for_bit_and_every_row_has_both_accuracies(tiny, tmp_path):
+    fedavg, ccvr, _ = _runs(tiny, tmp_path)
+    for a, b in zip(fedavg.history, ccvr.history, strict=True):
+        for key in a:
+            if key not in ("seconds", "wall_seconds"):
+                assert a[key] == b[key], key  # the global model, its traffic and its metrics: FedAvg's
+        assert {"calibrated_accuracy", "calibrated_loss", "calibrated_local_accuracy"} <= b.keys()
+        assert 0 <= b["calibrated_accuracy"] <= 1
+    for k, v in fedavg.global_state.items():
+        assert torch.equal(v, ccvr.server_state["params"][k]), k  # the trained model: FedAvg's
+        # the final model is the calibrated one: FedAvg's body, its own classifier
+        assert torch.equal(v, ccvr.global_state[k]) != k.startswith("fc."), k
+    last = ccvr.history[-1]
+    assert ccvr.summary["calibrated_accuracy"] == last["calibrated_accuracy"]
+    assert ccvr.summary["calibrated_local_accuracy"] == last["calibrated_local_accuracy"]
+    assert ccvr.summary["final_accuracy"] == fedavg.summary["final_accuracy"]
+    assert any(r["calibrated_accuracy"] != r["test_accuracy"] for r in ccvr.history)
+    # the final model file scores the calibrated accuracy
+    data = fedrift.api.prepare(tiny()).dataset
+    model = build_model("mlp", MODELS.get("mlp").params(hidden=[32]), data.input_shape, 10, seed=0)
+    model.load_state_dict(ccvr.global_state)
+    apply = make_apply(model, {}, prepare=data.prepare)
+    score = evaluate(apply, ccvr.global_state, data.x_test, data.y_test, 1024)["test_accuracy"]
+    assert score == last["calibrated_accuracy"]
+
+
+def test_bytes_of_the_statistics(tiny, tmp_path):
+    """Each client sends, per class it holds, its class id and count (int64), a mean (32 floats)
+    and a covariance (32 x 32) of its features; the global model goes to every client."""
+    _, ccvr, _ = _runs(tiny, tmp_path)
+    prep = fedrift.api.prepare(tiny())
+    held = (prep.partition.counts(prep.dataset.y_train.numpy(), 10) > 0).sum()
+    d = 32
+    model_bytes = sum(v.numel() * 4 for v in ccvr.global_state.values())
+    for row in ccvr.history:
+        assert row["calibration_bytes_up"] == held * (8 + 8 + 4 * d + 4 * d * d)
+        assert row["calibration_bytes_down"] == 6 * model_bytes
+
+
+def test_when_final_calibrates_at_the_last_round_only(tiny, tmp_path):
+    _, every, run = _runs(tiny, tmp_path)
+    final = run({"name": "ccvr", "M": 40, "epochs": 2, "when": "final"}, "final")
+    assert [("calibrated_accuracy" in r) for r in final.history] == [False, False, True]
+    assert final.history[-1] == {**every.history[-1], "seconds": final.history[-1]["seconds"],
+                                 "wall_seconds": final.history[-1]["wall_seconds"]}
+    assert all(torch.equal(v, every.global_state[k]) for k, v in final.global_state.items())
+
+
+def test_validation_and_personalisation_side_by_side(tiny, tmp_path):
+    """With a validation split the calibrated model is scored there too (what tunes CCVR); with
+    eval.personalize, FedADC's per-client calibration is reported beside CCVR's on the same splits."""
+    _, _, run = _runs(tiny, tmp_path)
+    out = run({"name": "ccvr", "M": 40, "epochs": 2}, "both", partition={"val_share": 0.2},
+              eval={"personalize": True, "personalize_epochs": 1})
+    row = out.history[-1]
+    assert {"calibrated_val_accuracy", "calibrated_val_loss", "val_accuracy"} <= row.keys()
+    assert score_of(row) == ("calibrated_val_accuracy", row["calibrated_val_accuracy"])
+    s = out.summary
+    assert {"personalized_accuracy", "global_local_accuracy", "calibrated_local_accuracy", "final_local_accuracy"} <= s.keys()
+    assert s["global_local_accuracy"] == pytest.approx(s["final_local_accuracy"], abs=1e-9)  # the same splits
+
+
+def test_refused_with_privacy_and_in_a_flower_deployment(tiny, capsys):
+    with pytest.raises(fedrift.FedriftError, match="ccvr uploads per-class means and covariances"):
+        fedrift.run(tiny(algorithm={"name": "ccvr"}, privacy={"level": "client", "clip": 1.0, "noise_multiplier": 1.0}))
+    one_line_refusal(capsys, ["flower", "app", "/nonexistent/app", "data.name=digits", "algorithm.name=ccvr"],
+                     "algorithm.name: ccvr calibrates on every client's feature statistics")
