@@ -16,8 +16,9 @@ The space
 
 Scoring and pruning
     A trial is one run of the config with the trial's values, scored by its best
-    ``val_accuracy`` over the evaluated rounds (``val_local_accuracy`` for personal models: see
-    :func:`score_of`; the test set is never read by the tuner); the
+    ``val_accuracy`` over the evaluated rounds (``val_local_accuracy`` for personal models,
+    ``calibrated_val_accuracy`` for a calibrated one, CCVR's: see :func:`score_of`; the test
+    set is never read by the tuner); the
     pruner (median by default) sees each round's score so far (the best validation accuracy up
     to that round: at strong label skew one round's accuracy swings by tens of points) and,
     from the middle round on, stops trials that fall behind the median of earlier trials at
@@ -367,8 +368,10 @@ def _open_study(tune: Tune, study: Study, seed: int, pruner: Any = None, point: 
 def score_of(row: Mapping[str, Any]) -> tuple[str, float] | None:
     """What a round's row scores, and its name: ``val_local_accuracy`` where the run reports it
     (personal models, each on its own client's validation samples: what such a method is for;
-    their global ``val_accuracy`` would tune them for another task), else ``val_accuracy``."""
-    for key in ("val_local_accuracy", "val_accuracy"):
+    their global ``val_accuracy`` would tune them for another task), ``calibrated_val_accuracy``
+    where the run calibrates its model (CCVR: the calibrated model is its output), else
+    ``val_accuracy``."""
+    for key in ("val_local_accuracy", "calibrated_val_accuracy", "val_accuracy"):
         if row.get(key) is not None:
             return key, float(row[key])
     return None

@@ -43,6 +43,11 @@ def check_deployable(cfg: "Config", algorithm: "Algorithm") -> None:
         raise ConfigError(
             f"algorithm.name: {cfg.algorithm.name} is evaluated on each client's personal model, which stays on "
             "its device in a Flower deployment; allowed: an algorithm with one global model (fedrift list)")
+    if algorithm.calibration is not None:
+        raise ConfigError(
+            f"algorithm.name: {cfg.algorithm.name} calibrates on every client's feature statistics of the global model "
+            "at evaluation, an exchange with every device the Flower apps do not make; allowed: an algorithm "
+            "without calibration (fedrift list)")
     for key, on in (("eval.personalize", cfg.eval.personalize), ("eval.drift", cfg.eval.drift)):
         if on:
             raise ConfigError(f"{key}: reads the clients' local models, which stay on the devices in a Flower "

@@ -69,6 +69,9 @@ def check(cfg: Config, algorithm: Algorithm) -> None:
     if algorithm.client_summary is not None:
         raise ConfigError(f"privacy.level: {name} uploads a pre-phase summary of each client's data that "
                           f"privacy.level {level} does not protect; allowed: none")
+    if algorithm.calibration is not None:
+        raise ConfigError(f"privacy.level: {name} uploads per-class means and covariances of each client's features "
+                          f"for its calibration, which privacy.level {level} does not protect; allowed: none")
     if level == "client" and name in UPLOADS_MORE:
         raise ConfigError(f"privacy.level: client clips the uploaded model, and {name} uploads more "
                           f"({UPLOADS_MORE[name]}); allowed: none or sample")
