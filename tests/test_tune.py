@@ -285,3 +285,81 @@ def test_the_committed_benchmark_choices_are_points_of_their_tunes_design(name):
         assert list(best["overrides"]) == [d.key for d in dims], entry
         assert best["overrides"] in startup_points(dims, 8, 0), entry
         assert startup_points(dims, 8, 0)[best["trial"]] == best["overrides"], entry
+
+
+def test_a_best_value_at_the_edge_of_its_range_is_flagged():
+    lr = Dim.parse("train.lr", "log:0.005:0.5")  # log: 5% of the log range is a factor 100 ** 0.05 = 1.26
+    assert lr.edge(0.006) == "low" and lr.edge(0.4) == "high" and lr.edge(0.05) is None and lr.edge(0.007) is None
+    beta = Dim.parse("algorithm.beta", "float:0:1")
+    assert beta.edge(0.04) == "low" and beta.edge(0.96) == "high" and beta.edge(0.5) is None
+    m = Dim.parse("algorithm.M", "int:1:5")
+    assert (m.edge(1), m.edge(5), m.edge(3)) == ("low", "high", None)
+    assert Dim.parse("algorithm.M", "int:1:2").edge(2) is None  # two values: every one is an edge, none flagged
+    grid = Dim.parse("train.lr", "0.01,0.05,0.1")
+    assert (grid.edge(0.01), grid.edge(0.1), grid.edge(0.05)) == ("low", "high", None)
+    assert Dim.parse("train.lr", "0.01,0.1").edge(0.1) is None
+    assert Dim.parse("algorithm.variant", "nesterov,heavy_ball,none").edge("none") is None
+
+
+def test_best_yaml_keeps_the_base_and_compare_warns_when_its_runs_differ(tiny, tmp_path, capsys):
+    out = tmp_path / "tune"
+    fedrift.tune(_cfg(tiny, rounds=2), algorithms=["fedavg"], space={"train.lr": "1e-5,1e-4,0.1"}, trials=3, out=out,
+                 pruner="none")
+    printed = capsys.readouterr().out
+    assert "fedavg: best train.lr=0.1 " in printed
+    assert ("fedavg: train.lr=0.1 is at the high edge of its range 1e-05,0.0001,0.1: the best may lie above it; "
+            "widen space.train.lr and tune again") in printed
+    best = yaml.safe_load((out / "best.yaml").read_text())["fedavg"]
+    assert best["overrides"] == {"train.lr": 0.1} and best["edges"] == {"train.lr": "high"}
+    assert best["space"] == {"train.lr": "1e-05,0.0001,0.1"}
+    base = best["base"]
+    assert base["data.name"] == "digits" and base["model.name"] == "mlp" and base["train.rounds"] == 2
+    assert base["partition.val_share"] == 0.2 and base["partition.num_clients"] == 6 and "train.lr" not in base
+    md = (out / "tune.md").read_text()
+    assert "| fedavg | train.lr=0.1 (high edge) |" in md and "| train.lr (high) |" in md
+    assert "data.name=digits" in md and "train.rounds=2" in md and "own test" in md
+    html = (out / "tune.html").read_text()
+    assert html.index('<table id="summary">') < html.index("<h2>fedavg</h2>")  # the summary comes first
+    assert "train.lr=0.1 (high edge)" in html and "at the high edge of its range" in html and "own test" in html
+
+    # compare on another base: one line naming each key that differs and both values
+    cfg = tmp_path / "c.yaml"
+    other = _cfg(tiny, rounds=1)
+    other["partition"].pop("val_share")
+    cfg.write_text(yaml.safe_dump(other))
+    args = ["compare", "-c", str(cfg), "--out", str(tmp_path / "g"), "algorithms=fedavg", f"tuned={out}",
+            "report.plots=false", "report.tsne=none"]
+    assert main(args) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "another base" in x]
+    assert len(lines) == 1, lines
+    assert f"tuned: {out} chose its values on another base than these runs" in lines[0]
+    assert "train.rounds: tuned on 2, here 1" in lines[0] and "partition.val_share: tuned on 0.2, here 0.0" in lines[0]
+    assert "data.name" not in lines[0]  # the same data: not named
+    grid = json.loads((tmp_path / "g" / "compare.json").read_text())
+    assert grid["tuned"]["base"]["differences"]["train.rounds"] == {"tuned": [2], "here": [1], "entries": ["fedavg"]}
+    report = (tmp_path / "g" / "report.html").read_text()
+    assert 'id="tuned-warning"' in report and "train.rounds: tuned on 2, here 1" in report
+
+    # on its own base: no warning
+    cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=2)))
+    assert main([*args[:4], str(tmp_path / "g2"), *args[5:]]) == 0
+    assert "another base" not in capsys.readouterr().out
+    assert 'id="tuned-warning"' not in (tmp_path / "g2" / "report.html").read_text()
+
+
+def test_an_older_best_yaml_without_a_base_still_works_and_is_said_unchecked(tiny, tmp_path, capsys):
+    from pathlib import Path
+
+    from fedrift.tuning import base_check
+
+    old = tmp_path / "best.yaml"  # as fedrift wrote it before bases were stored
+    old.write_text("fedavg:\n  overrides:\n    train.lr: 0.1\n  val_accuracy: 0.5\n  trial: 0\n  trials: 1\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=1)))
+    assert main(["compare", "-c", str(cfg), "--out", str(tmp_path / "g"), "--no-report", "algorithms=fedavg",
+                 f"tuned={old}"]) == 0
+    printed = capsys.readouterr().out
+    assert "tuned fedavg: train.lr=0.1" in printed
+    assert f"tuned: {old} records no base for fedavg (a best.yaml from before fedrift stored one)" in printed
+    committed = Path(__file__).parents[1] / "benchmarks" / "tuned" / "workload-a.yaml"
+    assert base_check(committed, [("fedavg", _cfg(tiny))]) == {"differences": {}, "unrecorded": ["fedavg"]}

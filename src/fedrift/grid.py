@@ -378,8 +378,12 @@ def build_grid(
         "sweep": {k: [v for _, v in sweep_vals[k]] for k in sweep_keys},
         "settings": [s.as_json() for s in settings],
     }
-    if tuned is not None:
-        description["tuned"] = {"dir": str(tuned), "overrides": tuned_values}
+    if tuned is not None:  # with where the runs differ from the base the values were tuned on
+        from fedrift.tuning import base_check, base_warning
+
+        check = base_check(tuned, [(spec.setting.algorithm, spec.doc) for spec in runs])
+        description["tuned"] = {"dir": str(tuned), "overrides": tuned_values, "base": check,
+                                "warnings": base_warning(tuned, check)}
     return Grid(root, settings, seed_list, runs, description)
 
 
@@ -652,6 +656,8 @@ def compare(
     for entry in grid.description["algorithms"] if tuned is not None else []:
         values = grid.description["tuned"]["overrides"].get(entry)
         echo(f"tuned {entry}: {' '.join(values)}" if values else f"tuned {entry}: not in {tuned}, the config's values")
+    for line in grid.description["tuned"]["warnings"] if tuned is not None else []:
+        echo(line)
     description = dict(grid.description)
     description["report"] = opts.as_json()
     grid.description = description

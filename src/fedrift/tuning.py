@@ -28,7 +28,9 @@ Scoring and pruning
 The tune folder
     ``study.db`` (SQLite: the studies, one per algorithm entry), ``tune.json`` (what was asked),
     ``trials/<entry>/trial<k>`` (each trial's run folder), ``best.yaml`` (per entry the best
-    values as config overrides: what ``fedrift compare ... tuned=DIR`` reads), ``trials.csv``,
+    values as config overrides: what ``fedrift compare ... tuned=DIR`` reads; beside them the
+    base they were chosen on, :func:`tune_base`, which ``compare`` checks its runs against, and
+    the values at the edge of their range, :meth:`Dim.edge`), ``trials.csv``,
     ``tune.md`` and ``tune.html`` (the best trial's curves and the score against each
     hyper-parameter). Stop it at any time and run the same command again: finished trials are
     kept, trials left running are marked failed and run anew, and only the missing ones run.
@@ -56,6 +58,8 @@ from fedrift.grid import _base_doc, parse_algorithm, parse_value, run_pool, safe
 
 LR_SPACE = {"train.lr": "log:0.005:0.5"}
 STARTUP = 10  # trials from the Sobol design before TPE proposes (TPE's own start-up count)
+EDGE = 0.05  # a chosen value this close to an end of its range (share of the range; of its log for log:) is flagged
+BASE_SECTIONS = ("data", "model", "partition", "train")  # what a tune's choice is for (best.yaml's base)
 STUDY_DB = "study.db"
 DESCRIPTION = "tune.json"
 BEST = "best.yaml"
@@ -112,6 +116,26 @@ class Dim:
 
     def describe(self) -> str:
         return ",".join(map(str, self.choices)) if self.kind == "choice" else f"{self.kind}:{self.low:g}:{self.high:g}"
+
+    def edge(self, value: Any) -> str | None:
+        """``low`` or ``high`` when ``value`` lies within :data:`EDGE` of that end of the range
+        (in the log for ``log``), or is the least or greatest of a list of three or more
+        numbers (two are all edges; words have none); else None. A best value at an edge
+        says the best may lie beyond the range searched."""
+        if self.kind == "choice":
+            nums = [c for c in self.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+            if len(nums) < 3 or len(nums) != len(self.choices) or value not in nums:
+                return None
+            return "low" if value == min(nums) else "high" if value == max(nums) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        if self.kind == "int":
+            if self.high - self.low < 2:
+                return None
+            return "low" if value <= self.low else "high" if value >= self.high else None
+        scale = math.log if self.kind == "log" else float
+        u = (scale(value) - scale(self.low)) / (scale(self.high) - scale(self.low))
+        return "low" if u <= EDGE else "high" if u >= 1 - EDGE else None
 
     def at(self, u: float) -> Any:
         """The value at ``u`` in [0, 1) of the space: uniform in the log for ``log``."""
@@ -567,19 +591,27 @@ def write_results(tune: Tune, echo: Callable[[str], None] = print, figures: bool
 
     results = collect(tune)
     best = {}
-    for r in results.values():
+    for study in tune.studies:
+        r = results[study.name]
         b = r["best"]
         n = len(r["trials"])
         if b is None:
             echo(f"{r['entry']}: no trial finished ({n} tried); nothing to choose")
             continue
+        r["edges"] = {d.key: side for d in study.dims if (side := d.edge(b["params"].get(d.key))) is not None}
+        r["base"] = tune_base(study.doc, list(b["params"]))
         best[r["entry"]] = {"overrides": dict(b["params"]), "val_accuracy": b["val_accuracy"], "trial": b["trial"],
-                            "trials": n, **({"metric": b["metric"]} if b["metric"] != "val_accuracy" else {})}
+                            "trials": n, **({"metric": b["metric"]} if b["metric"] != "val_accuracy" else {}),
+                            **({"edges": r["edges"]} if r["edges"] else {}), "space": r["space"], "base": r["base"]}
         shown = " ".join(f"{k}={_short(v)}" for k, v in b["params"].items())
         scored = "val" if b["metric"] == "val_accuracy" else b["metric"]
         echo(f"{r['entry']}: best {shown} ({scored} {b['val_accuracy']:.4f}, trial {b['trial']} of {n})")
+        for key, side in r["edges"].items():
+            echo(f"{r['entry']}: {key}={_short(b['params'][key])} is at the {side} edge of its range {r['space'][key]}: "
+                 f"the best may lie {'below' if side == 'low' else 'above'} it; widen space.{key} and tune again")
     (tune.root / BEST).write_text(
-        "# fedrift tune: per algorithm entry, the best trial's values (fedrift compare ... tuned=DIR)\n"
+        "# fedrift tune: per algorithm entry, the best trial's values (fedrift compare ... tuned=DIR), the space\n"
+        "# searched, the values at its edge, and the base they were chosen on (compare warns when its runs differ)\n"
         + yaml.safe_dump(best, sort_keys=False))
     keys = sorted({k for r in results.values() for t in r["trials"] for k in t["params"]})
     with open(tune.root / "trials.csv", "w", newline="") as f:
@@ -629,6 +661,61 @@ def tune(
     return write_results(t, echo, figures=report)
 
 
+def tune_base(doc: Mapping[str, Any], tuned: Sequence[str] = ()) -> dict[str, Any]:
+    """What a choice of values is for: the resolved (defaults filled in) ``data``, ``model``,
+    ``partition`` and ``train`` keys of a config, flattened, less the ``tuned`` keys."""
+    from fedrift.config import load_config
+    from fedrift.report.table import flatten
+
+    resolved = json.loads(json.dumps(load_config({k: v for k, v in doc.items() if k != "output"}).model_dump(),
+                                     default=str))
+    flat = flatten({k: resolved.get(k) or {} for k in BASE_SECTIONS})
+    return {k: v for k, v in flat.items() if k not in set(tuned)}
+
+
+def base_check(path: str | Path, runs: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The runs (grid entry, config) that take a tune's values against the base each entry's
+    values were chosen on: ``differences`` (per key: the values tuned on and those here, and
+    the entries) and ``unrecorded`` (entries whose ``best.yaml`` predates stored bases)."""
+    best = read_tuned(path)
+    by_name = {parse_algorithm(e)[0]: v for e, v in best.items()}
+    diffs: dict[str, dict[str, list[Any]]] = {}
+    unrecorded: list[str] = []
+    for entry, doc in runs:
+        found = best.get(entry) or by_name.get(parse_algorithm(entry)[0])
+        if found is None:
+            continue
+        base = found.get("base")
+        if not isinstance(base, dict):
+            unrecorded += [entry] if entry not in unrecorded else []
+            continue
+        here = tune_base(doc, list(found["overrides"]))
+        for key, value in base.items():
+            if key in here and json.dumps(value, sort_keys=True) != json.dumps(here[key], sort_keys=True):
+                d = diffs.setdefault(key, {"tuned": [], "here": [], "entries": []})
+                for name, v in (("tuned", value), ("here", here[key]), ("entries", entry)):
+                    if v not in d[name]:
+                        d[name].append(v)
+    return {"differences": diffs, "unrecorded": unrecorded}
+
+
+def base_warning(path: str | Path, check: Mapping[str, Any]) -> list[str]:
+    """The lines ``compare`` prints for :func:`base_check`'s findings (none when all agree)."""
+    def show(values: Sequence[Any]) -> str:
+        return ",".join(v if isinstance(v, str) else json.dumps(v) for v in values)
+
+    lines = []
+    diffs = check.get("differences") or {}
+    if diffs:
+        keys = "; ".join(f"{k}: tuned on {show(d['tuned'])}, here {show(d['here'])}" for k, d in diffs.items())
+        lines.append(f"tuned: {path} chose its values on another base than these runs ({keys}); values tuned for one "
+                     "setting may not be the best for another: tune on the runs' own config to compare at their best")
+    if check.get("unrecorded"):
+        lines.append(f"tuned: {path} records no base for {', '.join(check['unrecorded'])} (a best.yaml from before "
+                     "fedrift stored one): not checked against these runs")
+    return lines
+
+
 def read_tuned(path: str | Path) -> dict[str, dict[str, Any]]:
     """A tune folder's (or its ``best.yaml``'s) best values per entry, refused clearly when it
     is not one."""
@@ -645,5 +732,5 @@ def read_tuned(path: str | Path) -> dict[str, dict[str, Any]]:
     return doc
 
 
-__all__ = ["Dim", "LR_SPACE", "Tune", "build_tune", "collect", "default_space", "read_tuned", "run_tune", "tune",
-           "write_results"]
+__all__ = ["Dim", "LR_SPACE", "Tune", "base_check", "base_warning", "build_tune", "collect", "default_space",
+           "read_tuned", "run_tune", "tune", "tune_base", "write_results"]

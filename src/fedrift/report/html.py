@@ -256,6 +256,7 @@ figcaption{color:#555;font-size:.9em}
 details{margin:.3em 0}summary{cursor:pointer;font-weight:600}
 pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.85em}
 .note{color:#555;font-size:.9em}.scroll{overflow-x:auto}
+.warn{color:#7a3e00;background:#fff4e5;border-left:4px solid #e08a00;padding:.4em .7em}
 """
 
 
@@ -285,6 +286,7 @@ def _grid_rows(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None)
         tuned = grid.get("tuned") or {}
         for entry, values in (tuned.get("overrides") or {}).items():
             rows.append((f"tuned {entry} ({tuned.get('dir')})", " ".join(values)))
+        rows += [("tuned values: warning", line.partition(": ")[2]) for line in tuned.get("warnings") or []]
     else:
         rows.append(("settings", f"{len(groups)} (runs grouped by config minus seed)"))
     rows.append(("runs", f"{len(runs)}: {status}"))
@@ -313,6 +315,7 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
         "<body>",
         f"<h1>{_e(title)}</h1>",
         f'<p class="meta">fedrift {_e(__version__)}, generated {_e(now)}</p>',
+        *(f'<p class="warn" id="tuned-warning">{_e(line)}</p>' for line in ((grid or {}).get("tuned") or {}).get("warnings") or []),
         "<h2>Grid</h2>",
         '<table class="kv" id="grid"><tbody>',
         *(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in _grid_rows(root, groups, grid)),

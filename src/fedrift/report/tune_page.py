@@ -1,7 +1,14 @@
-"""The page of a ``fedrift tune``: per algorithm entry, the best values, the best trial's
-curves (validation and test accuracy per round), the score against each hyper-parameter, and
-the trials table. ``tune.html`` is self-contained like ``report.html`` (figures inline);
-``tune.md`` holds the same tables."""
+"""The page of a ``fedrift tune``: a summary table first (per algorithm entry: the best
+values, flagged where one lies at the edge of its range, the score, the trials), the base
+the tune ran on, then per entry the best trial's curves (validation and test accuracy per
+round), the score against each hyper-parameter, and the trials table. ``tune.html`` is
+self-contained like ``report.html`` (figures inline); ``tune.md`` holds the same tables.
+
+The curves' names: *validation* and *test* are the global model on the clients' validation
+samples and on the test set; *own validation* and *own test* (personal-model methods such as
+FedProto) are each client's own model on that client's own validation samples or local test
+split, averaged over the clients. The score is the best validation accuracy over the rounds
+(own validation for personal models); the test set is shown, never used to choose."""
 
 from __future__ import annotations
 
@@ -58,30 +65,92 @@ def _figure(root: Path, name: str, study: Mapping[str, Any]) -> Path | None:
     return png
 
 
-def render_tune_page(root: Path, results: Mapping[str, Mapping[str, Any]], figures: bool = True) -> tuple[Path, str]:
-    """Write ``tune.html`` (and figures) in ``root``; returns its path and the Markdown tables."""
-    from fedrift import __version__
+EXPLAIN = ("Each trial is one run of the tune's config at the trial's values, scored by its best validation accuracy "
+           "over the rounds: the global model on the clients' validation samples. For a personal-model method "
+           "(FedProto) the score is its own validation accuracy: each client's own model on that client's "
+           "validation samples, averaged over the clients; its curve beside it, own test, is the same on each "
+           "client's own test split. The test curve (the global model on the test set) is shown, never used to choose.")
+EDGE_NOTE = ("edge: a best value within 5% of an end of its range (of its logarithm for log:), or the least or "
+             "greatest of a list of three or more: the best may lie beyond the range searched; widen it "
+             "(space.KEY=...) and tune again.")
+BASE_KEYS = ("data.name", "model.name", "partition.name", "partition.alpha", "partition.num_clients",
+             "partition.val_share", "train.rounds", "train.clients_per_round", "train.local_epochs", "train.batch_size")
 
-    md = ["# fedrift tune", "", "| algorithm | best values | val accuracy | trial | finished / tried |", "|---|---|---|---|---|"]
+
+def _values(r: Mapping[str, Any]) -> str:
+    b = r["best"]
+    if not b:
+        return "-"
+    edges = r.get("edges") or {}
+    return " ".join(f"{k}={_fmt(v)}" + (f" ({edges[k]} edge)" if k in edges else "") for k, v in b["params"].items())
+
+
+def summary_rows(results: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The summary table: per entry its best values (edges flagged), score, trial, trials."""
+    headers = ["algorithm", "best values", "score", "metric", "trial", "finished / tried", "at the edge"]
+    cells = []
     for r in results.values():
         b = r["best"]
         done = sum(t["state"] in ("complete", "pruned") for t in r["trials"])
-        values = " ".join(f"{k}={_fmt(v)}" for k, v in b["params"].items()) if b else "-"
-        md.append(f"| {r['entry']} | {values} | {_fmt(b['val_accuracy']) if b else '-'} | {b['trial'] if b else '-'} "
-                  f"| {done} / {len(r['trials'])} |")
+        edges = r.get("edges") or {}
+        cells.append([r["entry"], _values(r), _fmt(b["val_accuracy"]) if b else "-",
+                      (b["metric"] if b else "-"), str(b["trial"]) if b else "-", f"{done} / {len(r['trials'])}",
+                      ", ".join(f"{k} ({side})" for k, side in edges.items()) or "-"])
+    return headers, cells
+
+
+def base_line(results: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The base the choices were made on (the main keys; best.yaml holds them all), once
+    when every entry shares it."""
+    bases = [r.get("base") for r in results.values() if r.get("base")]
+    if not bases:
+        return None
+    keys = [k for k in BASE_KEYS if any(k in b for b in bases)]
+    shown = []
+    for k in keys:
+        vals = list(dict.fromkeys(_fmt(b.get(k)) for b in bases))
+        shown.append(f"{k}={'/'.join(vals)}")
+    return ("Tuned on " + ", ".join(shown) + " (best.yaml holds every data, model, partition and train key of the "
+            "base; fedrift compare ... tuned=DIR warns when its runs differ from it).")
+
+
+def render_tune_page(root: Path, results: Mapping[str, Mapping[str, Any]], figures: bool = True) -> tuple[Path, str]:
+    """Write ``tune.html`` (and figures) in ``root``; returns its path and the Markdown tables."""
+    from fedrift import __version__
+    from fedrift.report.table import markdown_lines
+
+    headers, cells = summary_rows(results)
+    base = base_line(results)
+    md = ["# fedrift tune", "", *markdown_lines(headers, cells), "", EDGE_NOTE]
+    md += ["", base] if base else []
+    md += ["", EXPLAIN]
     parts = [
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>fedrift tune: {_e(root.resolve().name)}</title>", f"<style>{CSS}</style>", "</head>", "<body>",
         f"<h1>fedrift tune: {_e(root.resolve().name)}</h1>",
         f'<p class="meta">fedrift {_e(__version__)}, generated {_e(datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))}; '
         "trials scored by their best validation accuracy (the test set is shown, never used to choose)</p>",
+        "<h2>Summary</h2>",
+        '<div class="scroll"><table id="summary">',
+        "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr></thead>", "<tbody>",
+        *("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in cells),
+        "</tbody></table></div>",
+        f'<p class="note">score: the best trial\'s best validation accuracy (metric: which one). {_e(EDGE_NOTE)}</p>',
+        *([f'<p class="note" id="base">{_e(base)}</p>'] if base else []),
+        *(f'<p class="warn">{_e(r["entry"])}: {_e(k)} at the {_e(side)} edge of its range {_e(r["space"].get(k, ""))}: '
+          f"the best may lie beyond it.</p>" for r in results.values() for k, side in (r.get("edges") or {}).items()),
+        f'<p class="note" id="explain">{_e(EXPLAIN)}</p>',
     ]
     for name, r in results.items():
         parts += [f"<h2>{_e(r['entry'])}</h2>", '<table class="kv"><tbody>',
                   *(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in r["space"].items()), "</tbody></table>"]
         png = _figure(root, name, r) if figures else None
         if png is not None:
-            parts += ["<figure>", _img(png, f"tune of {r['entry']}"), "</figure>"]
+            parts += ["<figure>", _img(png, f"tune of {r['entry']}"),
+                      "<figcaption>Left: the best trial's accuracy per round (validation, test; own validation and "
+                      "own test for a personal-model method). Then the score of every trial against each value "
+                      "searched.</figcaption>", "</figure>"]
         keys = list(r["space"])
         parts += ['<div class="scroll"><table id="trials-' + _e(name) + '">', "<thead><tr>"
                   + "".join(f"<th>{_e(h)}</th>" for h in ["trial", "status", "val accuracy", "rounds", *keys]) + "</tr></thead>",
