@@ -43,6 +43,11 @@ def check_deployable(cfg: "Config", algorithm: "Algorithm") -> None:
         raise ConfigError(
             f"algorithm.name: {cfg.algorithm.name} is evaluated on each client's personal model, which stays on "
             "its device in a Flower deployment; allowed: an algorithm with one global model (fedrift list)")
+    if algorithm.client_model is not None:
+        raise ConfigError(
+            f"algorithm.name: {cfg.algorithm.name} is evaluated on each client's model with the part it keeps "
+            "(FedBN: its BatchNorm), which stays on its device in a Flower deployment, so the server could "
+            "score no client's model; allowed: an algorithm with one global model (fedrift list)")
     if algorithm.calibration is not None:
         raise ConfigError(
             f"algorithm.name: {cfg.algorithm.name} calibrates on every client's feature statistics of the global model "

@@ -153,10 +153,11 @@ def build_run(prep: Prepared) -> tuple[FedModel, Algorithm]:
             f"train with {cfg.train.optimizer}; allowed: sgd with {cfg.algorithm.name}"
         )
     privacy.check(cfg, algorithm)
-    if algorithm.personal and (cfg.eval.drift or cfg.eval.personalize):
+    if (algorithm.personal or algorithm.client_model is not None) and (cfg.eval.drift or cfg.eval.personalize):
         key = "eval.drift" if cfg.eval.drift else "eval.personalize"
+        what = "personal models" if algorithm.personal else "models that keep a part of their own"
         raise ConfigError(
-            f"{key}: {cfg.algorithm.name} trains personal models (there is no one global model to "
+            f"{key}: {cfg.algorithm.name} trains {what} (there is no one global model to "
             f"compare or calibrate); allowed: false with {cfg.algorithm.name}"
         )
     return model, algorithm

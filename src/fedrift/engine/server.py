@@ -24,7 +24,6 @@ from tqdm.auto import tqdm
 from fedrift.algorithms.base import Algorithm, RoundInfo, sum_weights
 from fedrift.config import Config
 from fedrift.engine.augment import Augment
-from fedrift.engine.calibrate import calibration_metrics
 from fedrift.engine.checkpoint import Checkpointer, Snapshot, prefix_sha256
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.failures import Fates, fates
@@ -136,9 +135,11 @@ class Server:
         model = model.to(fed.device)
         params = model_state(model)  # the parameters, and BatchNorm's running statistics (models/norm.py)
         # BatchNorm: the new global statistics are the weighted average of the uploaded ones,
-        # whatever the algorithm does with the parameters (average_stats); personal models keep theirs
+        # whatever the algorithm does with the parameters (average_stats); personal models keep
+        # theirs, and a client model (FedBN) says itself what is shared
         self.stat_keys = running_stat_names(model)
-        self.averages_stats = bool(self.stat_keys) and not algorithm.personal
+        self.per_client = algorithm.personal or algorithm.client_model is not None  # evaluated per client
+        self.averages_stats = bool(self.stat_keys) and not self.per_client
         if self.stat_keys and cfg.eval.personalize:
             raise ConfigError("eval.personalize: classifier calibration keeps the body as the global model's, which "
                               "BatchNorm's train-mode statistics would change; allowed: false with model.norm batch")
@@ -160,7 +161,7 @@ class Server:
         # client's stored state is read when it trains, not all K at open (S4)
         self.late_states = (self.streams and hands_over and algorithm.init_client is not None
                             and algorithm.client_summary is None  # a pre-phase reads the job's ctx
-                            and not algorithm.personal)  # so does the batched executor's start
+                            and not self.per_client)  # so does the batched executor's start
         self.panel = eval_clients(fed.num_clients, cfg.eval.clients_sample, cfg.seed)  # personal models: whose
         self.probe = probe_indices(len(fed.y_test), cfg.eval.probe_size, cfg.seed).to(fed.device)
         # test_*, then val_* on the union of the clients' validation splits (partition.val_share)
@@ -168,9 +169,8 @@ class Server:
             [("val", fed.x_val, fed.y_val)] if len(fed.y_val) else [])
         # a global model's local_accuracy: on the panel clients' own test splits (not their
         # validation ones: the tuner scores a personal model's val_local_accuracy, a global one's val_accuracy)
-        self.local_test = None if algorithm.personal else LocalParts([fed.test_indices(k) for k in self.panel])
+        self.local_test = None if self.per_client else LocalParts([fed.test_indices(k) for k in self.panel])
         self.out = LoopResult()
-        self.calibrated: dict[str, torch.Tensor] | None = None  # the last calibrated model (Algorithm.calibration)
         self.totals: dict[str, Any] = {"bytes_down": 0, "bytes_up": 0, "seconds": 0.0, "clients_returned": 0,
                                        "clients_dropped": 0, "clients_failed": 0, "clients_straggling": 0}
         self.best: tuple[float, int] = (-1.0, 0)
@@ -304,7 +304,7 @@ class Server:
 
         row = None
         if t % cfg.eval.every == 0 or t == tc.rounds:
-            row = {"round": t, **self.evaluate(), **self.calibrate(t), **_aux_metrics(outputs, weights)}
+            row = {"round": t, **self.evaluate(), **_aux_metrics(outputs, weights)}
             if cfg.eval.drift:
                 local = [o.end_params for o in outputs]
                 row.update(drift_metrics(self.tools.apply, rnd.payload["params"], local, fed.x_test, fed.y_test,
@@ -334,15 +334,15 @@ class Server:
         return row
 
     def evaluate(self) -> dict[str, float]:
-        """The global model (or, for personal algorithms, each client's own: every client up
-        to ``eval.clients_sample`` clients, else a seeded panel of that many) on the test set
-        and the validation union."""
+        """The global model (or, for personal algorithms and client models, each client's own:
+        every client up to ``eval.clients_sample`` clients, else a seeded panel of that many) on
+        the test set and the validation union."""
         fed, alg, apply, chunk = self.fed, self.algorithm, self.tools.apply, self.tools.eval_batch
         predict = partial(alg.predict, self.state, apply=apply) if alg.predict is not None else None
         row: dict[str, float] = {}
         for prefix, x_eval, y_eval in self.evaluated:
-            if alg.personal:  # each panel client's own model, as the store holds it now
-                models = (self.store.get(k)["params"] for k in self.panel)  # one at a time
+            if self.per_client:  # each panel client's own model, as the store holds it now
+                models = (self.client_model(k) for k in self.panel)  # one at a time
                 local = [fed.test_indices(k) if prefix == "test" else fed.val_positions(k) for k in self.panel]
                 row.update(evaluate_personal(apply, models, local, x_eval, y_eval, chunk, predict, prefix))
             else:
@@ -350,20 +350,11 @@ class Server:
                 row.update(evaluate(apply, self.state["params"], x_eval, y_eval, chunk, predict, prefix, local_parts))
         return row
 
-    def calibrate(self, t: int) -> dict[str, float]:
-        """The algorithm's calibrated model (CCVR) from the panel clients' statistics of the
-        global model, evaluated as it is (``engine.calibrate``); {} without one, or when it
-        calibrates at the last round only and ``t`` is not that round. It is kept as the run's
-        final model, and never goes down to the clients."""
-        cal = self.algorithm.calibration
-        if cal is None or (cal.final_only and t != self.cfg.train.rounds):
-            return {}
-        prefixes = getattr(self.model, "head_prefixes", ("fc",))
-        params = self.state["params"]
-        head = {k for k in params if k.split(".")[0] in prefixes}
-        row, self.calibrated = calibration_metrics(self.algorithm, params, self.fed, self.panel, self.tools.apply, head,
-                                                   t, self.tools.eval_batch, self.evaluated, self.local_test)
-        return row
+    def client_model(self, k: int) -> dict[str, torch.Tensor]:
+        """Client ``k``'s model now: its own (personal), or the server's model joined with the
+        part it keeps (``Algorithm.client_model``, FedBN: its BatchNorm)."""
+        state = self.store.get(k)
+        return state["params"] if self.algorithm.personal else self.algorithm.client_model(self.state, state)
 
     def checkpoint(self, t: int) -> None:
         assert self.checkpoints is not None
@@ -418,8 +409,7 @@ class Server:
         """The run's result so far: history, summary, and (completed) the final state."""
         out, tc = self.out, self.cfg.train
         if status == "completed":
-            # a calibrated model (CCVR) is the run's final model; the trained one stays in server_state
-            out.global_params = self.calibrated if self.calibrated is not None else self.state["params"]
+            out.global_params = self.state["params"]
             out.server_state = self.state
         out.summary = _summary(out, self.totals, self.best, tc.rounds, status, message)
         if status == "completed":
@@ -499,9 +489,6 @@ def _summary(out: LoopResult, totals: dict, best: tuple[float, int], rounds: int
     }
     if "local_accuracy" in last:  # on the clients' own test splits (each one's model, or the global one)
         summary["final_local_accuracy"] = last["local_accuracy"]
-    for key in ("calibrated_accuracy", "calibrated_local_accuracy"):  # the calibrated model's (CCVR), beside them
-        if key in last:
-            summary[key] = last[key]
     if message:
         summary["message"] = message
     return summary

@@ -113,8 +113,12 @@ class RoundTools:
         return ClientData(rows(self.x, idx), rows(self.y, idx), teacher)
 
     def start_params(self, payload: dict[str, Any], ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Where local training starts: the broadcast model, or the client's own (personal)."""
-        return ctx["state"]["params"] if self.algorithm.personal else payload["params"]
+        """Where local training starts: the broadcast model, the client's own (personal), or
+        the broadcast joined with the part the client keeps (``client_model``: FedBN)."""
+        alg = self.algorithm
+        if alg.personal:
+            return ctx["state"]["params"]
+        return payload["params"] if alg.client_model is None else alg.client_model(payload, ctx["state"])
 
     def noise(self, round_: int, client: int, step: int, rows: int) -> torch.Tensor | None:
         """The step's ``batch["noise"]`` when the algorithm asks for one (see ``rng.step_noise``)."""

@@ -116,6 +116,8 @@ class BatchedExecutor:
         n = len(jobs)
         if alg.personal:
             params = tools.start_params(payload, ctx)  # the clients' own models, stacked with ctx
+        elif alg.client_model is not None:  # the broadcast (expanded) with each client's own part
+            params = vmap(partial(tools.start_params, payload))(ctx)
         else:
             params = {name: p.unsqueeze(0).expand(n, *p.shape) for name, p in payload["params"].items()}
         opt_state = vmap(partial(optimizer_init, tools.optimizer, apply=tools.apply))(params)
