@@ -40,6 +40,13 @@ is the loss without it. Personalisation (``eval.personalize_loss: algorithm``) f
 classifier with it and the train section's optimiser: no ``grad_correction``, no
 ``optimizer`` of the algorithm's own.
 
+Calibration at evaluation (``calibration``, CCVR): after the round's aggregation, at its
+evaluation, each client of the evaluation panel runs the global model's feature extractor
+over its training data and uploads ``calibration.stats`` of the features; the server folds
+them with ``calibration.merge`` and ``calibration.calibrate`` makes a calibrated model from
+them, evaluated beside the global one (``calibrated_accuracy``). It never goes down to the
+clients: training is the algorithm's own, whatever the calibration does.
+
 Randomness inside training (FedGen's generator noise): an algorithm with ``noise_dim``
 finds ``batch["noise"]``, standard normal of shape (batch rows, noise_dim), a pure function
 of (seed, round, client, step), the same rows under every executor.
@@ -193,6 +200,21 @@ def _from_sums(sums: dict[str, SumWeights], aggregate_sums: Callable[[Tree, Tree
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """A post-hoc calibration of the global model, run by the server at evaluation (module
+    docstring). ``stats(h, y)``: one client's upload from its features ``h`` (rows: its
+    training samples, the global model's ``mode="features"``) and labels ``y``; ``merge(acc,
+    stats)``: the server's running fold (``acc`` None for the first client); ``calibrate(params,
+    acc, round, apply, head)``: the calibrated model, equal to ``params`` outside the
+    parameter names in ``head`` (the classifier); ``final_only``: only at the last round."""
+
+    stats: Callable[[torch.Tensor, torch.Tensor], Tree]
+    merge: Callable[[Tree | None, Tree], Tree]
+    calibrate: Callable[[Params, Tree, int, Apply, set[str]], Params]
+    final_only: bool = False
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """An FL algorithm as data: its hyper-parameters and its hooks (see module docstring)."""
 
@@ -217,6 +239,7 @@ class Algorithm:
     personal: bool = False  # clients train and keep their own model, state["params"]
     client_model: Callable[[Tree, Tree], Params] | None = None  # (shared, client state) -> its model (docstring)
     predict: Callable[[Tree, Params, torch.Tensor, Apply], dict[str, torch.Tensor]] | None = None
+    calibration: Calibration | None = None  # post-hoc calibration at evaluation (CCVR; module docstring)
     sums: dict[str, SumWeights] | None = None  # streamed aggregation (module docstring): field -> weighting
     aggregate_sums: Callable[[Tree, Tree, RoundInfo], Tree] | None = None
     # set by engine.build under a train.lr_schedule: this algorithm built again by its factory

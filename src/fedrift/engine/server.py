@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from fedrift.algorithms.base import Algorithm, RoundInfo, sum_weights
 from fedrift.config import Config
 from fedrift.engine.augment import Augment
+from fedrift.engine.calibrate import calibration_metrics
 from fedrift.engine.checkpoint import Checkpointer, Snapshot, prefix_sha256
 from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.failures import Fates, fates
@@ -171,6 +172,7 @@ class Server:
         # validation ones: the tuner scores a personal model's val_local_accuracy, a global one's val_accuracy)
         self.local_test = None if self.per_client else LocalParts([fed.test_indices(k) for k in self.panel])
         self.out = LoopResult()
+        self.calibrated: dict[str, torch.Tensor] | None = None  # the last calibrated model (Algorithm.calibration)
         self.totals: dict[str, Any] = {"bytes_down": 0, "bytes_up": 0, "seconds": 0.0, "clients_returned": 0,
                                        "clients_dropped": 0, "clients_failed": 0, "clients_straggling": 0}
         self.best: tuple[float, int] = (-1.0, 0)
@@ -304,7 +306,7 @@ class Server:
 
         row = None
         if t % cfg.eval.every == 0 or t == tc.rounds:
-            row = {"round": t, **self.evaluate(), **_aux_metrics(outputs, weights)}
+            row = {"round": t, **self.evaluate(), **self.calibrate(t), **_aux_metrics(outputs, weights)}
             if cfg.eval.drift:
                 local = [o.end_params for o in outputs]
                 row.update(drift_metrics(self.tools.apply, rnd.payload["params"], local, fed.x_test, fed.y_test,
@@ -355,6 +357,21 @@ class Server:
         part it keeps (``Algorithm.client_model``, FedBN: its BatchNorm)."""
         state = self.store.get(k)
         return state["params"] if self.algorithm.personal else self.algorithm.client_model(self.state, state)
+
+    def calibrate(self, t: int) -> dict[str, float]:
+        """The algorithm's calibrated model (CCVR) from the panel clients' statistics of the
+        global model, evaluated as it is (``engine.calibrate``); {} without one, or when it
+        calibrates at the last round only and ``t`` is not that round. It is kept as the run's
+        final model, and never goes down to the clients."""
+        cal = self.algorithm.calibration
+        if cal is None or (cal.final_only and t != self.cfg.train.rounds):
+            return {}
+        prefixes = getattr(self.model, "head_prefixes", ("fc",))
+        params = self.state["params"]
+        head = {k for k in params if k.split(".")[0] in prefixes}
+        row, self.calibrated = calibration_metrics(self.algorithm, params, self.fed, self.panel, self.tools.apply, head,
+                                                   t, self.tools.eval_batch, self.evaluated, self.local_test)
+        return row
 
     def checkpoint(self, t: int) -> None:
         assert self.checkpoints is not None
@@ -409,7 +426,8 @@ class Server:
         """The run's result so far: history, summary, and (completed) the final state."""
         out, tc = self.out, self.cfg.train
         if status == "completed":
-            out.global_params = self.state["params"]
+            # a calibrated model (CCVR) is the run's final model; the trained one stays in server_state
+            out.global_params = self.calibrated if self.calibrated is not None else self.state["params"]
             out.server_state = self.state
         out.summary = _summary(out, self.totals, self.best, tc.rounds, status, message)
         if status == "completed":
@@ -489,6 +507,9 @@ def _summary(out: LoopResult, totals: dict, best: tuple[float, int], rounds: int
     }
     if "local_accuracy" in last:  # on the clients' own test splits (each one's model, or the global one)
         summary["final_local_accuracy"] = last["local_accuracy"]
+    for key in ("calibrated_accuracy", "calibrated_local_accuracy"):  # the calibrated model's (CCVR), beside them
+        if key in last:
+            summary[key] = last[key]
     if message:
         summary["message"] = message
     return summary
