@@ -170,6 +170,7 @@ def test_app_project(tmp_path, capsys):
     (["algorithm.name=fedproto"], "algorithm.name: fedproto is evaluated on each client's personal model"),
     (["eval.drift=true"], "eval.drift: reads the clients' local models"),
     (["eval.personalize=true"], "eval.personalize: reads the clients' local models"),
+    (["algorithm.name=ccvr"], "algorithm.name: ccvr calibrates on every client's feature statistics"),
 ])
 def test_refusals(tmp_path, args, message, capsys):
     assert main(["flower", "app", str(tmp_path / "app"), "data.name=digits", *args]) == 2
