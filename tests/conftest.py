@@ -82,3 +82,54 @@ def one_line_refusal(capsys, args: list[str], *expected: str) -> str:
     for text in expected:
         assert text in lines[0], lines[0]
     return lines[0]
+
+
+def ctrl_c_cli(args: list[str], ready, terminal: bool = True, wait: float = 240.0):
+    """Start ``fedrift ARGS`` as a terminal starts a foreground job, wait until ``ready()``,
+    then send SIGINT: to its whole process group as a terminal's Ctrl-C does (``terminal``),
+    else to the fedrift process alone (``kill -INT PID``). Returns ``code`` (exit status),
+    ``err`` (stderr), ``line_s`` and ``exit_s`` (seconds from the signal to stderr's first
+    line, to the exit) and ``pid`` (also the id of the session it led).
+
+    A child inherits an ignored SIGINT (what a shell gives a background job; Python then
+    leaves Ctrl-C off) and the spawning thread's signal mask; the suite's process is no
+    terminal and a library it ran may have changed either, so both are set as a terminal's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "fedrift.cli", *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, before)
+    try:
+        deadline = time.monotonic() + wait
+        while not ready():
+            if proc.poll() is not None:
+                raise AssertionError(f"fedrift {args[0]} ended before the Ctrl-C: {proc.stderr.read()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fedrift {args[0]} was not ready for the Ctrl-C in {wait:.0f} s")
+            time.sleep(0.02)
+        sent = time.monotonic()
+        if terminal:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        first = proc.stderr.readline()
+        line_s = time.monotonic() - sent
+        rest = proc.stderr.read()
+        proc.wait(timeout=120)
+        return SimpleNamespace(code=proc.returncode, err=first + rest, line_s=line_s,
+                               exit_s=time.monotonic() - sent, pid=proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -363,3 +363,56 @@ def test_an_older_best_yaml_without_a_base_still_works_and_is_said_unchecked(tin
     assert f"tuned: {old} records no base for fedavg (a best.yaml from before fedrift stored one)" in printed
     committed = Path(__file__).parents[1] / "benchmarks" / "tuned" / "workload-a.yaml"
     assert base_check(committed, [("fedavg", _cfg(tiny))]) == {"differences": {}, "unrecorded": ["fedavg"]}
+
+
+def test_ctrl_c_on_a_parallel_tune_records_its_trials_as_interrupted(tiny, tmp_path):
+    """A terminal's Ctrl-C on `tune --jobs 2` with 4 trials while the first two train: no
+    other trial starts, the two are in the study as interrupted (state fail: the next tune
+    runs their points again) and their runs' summaries say so; one line on stderr within
+    seconds, exit 130; no Optuna "Trial failed" warning, traceback or leaked semaphore."""
+    from conftest import ctrl_c_cli
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({**_cfg(tiny, rounds=100000), "engine": {"checkpoint_every": 1}}))
+    out = tmp_path / "tune"
+    started: list = []
+
+    def both_train() -> bool:
+        started[:] = sorted(p.parent for p in out.glob("trials/fedavg/trial*/config.yaml"))
+        return len([m for m in out.glob("trials/fedavg/trial*/metrics.jsonl") if m.read_text().count("\n") >= 2]) >= 2
+
+    r = ctrl_c_cli(["tune", "-c", str(cfg), "--out", str(out), "--trials", "4", "--jobs", "2", "--pruner", "none",
+                    "space.train.lr=0.01,0.02,0.03,0.04", "--no-report"], both_train)
+    assert r.code == 130 and r.err.strip().splitlines() == [
+        "fedrift: interrupted; the trials in progress were stopped and recorded as interrupted; run the same fedrift "
+        "tune command again to continue (finished trials are kept, interrupted ones run again)"], r.err
+    assert r.line_s < 8.0, f"the line came {r.line_s:.1f} s after the signal (exit after {r.exit_s:.1f} s)"
+    assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"
+    runs = sorted(p.parent for p in out.glob("trials/fedavg/trial*/config.yaml"))
+    assert runs == started and len(runs) == 2, (runs, started)
+    assert [json.loads((d / "summary.json").read_text())["status"] for d in runs] == ["interrupted"] * 2
+    st = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{out / 'study.db'}")
+    assert [(t.state.name, t.user_attrs.get("status")) for t in st.trials] == [("FAIL", "interrupted")] * 2
+
+
+def test_ctrl_c_in_a_tune_marks_the_trial_interrupted_and_a_rerun_runs_it_again(tiny, tmp_path, capsys, monkeypatch):
+    """Ctrl-C in a trial of `tune --jobs 1`: exit 130 with the tune's one line (not the
+    trial run's --resume hint), no Optuna warning; the next tune runs that point again."""
+    from conftest import ctrl_c_in_round
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=2)))
+    args = ["tune", "-c", str(cfg), "--out", str(tmp_path / "t"), "--trials", "1", "--pruner", "none",
+            "space.train.lr=0.05", "--no-report"]
+    undo = ctrl_c_in_round(monkeypatch, 2)
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "fedrift: interrupted; the trials in progress were stopped and recorded as interrupted; run the same fedrift "
+        "tune command again to continue (finished trials are kept, interrupted ones run again)"], err
+    undo()
+    assert main(args) == 0
+    assert "fedavg: 0 of 1 trials finished before;" in capsys.readouterr().out
+    st = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{tmp_path / 't' / 'study.db'}")
+    assert [(t.state.name, t.user_attrs.get("status")) for t in st.trials] == [("FAIL", "interrupted"),
+                                                                               ("COMPLETE", "completed")]

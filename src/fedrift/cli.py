@@ -133,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         result = getattr(err, "result", None)  # fedrift.api wrote the interrupted summary
         message = result.summary.get("message") if result is not None else None
         if args.command == "compare":
-            message = ("interrupted; run the same fedrift compare command again to continue (finished runs "
-                       "are kept, stopped ones continue from their checkpoints)")
+            message = ("interrupted; the runs in progress were stopped and recorded as interrupted; run the same "
+                       "fedrift compare command again to continue (finished runs are kept, stopped ones continue "
+                       "from their checkpoints)")
+        elif args.command == "tune":
+            message = ("interrupted; the trials in progress were stopped and recorded as interrupted; run the same "
+                       "fedrift tune command again to continue (finished trials are kept, interrupted ones run again)")
         print(f"fedrift: {message or 'interrupted; metrics written so far are kept'}", file=sys.stderr)
         return 130
 

@@ -32,7 +32,9 @@ the partition of every distinct (data, partition) section, so a bad key fails at
 ``jobs > 1`` runs the grid in a pool of processes (forked from a fork server that imported
 fedrift once; spawned where there is none), each with one torch thread; a run
 whose ``engine.workers`` is not set gets ``engine.workers=1`` there, so ``auto`` does not start
-worker processes inside worker processes. Results equal a serial run's.
+worker processes inside worker processes. Results equal a serial run's. A Ctrl-C (to the
+terminal's job or to this process alone) stops the pool at once: no queued run starts, the
+running ones record themselves as interrupted (continued from their checkpoints next time).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -462,10 +465,16 @@ def run_state(spec: RunSpec) -> tuple[str, str]:
 
 
 def _worker_init(parent: int | None = None) -> None:
+    global _IN_WORKER
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
     torch.set_num_threads(1)
+    _IN_WORKER = True
+    # Ctrl-C is the parent's to handle (a terminal sends it to every process of the job): it
+    # stops the pool with STOP_SIGNAL, so that a signal sent to the parent alone stops them too
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(STOP_SIGNAL, _on_stop)
     if parent is not None:
         threading.Thread(target=_exit_without, args=(parent,), daemon=True, name="fedrift-lifeline").start()
 
@@ -485,17 +494,93 @@ def _exit_without(pid: int) -> None:
 
 LIFELINE_SECONDS = 1.0
 GRACE_SECONDS = 10.0  # after a Ctrl-C, how long the workers have to record their runs as interrupted
+STOP_SIGNAL = signal.SIGUSR1  # parent -> pool worker: stop (the Ctrl-C of a worker)
+
+# A pool worker's state (set by _worker_init; this process is no worker while False).
+_IN_WORKER = False
+_STOP = False  # the pool was stopped: no task starts any more
+_INTERRUPTIBLE = False  # a stop now raises KeyboardInterrupt (inside `interruptible`, not `shielded`)
+
+
+def _on_stop(signum: int, frame: Any) -> None:
+    """STOP_SIGNAL in a pool worker: no task starts from now on, and the one running is
+    interrupted (KeyboardInterrupt, once) where it is interruptible, else when it becomes so."""
+    global _STOP, _INTERRUPTIBLE
+    _STOP = True
+    if _INTERRUPTIBLE:
+        _INTERRUPTIBLE = False
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """A block the pool's stop interrupts (a run: it records itself as interrupted); in a pool
+    worker that was stopped already, the block does not start. Elsewhere nothing changes (a
+    Ctrl-C raises KeyboardInterrupt anywhere)."""
+    global _INTERRUPTIBLE
+    if not _IN_WORKER:
+        yield
+        return
+    _INTERRUPTIBLE = True
+    try:
+        if _STOP:
+            _INTERRUPTIBLE = False
+            raise KeyboardInterrupt
+        yield
+    finally:
+        _INTERRUPTIBLE = False
+
+
+@contextmanager
+def shielded() -> Iterator[None]:
+    """Holds a Ctrl-C (in a pool worker: the pool's stop) off until the block ends, then raises
+    it: it never lands inside a database write (an Optuna storage call), where SQLAlchemy
+    would print a traceback of its own and could leave the study half written."""
+    global _INTERRUPTIBLE
+    if _IN_WORKER:
+        before, _INTERRUPTIBLE = _INTERRUPTIBLE, False
+        try:
+            yield
+        finally:
+            if before and _STOP:
+                raise KeyboardInterrupt
+            _INTERRUPTIBLE = before
+        return
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    caught: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if caught and callable(old):
+            old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
+
+
+def _task(fn: Callable[..., Any], *args: Any) -> Any:
+    """A pool task in its worker: ``fn(*args)``, unless the pool was stopped before it began
+    (a task queued in advance), or stopped during it; then ``{"status": "not started"}`` or
+    ``{"status": "interrupted"}``."""
+    if _STOP:
+        return {"status": "not started"}
+    try:
+        return fn(*args)
+    except KeyboardInterrupt:
+        return {"status": "interrupted"}
 
 
 class _Pool(ProcessPoolExecutor):
-    """A ProcessPoolExecutor that keeps its futures, to wait for the running ones on Ctrl-C."""
+    """A ProcessPoolExecutor that keeps its futures, to wait for the running ones on Ctrl-C,
+    and runs each task through :func:`_task`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.futures: list[Future] = []
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        fut = super().submit(fn, *args, **kwargs)
+        fut = super().submit(_task, fn, *args, **kwargs)
         self.futures.append(fut)
         return fut
 
@@ -504,18 +589,28 @@ class _Pool(ProcessPoolExecutor):
 def run_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     """A pool of run workers that end when this process ends, killed or not, rather than
     finish runs that nobody waits for (their runs continue from their checkpoints next
-    time). Leaving with an exception (Ctrl-C) cancels the runs not started and gives the
-    running ones ``GRACE_SECONDS`` (a terminal's Ctrl-C reached them too: they are writing
-    their interrupted state), then stops those still running."""
+    time). Leaving with an exception (Ctrl-C) stops the pool at once: the tasks not started
+    never start (those queued in a worker already return at once), and the running ones are
+    interrupted (``STOP_SIGNAL``: a run records itself as interrupted, as at a Ctrl-C of
+    ``fedrift run``) and given ``GRACE_SECONDS`` to do so; those still running then are
+    stopped. A second Ctrl-C meanwhile waits for that (at most ``GRACE_SECONDS``)."""
     pool = _Pool(max_workers=workers, mp_context=_pool_context(), initializer=_worker_init, initargs=(os.getpid(),))
     try:
         yield pool
     except BaseException:
-        procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
-        pool.shutdown(wait=False, cancel_futures=True)
-        if wait([f for f in pool.futures if not f.done()], timeout=GRACE_SECONDS).not_done:
+        with shielded():
+            procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+            for fut in pool.futures:  # here, not in shutdown(cancel_futures=True): that one's waiters never hear of it
+                fut.cancel()  # those not handed to a worker yet
+            pool.shutdown(wait=False, cancel_futures=True)
             for process in procs:
-                process.terminate()
+                try:
+                    os.kill(process.pid, STOP_SIGNAL)
+                except (ProcessLookupError, TypeError):  # ended (or not started: no pid)
+                    pass
+            if wait([f for f in pool.futures if not f.done()], timeout=GRACE_SECONDS).not_done:
+                for process in procs:
+                    process.terminate()
         raise
     pool.shutdown(wait=True)
 
@@ -547,11 +642,12 @@ def execute_run(doc: dict[str, Any], resume: bool = False) -> dict[str, Any]:
     start = time.perf_counter()
     note = ""
     try:
-        try:
-            result = run(doc, resume=resume)
-        except CheckpointError as err:
-            note = f"checkpoint not used ({err}), ran again from round 1; "
-            result = run(doc)
+        with interruptible():  # a pool worker's run: the pool's stop is its Ctrl-C
+            try:
+                result = run(doc, resume=resume)
+            except CheckpointError as err:
+                note = f"checkpoint not used ({err}), ran again from round 1; "
+                result = run(doc)
     except DivergenceError as err:
         return {"status": err.status, "message": str(err), "seconds": time.perf_counter() - start}
     s = result.summary

@@ -34,7 +34,9 @@ The tune folder
     ``tune.md`` and ``tune.html`` (the best trial's curves and the score against each
     hyper-parameter). Stop it at any time and run the same command again: finished trials are
     kept, trials left running are marked failed and run anew, and only the missing ones run.
-    ``--jobs N`` runs N trials at once, in processes sharing the study.
+    ``--jobs N`` runs N trials at once, in processes sharing the study. A Ctrl-C records the
+    trials in progress as interrupted (state ``fail``, status ``interrupted``: run anew next
+    time) and starts no other.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import yaml
 from fedrift.config import Config, apply_overrides
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, DivergenceError, writing
-from fedrift.grid import _base_doc, parse_algorithm, parse_value, run_pool, safe_name, split_list
+from fedrift.grid import _base_doc, interruptible, parse_algorithm, parse_value, run_pool, safe_name, shielded, split_list
 
 LR_SPACE = {"train.lr": "log:0.005:0.5"}
 STARTUP = 10  # trials from the Sobol design before TPE proposes (TPE's own start-up count)
@@ -382,11 +384,44 @@ def _rounds(doc: Mapping[str, Any]) -> int:
 
 def _open_study(tune: Tune, study: Study, seed: int, pruner: Any = None, point: Mapping[str, Any] | None = None) -> Any:
     optuna = _optuna()
-    return optuna.create_study(
-        study_name=study.name, storage=tune.storage, direction="maximize", load_if_exists=True,
-        sampler=_sampler(study, seed, point),
-        pruner=pruner if pruner is not None else _pruner(tune.pruner, _rounds(study.doc)),
-    )
+    with shielded():  # a database write: a Ctrl-C waits for its end
+        return optuna.create_study(
+            study_name=study.name, storage=tune.storage, direction="maximize", load_if_exists=True,
+            sampler=_sampler(study, seed, point),
+            pruner=pruner if pruner is not None else _pruner(tune.pruner, _rounds(study.doc)),
+        )
+
+
+def _one_trial(st: Any, objective: Callable[[Any], float]) -> None:
+    """One trial, as ``Study.optimize`` runs it (ask, the objective, tell), except that a
+    Ctrl-C (or the stop of the pool it runs in) records the trial as interrupted, with no
+    "Trial failed" warning and traceback: state FAIL (the next tune runs its point again) and
+    ``status: interrupted``. The database writes are shielded from the Ctrl-C; any other
+    exception marks the trial failed and goes on (a bug keeps its traceback)."""
+    optuna = _optuna()
+    fail = optuna.trial.TrialState.FAIL
+    with shielded():
+        trial = st.ask()
+    try:
+        value = objective(trial)
+    except optuna.TrialPruned:
+        with shielded():
+            st.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return
+    except KeyboardInterrupt:
+        with shielded():
+            trial.set_user_attr("status", "interrupted")
+            st.tell(trial, state=fail)
+        raise
+    except BaseException:
+        with shielded():
+            st.tell(trial, state=fail)
+        raise
+    with shielded():
+        if value is None or not math.isfinite(value):  # no round was scored: nothing to compare
+            st.tell(trial, state=fail)
+        else:
+            st.tell(trial, value)
 
 
 def score_of(row: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -408,7 +443,8 @@ def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str]
     optuna = _optuna()
 
     def objective(trial: Any) -> float:
-        values = {d.key: d.suggest(trial) for d in study.dims}
+        with shielded():
+            values = {d.key: d.suggest(trial) for d in study.dims}
         doc = study.trial_doc(tune.root, trial.number, values, threads_one)
         names = short_names(list(values))  # the table's rule: the last part unless two share it
         shown = " ".join(f"{names[k]}={_short(v)}" for k, v in values.items())
@@ -419,25 +455,31 @@ def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str]
             if scored is None:
                 return
             metric, val = scored
-            trial.set_user_attr("metric", metric)
-            best[0] = max(best[0], val)
-            trial.report(best[0], int(row["round"]))  # the score so far: a noisy round does not prune
-            if trial.should_prune():
-                trial.set_user_attr("status", "pruned")
-                trial.set_user_attr("rounds", int(row["round"]))
+            with shielded():  # database writes: a Ctrl-C stops the run after them
+                trial.set_user_attr("metric", metric)
+                best[0] = max(best[0], val)
+                trial.report(best[0], int(row["round"]))  # the score so far: a noisy round does not prune
+                prune = trial.should_prune()
+                if prune:
+                    trial.set_user_attr("status", "pruned")
+                    trial.set_user_attr("rounds", int(row["round"]))
+            if prune:
                 echo(f"{study.entry} trial {trial.number} ({shown}): pruned at round {row['round']}, val {best[0]:.4f}")
                 raise optuna.TrialPruned(f"round {row['round']}")
 
         start = time.perf_counter()
         try:
-            result = run(doc, on_round=on_round)
+            with interruptible():  # in a pool worker, the pool's stop is the run's Ctrl-C
+                result = run(doc, on_round=on_round)
         except DivergenceError as err:
-            trial.set_user_attr("status", "diverged")
+            with shielded():
+                trial.set_user_attr("status", "diverged")
             echo(f"{study.entry} trial {trial.number} ({shown}): diverged ({str(err).split(';')[0]})")
             raise optuna.TrialPruned("diverged") from None
         score = max((sc[1] for sc in map(score_of, result.history) if sc is not None), default=math.nan)
-        trial.set_user_attr("status", "completed")
-        trial.set_user_attr("rounds", int(result.summary.get("rounds", 0)))
+        with shielded():
+            trial.set_user_attr("status", "completed")
+            trial.set_user_attr("rounds", int(result.summary.get("rounds", 0)))
         echo(f"{study.entry} trial {trial.number} ({shown}): val {score:.4f}, {time.perf_counter() - start:.1f} s")
         return score
 
@@ -473,7 +515,7 @@ def _worker(args: tuple[Tune, int, int, dict[str, Any] | None]) -> None:
     missing; for a grid, each with its own point)."""
     tune, index, seed, point = args
     study = tune.studies[index]
-    _open_study(tune, study, seed, point=point).optimize(_objective(tune, study, True, print), n_trials=1, catch=())
+    _one_trial(_open_study(tune, study, seed, point=point), _objective(tune, study, True, print))
 
 
 def _missing_points(st: Any, study: Study, tune: Tune) -> list[dict[str, Any]]:
@@ -524,10 +566,11 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
         if jobs <= 1 or missing == 1:
             objective = _objective(tune, study, False, echo)
             for point in (p for p in points if p is not None):
-                _open_study(tune, study, tune.seed, pruner, point).optimize(objective, n_trials=1, catch=())
+                _one_trial(_open_study(tune, study, tune.seed, pruner, point), objective)
             if None in points:
                 st = _open_study(tune, study, tune.seed + 1 + len(st.trials), pruner)
-                st.optimize(objective, n_trials=points.count(None), catch=())
+                for _ in range(points.count(None)):
+                    _one_trial(st, objective)
             continue
         with run_pool(min(jobs, missing)) as pool:
             for fut in [pool.submit(_worker, (tune, i, tune.seed + 1 + offset + k, p)) for k, p in enumerate(points)]:

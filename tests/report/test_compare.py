@@ -227,40 +227,35 @@ def test_a_killed_parallel_compare_leaves_no_worker_running(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process table from /proc (Linux)")
-def test_ctrl_c_on_a_parallel_compare_records_its_runs_as_interrupted(tmp_path):
-    """A terminal's Ctrl-C (SIGINT to the whole foreground group) on `compare --jobs 2`:
-    exit 130 with the one-line message, each running run's summary says interrupted, and
-    no process of the compare is left."""
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "process"])
+def test_ctrl_c_on_a_parallel_compare_records_its_runs_as_interrupted(tmp_path, terminal):
+    """Ctrl-C on `compare --jobs 2` with 4 runs, while the first two train: a terminal's
+    (SIGINT to the whole foreground group) or `kill -INT` to the compare alone. No run starts
+    after the signal (two are queued), each running run's summary says interrupted, one line
+    on stderr within seconds (not after the 10 s grace), exit 130, and no process is left."""
+    from conftest import ctrl_c_cli
+
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump(grid_config(tmp_path, train={"rounds": 100}, engine={"checkpoint_every": 1})))
+    cfg.write_text(yaml.safe_dump(grid_config(tmp_path, train={"rounds": 100000}, engine={"checkpoint_every": 1})))
     root = tmp_path / "g"
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal starts a job (test_cli)
-    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "fedrift.cli", "compare", "-c", str(cfg), "--out", str(root),
-                                 "algorithms=fedavg,fedprox", "seeds=0", "--jobs", "2", "--no-report"],
-                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        signal.signal(signal.SIGINT, before)
-    try:
-        deadline = time.monotonic() + 120
-        while len([m for m in root.glob("*/seed0/metrics.jsonl") if m.read_text().count("\n") >= 2]) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "the two runs did not both start training"
-            time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 130 and err.strip().splitlines() == [
-        "fedrift: interrupted; run the same fedrift compare command again to continue (finished runs are kept, "
-        "stopped ones continue from their checkpoints)"], err
-    statuses = [json.loads(p.read_text())["status"] for p in root.glob("*/seed0/summary.json")]
-    assert "interrupted" in statuses and set(statuses) <= {"interrupted", "completed"}, statuses
+    started: list[Path] = []
+
+    def both_train() -> bool:  # the runs that exist when the signal goes
+        started[:] = sorted(p.parent for p in root.glob("*/seed*/config.yaml"))
+        return len([m for m in root.glob("*/seed*/metrics.jsonl") if m.read_text().count("\n") >= 2]) >= 2
+
+    r = ctrl_c_cli(["compare", "-c", str(cfg), "--out", str(root), "algorithms=fedavg,fedprox", "seeds=0,1",
+                    "--jobs", "2", "--no-report"], both_train, terminal)
+    assert r.code == 130 and r.err.strip().splitlines() == [
+        "fedrift: interrupted; the runs in progress were stopped and recorded as interrupted; run the same fedrift "
+        "compare command again to continue (finished runs are kept, stopped ones continue from their checkpoints)"], r.err
+    assert r.line_s < 8.0, f"the line came {r.line_s:.1f} s after the signal (exit after {r.exit_s:.1f} s)"
+    assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"  # the rest: a torch process's own teardown
+    runs = sorted(p.parent for p in root.glob("*/seed*/config.yaml"))
+    assert runs == started and len(runs) == 2, (runs, started)  # the queued runs never started
+    assert [json.loads((d / "summary.json").read_text())["status"] for d in runs] == ["interrupted"] * 2
     deadline = time.monotonic() + 30
-    while (alive := _session_alive(proc.pid)) and time.monotonic() < deadline:
+    while (alive := _session_alive(r.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     for line in alive:
         os.kill(int(line.split()[0]), signal.SIGKILL)
