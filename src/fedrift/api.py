@@ -26,7 +26,7 @@ from fedrift.engine.loop import run_federation
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.sampling import cohort_size
 from fedrift.engine.tensorboard import Board
-from fedrift.errors import ConfigError, DivergenceError, FedriftError, OutputError, describe_os_error, writing
+from fedrift.errors import ClusterLostError, ConfigError, DivergenceError, FedriftError, OutputError, describe_os_error, writing
 from fedrift.models.base import FedModel
 
 
@@ -64,8 +64,9 @@ def run(
     ``resume=True``: continue the stopped run of this config in ``output.dir`` from its last
     checkpoint (see :func:`resume`). Raises :class:`fedrift.ConfigError` for bad input before
     anything is written, :class:`fedrift.DivergenceError` (carrying the partial result) if the
-    loss goes non-finite, and on Ctrl-C ``KeyboardInterrupt`` after writing an ``interrupted``
-    summary (the exception's ``result`` holds the partial result). ``on_round(row)`` is called
+    loss goes non-finite, and on Ctrl-C ``KeyboardInterrupt`` (or :class:`fedrift.errors.ClusterLostError`
+    when the Ray cluster is lost) after writing an ``interrupted`` summary (the exception's
+    ``result`` holds the partial result; the checkpoint is kept for :func:`resume`). ``on_round(row)`` is called
     with each evaluated round's metrics (see :func:`fedrift.engine.loop.run_federation`).
     """
     return run_prepared(prepare(config, overrides), resume=resume, on_round=on_round)
@@ -75,7 +76,8 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None) -> RunResult
     """Continue the stopped run in ``run_dir`` (killed, interrupted, crashed) from its last
     checkpoint, with the config it started with (its ``config.yaml``); ``overrides`` may change
     only keys that do not change results (``output.progress``, ``engine.checkpoint_every``,
-    ...). The result equals an uninterrupted run's bit for bit."""
+    ``engine.ray_address``, an executor with equal results: ``engine/checkpoint.py``
+    ``NOT_RESULTS``, ``EQUAL_EXECUTORS``). The result equals an uninterrupted run's bit for bit."""
     d = Path(run_dir)
     if not (d / "config.yaml").is_file():
         raise ConfigError(f"--resume: {str(d)!r} holds no run (no config.yaml); allowed: a folder written by fedrift run")
@@ -123,7 +125,7 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
             if not checkpoints.exists():
                 raise
             raise OutputError(f"{err}; with space again, continue with: fedrift run --resume {out_dir}") from None
-        except (DivergenceError, KeyboardInterrupt) as err:
+        except (DivergenceError, ClusterLostError, KeyboardInterrupt) as err:
             partial = getattr(err, "result", None)
             if partial is not None:
                 partial.summary.update(facts)
@@ -150,7 +152,7 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
         checkpoints.remove()
         return RunResult(loop.history, summary, state, out_dir, cfg, loop.server_state)
     except FedriftError as err:
-        if not resume and writer.rows == 0 and not isinstance(err, (DivergenceError, OutputError)):
+        if not resume and writer.rows == 0 and not isinstance(err, (DivergenceError, ClusterLostError, OutputError)):
             writer.discard()  # refused in round 1 (e.g. privacy's upload check): leave nothing behind
         raise
     finally:

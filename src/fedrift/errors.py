@@ -41,6 +41,24 @@ class NoClientsError(DivergenceError):
     status = "no_clients"
 
 
+class ClusterLostError(FedriftError):
+    """The cluster the clients train on went away mid-run (a Ray head node lost): not a user
+    mistake and not the run's fault, so the run stops as at Ctrl-C: ``summary.json`` says
+    ``interrupted`` with the message, the last checkpoint is kept, and the message names the
+    ``fedrift run --resume`` command (at another head address, or under an executor with equal
+    results; ``engine/checkpoint.py`` says which keys a resume may change).
+
+    ``result`` holds the partial :class:`fedrift.api.RunResult` once the engine has one.
+    """
+
+    exit_code = 4
+    status = "interrupted"  # the summary's status: a resume continues it
+
+    def __init__(self, message: str, result: object | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 class DataError(FedriftError):
     """A dataset file that is missing, truncated or not in its published format; the message
     names the file and what was expected. Raised while loading, before any output is written."""

@@ -22,7 +22,7 @@ import fedrift
 from algorithm_cases import NAMES, case
 from conftest import ctrl_c_in_round
 from fedrift.engine import outputs
-from fedrift.engine.checkpoint import CheckpointError
+from fedrift.engine.checkpoint import CheckpointError, resumable_keys
 
 ROUNDS = 6
 CASES = {  # the algorithms whose state a checkpoint must carry, and where it lives
@@ -207,6 +207,37 @@ def test_checkpoint_of_another_config_is_refused_naming_the_key(tiny, tmp_path):
         fedrift.resume(run_dir, ["train.lr=0.1"])
     # keys that do not change results may differ
     assert fedrift.resume(run_dir, ["engine.checkpoint_every=1"]).summary["resumed_from_round"] == 2
+
+
+def test_resumable_keys_say_what_a_resume_may_change():
+    """engine.ray_address always; the executor among sequential, processes and ray (and their
+    worker count) only where their results are equal: one thread, on the cpu."""
+    base = {"engine.executor": "ray", "engine.threads": 1, "engine.device": "cpu", "engine.workers": 2,
+            "engine.ray_address": "10.0.0.1:6379", "train.lr": 0.1}
+    moved = {**base, "engine.executor": "sequential", "engine.workers": None, "engine.ray_address": None}
+    assert resumable_keys(base) == resumable_keys(moved) == resumable_keys({**base, "engine.executor": "processes"})
+    assert resumable_keys(base) != resumable_keys({**base, "engine.executor": "batched"})
+    assert resumable_keys(base) != resumable_keys({**base, "train.lr": 0.2})
+    for other in ({"engine.threads": None}, {"engine.threads": 2}, {"engine.device": "cuda"}):
+        assert resumable_keys({**base, **other}) != resumable_keys({**moved, **other}), other
+
+
+def test_a_resume_may_change_the_executor_where_results_are_equal(tiny, tmp_path):
+    """FedGKD-Vote stopped under processes (its workers' teacher memos in the checkpoint)
+    continues under sequential, one thread: the same bits as the run never stopped."""
+    ref = _reference(tiny, tmp_path, "fedgkd_vote")
+    _, run_dir, _ = _stopped_run(tiny, tmp_path, cfg=_config(tiny, "fedgkd_vote", "processes", tmp_path / "stopped"))
+    resumed = fedrift.resume(run_dir, ["engine.executor=sequential"])
+    assert resumed.summary["executor"] == "sequential" and resumed.summary["resumed_from_round"] == 2
+    _same(ref, resumed, run_dir)
+
+
+def test_another_executor_is_refused_where_results_could_differ(tiny, tmp_path):
+    _, run_dir, _ = _stopped_run(tiny, tmp_path, cfg=_config(tiny, "fedavg", "sequential", tmp_path / "stopped"))
+    with pytest.raises(CheckpointError, match=r"another config \(engine.executor: 'sequential' there, 'batched' here\)"):
+        fedrift.resume(run_dir, ["engine.executor=batched"])
+    with pytest.raises(CheckpointError, match=r"another config \(engine.executor: 'sequential' there, 'processes' here\)"):
+        fedrift.resume(run_dir, ["engine.executor=processes", "engine.threads=2"])
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "manifest"])

@@ -15,7 +15,8 @@ SHA-256). Each is written to a temporary file in that folder, flushed to the dis
 renamed into place; the manifest goes last, so it names complete files only, and the files
 of older checkpoints are deleted after it. A run killed at any moment leaves the last
 complete checkpoint. Loading checks the fingerprint (a checkpoint of another config is
-refused, naming a key that differs) and every file's size and hash (a corrupt or truncated
+refused, naming a key that differs; ``NOT_RESULTS`` and ``EQUAL_EXECUTORS`` below say what a
+resume may change) and every file's size and hash (a corrupt or truncated
 checkpoint is refused); a refusal is a :class:`CheckpointError`, never a silent fresh start.
 """
 
@@ -36,8 +37,17 @@ from fedrift.errors import FedriftError, writing
 FORMAT = 1
 FOLDER = "checkpoint"
 MANIFEST = "manifest.json"
-# keys that do not change a run's results: a checkpoint taken under other values is still its own
-NOT_RESULTS = ("engine.checkpoint_every", "engine.client_state", "plugins")  # plugins: where names come from
+# What a resume may change: the one place that says it (README "Checkpoints and resume").
+# Keys that do not change a run's results: a checkpoint taken under other values is still its own.
+# plugins: where names come from; engine.ray_address: which cluster runs the actors (a lost head's
+# run continues on another one)
+NOT_RESULTS = ("engine.checkpoint_every", "engine.client_state", "plugins", "engine.ray_address")
+# Executors whose results are equal bit for bit (README "Executors"): ``processes`` and ``ray`` run
+# ``sequential``'s own code on one thread per worker and the server aggregates in client order, so
+# on the CPU with ``engine.threads: 1`` a run may stop under one of them and continue under
+# another; how many workers share the clients does not change results either.
+EQUAL_EXECUTORS = ("sequential", "processes", "ray")
+EQUAL_EXECUTOR_KEYS = ("engine.executor", "engine.workers", "engine.max_parallel_clients")
 
 
 class CheckpointError(FedriftError):
@@ -73,6 +83,17 @@ def result_keys(resolved: Mapping[str, Any]) -> dict[str, Any]:
 
     walk(resolved, "")
     return {k: v for k, v in sorted(flat.items()) if not k.startswith("output.") and k not in NOT_RESULTS}
+
+
+def resumable_keys(keys: Mapping[str, Any]) -> dict[str, Any]:
+    """``result_keys`` as a resume compares them: the keys that do not change results left out
+    (also of a manifest written before a key joined ``NOT_RESULTS``), and under one of the
+    ``EQUAL_EXECUTORS`` on one CPU thread, the executor and its worker count left out too."""
+    out = {k: v for k, v in keys.items() if k not in NOT_RESULTS}
+    if out.get("engine.executor") in EQUAL_EXECUTORS and out.get("engine.threads") == 1 and out.get("engine.device") == "cpu":
+        out = {k: v for k, v in out.items() if k not in EQUAL_EXECUTOR_KEYS}
+        out["engine.executor"] = "|".join(EQUAL_EXECUTORS) + " (engine.threads 1, cpu)"
+    return json.loads(json.dumps(out, sort_keys=True, default=str))  # as a manifest holds them
 
 
 def fingerprint(keys: Mapping[str, Any]) -> str:
@@ -153,13 +174,18 @@ class Checkpointer:
             raise self._corrupt(f"{path.name} is unreadable ({type(err).__name__})") from None
         if manifest.get("format") != FORMAT:
             raise CheckpointError(f"{self.dir}: checkpoint format {manifest.get('format')!r}; this fedrift reads {FORMAT}")
-        if fp != self.fingerprint:
-            stored = manifest.get("config") or {}
-            diff = [k for k in sorted(set(stored) | set(self.keys)) if stored.get(k, "<absent>") != self.keys.get(k, "<absent>")]
-            what = f" ({diff[0]}: {stored.get(diff[0], '<absent>')!r} there, {self.keys.get(diff[0], '<absent>')!r} here)" if diff else ""
+        stored = manifest.get("config")
+        if fp != self.fingerprint and (not isinstance(stored, dict) or resumable_keys(stored) != resumable_keys(self.keys)):
+            raw = stored if isinstance(stored, dict) else {}
+            there, here = resumable_keys(raw), resumable_keys(self.keys)
+            diff = [k for k in sorted(set(there) | set(here)) if there.get(k, "<absent>") != here.get(k, "<absent>")]
+            shown = lambda keys, k: keys.get(k, "<absent>")  # noqa: E731 - as the configs say it
+            what = f" ({diff[0]}: {shown(raw, diff[0])!r} there, {shown(self.keys, diff[0])!r} here)" if diff else ""
             raise CheckpointError(
                 f"{self.dir}: the checkpoint is of another config{what}; a run resumes only with the config it "
-                "started with (keys that do not change results, such as output.* and engine.checkpoint_every, may differ)"
+                "started with (keys that do not change results may differ: output.*, engine.checkpoint_every, "
+                "engine.client_state, engine.ray_address, plugins, and with engine.threads=1 on the cpu, "
+                "engine.executor among sequential, processes and ray, and engine.workers)"
             )
         for name, want in files.items():
             p = self.dir / name

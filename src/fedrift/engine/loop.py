@@ -16,7 +16,7 @@ from fedrift.engine.federation import Federation
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.personalize import personalize
 from fedrift.engine.server import LoopResult, Server
-from fedrift.errors import DivergenceError
+from fedrift.errors import ClusterLostError, DivergenceError
 from fedrift.models.base import FedModel
 
 
@@ -40,8 +40,10 @@ def run_federation(
                     reuse_uploads=getattr(executor, "one_client_at_a_time", False),
                     extra_state=getattr(executor, "checkpoint_state", None),
                     hands_over=getattr(executor, "hands_over", False))
-    if resume is not None and resume.executor is not None:
-        executor.restore_state(resume.executor)  # type: ignore[attr-defined]  # it saved one
+    if resume is not None and resume.executor is not None and hasattr(executor, "restore_state"):
+        # the executor that saved it (processes: its workers' teacher memos); one with equal
+        # results that keeps none (engine/checkpoint.py EQUAL_EXECUTORS) computes those rows again
+        executor.restore_state(resume.executor)
     try:
         for t in server.rounds():
             rnd = server.open(t)
@@ -53,6 +55,13 @@ def run_federation(
             rnd = outputs = take = None  # this round's jobs and outputs: not held while the next one trains
     except DivergenceError as err:
         err.result = server.result(status=err.status, message=str(err))  # fedrift.api writes summary.json
+        raise
+    except ClusterLostError as err:  # stopped as at Ctrl-C: the checkpoint stays for --resume
+        out = server.result(status=err.status, message=f"{err}; {server.interrupted()}{getattr(err, 'hint', '')}")
+        if checkpoints is not None:
+            out.summary["checkpoint_round"] = checkpoints.last_round
+        err.args = (out.summary["message"],)  # the one line the CLI prints
+        err.result = out  # fedrift.api writes summary.json
         raise
     except KeyboardInterrupt as err:
         out = server.result(status="interrupted", message=server.interrupted())

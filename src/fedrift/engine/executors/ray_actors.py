@@ -13,6 +13,18 @@ An actor that dies mid-round (its node lost, its process killed) is replaced by 
 and its clients are trained again there: their work is a pure function of the payload and
 their jobs, so the round's result does not change. Up to ``RETRIES`` replacements a round.
 
+A lost head node (its machine gone, its processes killed) takes the cluster with it: no actor
+can be made and Ray's own core would wait 60 s for it, then end the driver with a C++ log
+line. So while a round trains the driver checks every ``PROBE_SECONDS`` that the head still
+takes connections, and before it makes actors; ``LOST_AFTER`` failed checks in a row raise
+:class:`ClusterLostError`: the run stops as at Ctrl-C (``interrupted`` in ``summary.json``,
+its checkpoint kept, one line naming ``fedrift run --resume``), and a resume may name another
+head or an executor with equal results (``engine/checkpoint.py``).
+
+A cluster with token authentication that refuses this driver's token (none set, or another
+one) is named as such at once (``check_token``), where ``ray.init`` would retry for 20 s and
+say only that it found no cluster.
+
 Ray is an optional extra (``pip install 'fedrift[ray]'``).
 """
 
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any
 
 import torch
@@ -32,9 +45,12 @@ from fedrift.engine.executors.processes import (
 )
 from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.engine.teacher import with_teacher
-from fedrift.errors import ConfigError
+from fedrift.errors import ClusterLostError, ConfigError
 
 RETRIES = 3  # actors replaced per round before the round fails
+PROBE_SECONDS = 1.0  # while a round trains: how often the driver checks that the head node answers
+LOST_AFTER = 3  # failed checks in a row that mean the head is lost (one refused connection may be a blip)
+TOKEN_SOURCES = "RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
 
 
 def require_ray() -> Any:
@@ -54,6 +70,58 @@ def _check_reachable(address: str) -> None:
     except (OSError, ValueError) as err:
         raise ConfigError(f"engine.ray_address: no Ray head node answers at {address!r} ({err}); allowed: "
                           "host:port of a running head node (ray start --head), or null for a local Ray") from None
+
+
+def _answers(address: str) -> bool:
+    """Whether anything takes connections at ``host:port`` (a head node's GCS)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def check_token(address: str) -> None:
+    """Refuse at once a cluster that refuses this driver's token, naming what is wrong: token
+    authentication off here, no token found, or another token than the cluster's. One call
+    the head answers before anything else (its cluster id) with the token ``ray.init`` would
+    send; any other outcome is left to ``ray.init``."""
+    if address.startswith("ray://"):  # Ray Client: a handshake of its own
+        return
+    import grpc
+    from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    token_mode = get_authentication_mode() == AuthenticationMode.TOKEN
+    from ray.exceptions import AuthenticationError
+
+    loader = AuthenticationTokenLoader.instance()
+    try:
+        has_token = token_mode and loader.has_token()
+    except AuthenticationError:  # token mode, and no token anywhere
+        has_token = False
+    metadata = tuple((k.lower(), v) for k, v in loader.get_token_for_http_header().items()) if has_token else ()
+    with grpc.insecure_channel(address) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=10, metadata=metadata)
+            return
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAUTHENTICATED:
+                return
+    where = f"engine.ray_address: the Ray cluster at {address!r}"
+    if not token_mode:
+        raise ConfigError(f"{where} requires a token and this driver sends none (token authentication is off here: "
+                          f"RAY_AUTH_MODE is not token); allowed: RAY_AUTH_MODE=token and the cluster's token in {TOKEN_SOURCES}")
+    if not has_token:
+        raise ConfigError(f"{where} requires a token and none is set here (RAY_AUTH_MODE=token, but no token in "
+                          f"{TOKEN_SOURCES}); allowed: the token the cluster's head node was started with, in one of them")
+    source = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else
+              f"RAY_AUTH_TOKEN_PATH={os.environ['RAY_AUTH_TOKEN_PATH']}" if os.environ.get("RAY_AUTH_TOKEN_PATH")
+              else "~/.ray/auth_token")
+    raise ConfigError(f"{where} refused this driver's token (from {source}): it is not the cluster's; allowed: "
+                      f"the token the cluster's head node was started with, in {TOKEN_SOURCES}")
 
 
 class _ClientActor:
@@ -99,6 +167,11 @@ class RayExecutor:
         self._cache = cfg.engine.teacher_cache
         self.nodes: set[str] = set()  # the cluster nodes the actors ran on
         self.replaced = 0  # actors lost and replaced so far
+        self._gcs = ""  # the head node's address, checked while rounds train
+        self._round = 0
+        self._lost = False  # the cluster went away: nothing more is asked of it
+        self._misses = 0  # checks in a row that found no head
+        self._device = "cpu"  # where the run's server works (a resume without Ray needs the cpu)
 
     def use_prepared(self, prepared: Any) -> None:
         """The run's prepared data (``fedrift.api`` hands it over): what actors build from."""
@@ -114,6 +187,9 @@ class RayExecutor:
         if not _same_run(tools, self._tools):  # tools the actors do not hold (personalisation)
             return self._local.run_round(tools, payload, jobs, round_)
         ray = self.ray
+        self._round, self._device = round_, tools.x.device.type
+        if self._actors:  # the head lost between rounds: put would end this process
+            self._check_head(at_once=True)
         self._start()
         teacher = "build" if self._cache and tools.algorithm.teacher is not None and tools.teacher_cache is None else None
         buckets = split_jobs(jobs, min(len(self._actors), len(jobs)))
@@ -127,10 +203,12 @@ class RayExecutor:
         lost = 0
         while futures:
             b, ref = next(iter(futures.items()))
+            self._wait([ref])
             try:
                 results[b] = ray.get(ref)
                 del futures[b]
-            except ray.exceptions.RayActorError as err:
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
+                self._check_head(at_once=True)  # a lost head takes its node's actors with it
                 lost += 1
                 if lost > RETRIES:
                     raise RuntimeError(f"ray executor: {lost} actors lost in round {round_}; last: {err}") from err
@@ -146,6 +224,12 @@ class RayExecutor:
         return out  # type: ignore[return-value]
 
     def close(self) -> None:
+        if self._lost:  # asking a lost cluster to kill its actors would wait for its head
+            self._actors = []
+            if self.ray.is_initialized():
+                self.ray.shutdown()  # a later run in this process may join another cluster
+            self._started_ray = False
+            return
         for actor in self._actors:
             try:
                 self.ray.kill(actor)
@@ -156,6 +240,39 @@ class RayExecutor:
             self.ray.shutdown()
         self._started_ray = False
 
+    # -- a lost head -------------------------------------------------------------------
+
+    def _wait(self, refs: list[Any]) -> None:
+        """Until ``refs`` are ready (or failed), checking the head every ``PROBE_SECONDS``."""
+        while not self.ray.wait(refs, num_returns=len(refs), timeout=PROBE_SECONDS)[0]:
+            self._check_head()
+
+    def _check_head(self, at_once: bool = False) -> None:
+        """Raise :class:`ClusterLostError` when the head node no longer takes connections:
+        ``LOST_AFTER`` checks in a row, ``PROBE_SECONDS`` apart (``at_once``: now, in a row;
+        else one check a call, counted across calls)."""
+        if not self._gcs:
+            return
+        for _ in range(LOST_AFTER if at_once else 1):
+            if _answers(self._gcs):
+                self._misses = 0
+                return
+            self._misses += 1
+            if self._misses >= LOST_AFTER:
+                break
+            if at_once:
+                time.sleep(PROBE_SECONDS)
+        if self._misses < LOST_AFTER:
+            return
+        self._lost = True
+        address = self.cfg.engine.ray_address or "local"
+        err = ClusterLostError(f"engine.ray_address: the Ray cluster at {address!r} was lost in round {self._round}: "
+                               f"its head node ({self._gcs}) has stopped answering")
+        same = self.cfg.engine.threads == 1 and self._device == "cpu"
+        err.hint = ("; on another cluster: add engine.ray_address=HOST:PORT"  # type: ignore[attr-defined]
+                    + ("; without Ray: add engine.executor=sequential (the same results with engine.threads=1)" if same else ""))
+        raise err
+
     # -- actors ------------------------------------------------------------------------
 
     def _start(self) -> None:
@@ -164,6 +281,7 @@ class RayExecutor:
             address = self.cfg.engine.ray_address
             if address:
                 _check_reachable(address)
+                check_token(address)
             try:
                 # "local": a Ray of the run's own even when a cluster started with `ray start` runs on
                 # this machine (a bare init joins that one, and refuses num_cpus with a traceback)
@@ -173,6 +291,8 @@ class RayExecutor:
                 raise ConfigError(f"engine.ray_address: no Ray cluster at {address!r} ({err}); allowed: the "
                                   "address of a running head node (ray start --head), or null for a local Ray") from None
             self._started_ray = not address  # a cluster's connection stays for the next run
+        if not self._gcs:
+            self._gcs = ray.get_runtime_context().gcs_address
         if self._actors:
             return
         if self._prepared is None:  # not given by the API: load it as the run did
@@ -183,9 +303,12 @@ class RayExecutor:
 
     def _new_actors(self, n: int) -> list[Any]:
         ray = self.ray
+        self._check_head(at_once=True)  # making an actor without a head would wait for it
         cls = ray.remote(num_cpus=1, max_restarts=0)(_ClientActor)
         actors = [cls.remote(self._prepared_ref) for _ in range(n)]
-        for pid, node, found in ray.get([a.ready.remote() for a in actors]):
+        ready = [a.ready.remote() for a in actors]
+        self._wait(ready)
+        for pid, node, found in ray.get(ready):
             self.nodes.add(node)
             for what, value in self._expect.items():
                 if found[what] != value:
