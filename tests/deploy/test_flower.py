@@ -168,6 +168,8 @@ def test_app_project(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["algorithm.name=fedproto"], "algorithm.name: fedproto is evaluated on each client's personal model"),
+    (["algorithm.name=fedbn", "model.name=resnet8", "model.width=4", "model.norm=batch"],
+     "algorithm.name: fedbn is evaluated on each client's model with the part it keeps (FedBN: its BatchNorm)"),
     (["eval.drift=true"], "eval.drift: reads the clients' local models"),
     (["eval.personalize=true"], "eval.personalize: reads the clients' local models"),
     (["algorithm.name=ccvr"], "algorithm.name: ccvr calibrates on every client's feature statistics"),

@@ -36,6 +36,7 @@ OPTIONS = {
 MODELS = {
     "fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16},
     "moon": {"name": "mlp", "hidden": [32], "projection_dim": 16},
+    "fedbn": {"name": "resnet8", "width": 4, "norm": "batch"},  # BatchNorm layers to keep local (digits: 1x8x8)
 }
 # merged into the partition section: FedDF's proxy data; Vote's server split (its default
 # vote_loss then scores the buffered models on the server; tests/algorithms/test_fedgkd.py

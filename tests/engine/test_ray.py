@@ -112,11 +112,13 @@ def _stop_cluster(port: int, timeout: float = 30.0) -> None:
 ALGORITHMS = {"fedcsd_released": {"name": "fedcsd", "variant": "released"}, "scaffold_step": {"name": "scaffold"}}
 # SCAFFOLD under a step schedule: round 2's actors train at the decayed lr the parent's tools have
 SCHEDULES = {"scaffold_step": {"lr_schedule": "step", "lr_milestones": [2], "lr_gamma": 0.5}}
+# FedBN keeps each client's BatchNorm layers on the client: a BatchNorm model (digits are 1x8x8)
+MODELS = {"fedbn": {"name": "resnet8", "width": 4, "norm": "batch"}}
 
 
 def _run(tiny, name, executor, **extra):
     cfg = tiny(algorithm=ALGORITHMS.get(name, {"name": name}), train={"rounds": 2, "clients_per_round": 3, **SCHEDULES.get(name, {})},
-               engine={"executor": executor, "threads": 1, **extra})
+               engine={"executor": executor, "threads": 1, **extra}, **({"model": MODELS[name]} if name in MODELS else {}))
     cfg["output"]["dir"] += f"-{name}-{executor}"
     return fedrift.run(cfg)
 
@@ -137,7 +139,7 @@ def seen_nodes(monkeypatch):
 
 # client state, pre-phase, own prototypes, teacher rows, a learning-rate schedule, server
 # moments (FedAdam), a look-ahead broadcast (FedACG)
-@pytest.mark.parametrize("name", ["scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote", "scaffold_step", "fedadam", "fedacg", "fedsam", "feddecorr", "ccvr"])
+@pytest.mark.parametrize("name", ["fedbn", "scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote", "scaffold_step", "fedadam", "fedacg", "fedsam", "feddecorr", "ccvr"])
 def test_ray_cluster_equals_sequential_bit_for_bit(cluster, tiny, name, seen_nodes):
     ref = _run(tiny, name, "sequential")
     got = _run(tiny, name, "ray", ray_address=cluster, workers=2)
