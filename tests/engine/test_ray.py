@@ -139,7 +139,7 @@ def seen_nodes(monkeypatch):
 
 # client state, pre-phase, own prototypes, teacher rows, a learning-rate schedule, server
 # moments (FedAdam), a look-ahead broadcast (FedACG)
-@pytest.mark.parametrize("name", ["fedbn", "scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote", "scaffold_step", "fedadam", "fedacg", "fedsam", "feddecorr", "ccvr"])
+@pytest.mark.parametrize("name", ["fedbn", "scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote", "scaffold_step", "fedadam", "fedacg", "fedsam", "feddecorr", "feddc", "ccvr"])
 def test_ray_cluster_equals_sequential_bit_for_bit(cluster, tiny, name, seen_nodes):
     ref = _run(tiny, name, "sequential")
     got = _run(tiny, name, "ray", ray_address=cluster, workers=2)
