@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import os
 import secrets
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import fedrift
 from fedrift.deploy.loopback import free_port
@@ -42,26 +44,35 @@ def cluster(tmp_path_factory):
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     os.environ.update({k: env[k] for k in saved})
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
     try:
-        subprocess.run([RAY, "start", "--head", f"--port={port}", "--include-dashboard=false",
-                        '--resources={"head_node": 1}', *common], env=env, check=True, capture_output=True, timeout=120)
-        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", '--resources={"second_node": 1}', *common],
-                       env=env, check=True, capture_output=True, timeout=120)
-        yield f"127.0.0.1:{port}"
+        yield _start_nodes(port, env)
     finally:
         import ray
 
         if ray.is_initialized():
             ray.shutdown()
-        _stop_cluster(port)  # this cluster's processes only: `ray stop` would stop every Ray here
-        left = [pid for pid, (_, line) in _processes().items() if re.search(rf":{port}(\s|$)", line) and _running(pid)]
-        assert not left, f"Ray processes of the test cluster still running: {left}"
+        _stop_and_check(port)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _start_nodes(port: int, env: dict[str, str]) -> str:
+    """A head node on ``port`` plus a second node, one CPU each; returns the head's address."""
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
+    subprocess.run([RAY, "start", "--head", f"--port={port}", "--include-dashboard=false",
+                    '--resources={"head_node": 1}', *common], env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", '--resources={"second_node": 1}', *common],
+                   env=env, check=True, capture_output=True, timeout=120)
+    return f"127.0.0.1:{port}"
+
+
+def _stop_and_check(port: int) -> None:
+    _stop_cluster(port)  # this cluster's processes only: `ray stop` would stop every Ray here
+    left = [pid for pid, (_, line) in _processes().items() if re.search(rf":{port}(\s|$)", line) and _running(pid)]
+    assert not left, f"Ray processes of the test cluster still running: {left}"
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -139,7 +150,7 @@ def seen_nodes(monkeypatch):
 
 # client state, pre-phase, own prototypes, teacher rows, a learning-rate schedule, server
 # moments (FedAdam), a look-ahead broadcast (FedACG)
-@pytest.mark.parametrize("name", ["fedbn", "scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote", "scaffold_step", "fedadam", "fedacg", "fedsam", "feddecorr", "feddc", "ccvr"])
+@pytest.mark.parametrize("name", ["fedbn", "scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote", "scaffold_step", "fedadam", "fedacg", "fedsam", "feddecorr", "feddc", "fedexp", "elastic", "ccvr"])
 def test_ray_cluster_equals_sequential_bit_for_bit(cluster, tiny, name, seen_nodes):
     ref = _run(tiny, name, "sequential")
     got = _run(tiny, name, "ray", ray_address=cluster, workers=2)
@@ -215,3 +226,100 @@ def test_no_cluster_at_the_address_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "engine.ray_address" in proc.stderr
+
+
+def _kill_head(port: int) -> None:
+    """SIGKILL the head node of the cluster on ``port`` as a lost machine: its GCS, its raylet
+    and the raylet's children (the actors there); the second node stays up."""
+    procs = _processes()
+    head = {pid for pid, (_, line) in procs.items() if f"--gcs_server_port={port} " in line + " "}
+    head |= {pid for pid, (_, line) in procs.items()
+             if line.split(" ")[0].endswith("/raylet") and re.search(rf":{port}(\s|$)", line) and "head_node" in line}
+    assert len(head) == 2, head  # its GCS and its raylet
+    while kids := {pid for pid, (ppid, _) in procs.items() if ppid in head} - head:
+        head |= kids
+    for pid in head:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_lost_head_stops_the_run_in_one_line_and_it_resumes_elsewhere(cluster, tiny, tmp_path):
+    """The head of the run's cluster is killed in round 3: the driver says so in one line with
+    the resume command (exit 4, no Ray log line, no wait for Ray's 60 s), summary.json says
+    interrupted, the checkpoint of round 2 is intact. The run then continues on another
+    cluster (engine.ray_address) and, from a copy of the folder, under sequential: both equal
+    a run never stopped, every parameter and metric."""
+    port = free_port()
+    T0 = time.monotonic(); print("T start", flush=True)
+    address = _start_nodes(port, dict(os.environ))  # the token of `cluster`, set by its fixture
+    print("T nodes", time.monotonic() - T0, flush=True)
+    slow = {"rounds": 4, "clients_per_round": 3, "local_steps": 400}  # rounds of about a second
+    cfg = tiny(algorithm={"name": "scaffold"}, train=slow,
+               engine={"executor": "ray", "ray_address": address, "workers": 2, "threads": 1, "checkpoint_every": 1})
+    run_dir = Path(cfg["output"]["dir"] + "-lost")
+    cfg["output"]["dir"] = str(run_dir)
+    (tmp_path / "lost.yaml").write_text(yaml.safe_dump(cfg))
+    manifest = run_dir / "checkpoint" / "manifest.json"
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "fedrift.cli", "run", "-c", str(tmp_path / "lost.yaml")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 240
+        while not (manifest.is_file() and json.loads(manifest.read_text())["round"] >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        print("T kill", time.monotonic() - T0, flush=True)
+        _kill_head(port)
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        stopped_after = time.monotonic() - killed
+    finally:
+        _stop_and_check(port)
+    assert proc.returncode == 4, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"the Ray cluster at '{address}' was lost in round 3" in lines[0]
+    assert f"continue with: fedrift run --resume {run_dir}" in lines[0] and "engine.ray_address=HOST:PORT" in lines[0]
+    assert "engine.executor=sequential" in lines[0]
+    assert stopped_after < 30, stopped_after  # not Ray's 60 s wait for its head
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["checkpoint_round"] == 2 and summary["rounds"] == 2
+    assert summary["message"] == lines[0].removeprefix("fedrift: error: ")
+    shutil.copytree(run_dir, tmp_path / "copy")
+
+    ref_cfg = tiny(algorithm={"name": "scaffold"}, train=slow, engine={"executor": "sequential", "threads": 1})
+    ref_cfg["output"]["dir"] += "-ref"
+    print("T stopped", time.monotonic() - T0, stopped_after, flush=True)
+    ref = fedrift.run(ref_cfg)
+    print("T ref", time.monotonic() - T0, flush=True)
+    elsewhere = fedrift.resume(run_dir, [f"engine.ray_address={cluster}"])
+    print("T elsewhere", time.monotonic() - T0, flush=True)
+    no_ray = fedrift.resume(tmp_path / "copy", ["engine.executor=sequential"])
+    for got in (elsewhere, no_ray):
+        assert got.summary["resumed_from_round"] == 2 and got.summary["status"] == "completed"
+        for k in ref.global_state:
+            assert torch.equal(ref.global_state[k], got.global_state[k]), k
+        drop = ("seconds", "wall_seconds")
+        assert [{k: v for k, v in r.items() if k not in drop} for r in got.history] == \
+               [{k: v for k, v in r.items() if k not in drop} for r in ref.history]
+    assert elsewhere.summary["executor"] == "ray" and no_ray.summary["executor"] == "sequential"
+
+
+@pytest.mark.parametrize("case", ["wrong", "missing", "off"])
+def test_a_token_the_cluster_refuses_is_named(cluster, tmp_path, case):
+    """A wrong token, none at all, or token authentication off in the driver: one line naming
+    the token (not "no Ray cluster"), at once (ray.init would retry for 20 s)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["HOME"] = str(tmp_path)  # no ~/.ray/auth_token of this user's
+    if case == "wrong":
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    elif case == "missing":
+        env.update(RAY_AUTH_MODE="token")
+    expect = {"wrong": "refused this driver's token (from RAY_AUTH_TOKEN): it is not the cluster's",
+              "missing": "requires a token and none is set here", "off": "RAY_AUTH_MODE is not token"}[case]
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "fedrift.cli", "run", "-c", "examples/compare.yaml", "train.rounds=1",
+                           "engine.executor=ray", f"engine.ray_address={cluster}", f"output.dir={tmp_path / 'r'}"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expect in lines[0] and "engine.ray_address" in lines[0], proc.stderr
+    assert time.monotonic() - start < 60
