@@ -69,8 +69,8 @@ def _start_nodes(port: int, env: dict[str, str]) -> str:
     return f"127.0.0.1:{port}"
 
 
-def _stop_and_check(port: int) -> None:
-    _stop_cluster(port)  # this cluster's processes only: `ray stop` would stop every Ray here
+def _stop_and_check(port: int, timeout: float = 30.0) -> None:
+    _stop_cluster(port, timeout)  # this cluster's processes only: `ray stop` would stop every Ray here
     left = [pid for pid, (_, line) in _processes().items() if re.search(rf":{port}(\s|$)", line) and _running(pid)]
     assert not left, f"Ray processes of the test cluster still running: {left}"
 
@@ -249,10 +249,8 @@ def test_a_lost_head_stops_the_run_in_one_line_and_it_resumes_elsewhere(cluster,
     cluster (engine.ray_address) and, from a copy of the folder, under sequential: both equal
     a run never stopped, every parameter and metric."""
     port = free_port()
-    T0 = time.monotonic(); print("T start", flush=True)
     address = _start_nodes(port, dict(os.environ))  # the token of `cluster`, set by its fixture
-    print("T nodes", time.monotonic() - T0, flush=True)
-    slow = {"rounds": 4, "clients_per_round": 3, "local_steps": 400}  # rounds of about a second
+    slow = {"rounds": 4, "clients_per_round": 3, "local_steps": 200}  # the kill lands in round 3
     cfg = tiny(algorithm={"name": "scaffold"}, train=slow,
                engine={"executor": "ray", "ray_address": address, "workers": 2, "threads": 1, "checkpoint_every": 1})
     run_dir = Path(cfg["output"]["dir"] + "-lost")
@@ -266,13 +264,12 @@ def test_a_lost_head_stops_the_run_in_one_line_and_it_resumes_elsewhere(cluster,
         while not (manifest.is_file() and json.loads(manifest.read_text())["round"] >= 2):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
-        print("T kill", time.monotonic() - T0, flush=True)
         _kill_head(port)
         killed = time.monotonic()
         out, err = proc.communicate(timeout=120)
         stopped_after = time.monotonic() - killed
     finally:
-        _stop_and_check(port)
+        _stop_and_check(port, timeout=5)  # a headless node does not stop on SIGTERM: SIGKILL soon
     assert proc.returncode == 4, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -287,11 +284,8 @@ def test_a_lost_head_stops_the_run_in_one_line_and_it_resumes_elsewhere(cluster,
 
     ref_cfg = tiny(algorithm={"name": "scaffold"}, train=slow, engine={"executor": "sequential", "threads": 1})
     ref_cfg["output"]["dir"] += "-ref"
-    print("T stopped", time.monotonic() - T0, stopped_after, flush=True)
     ref = fedrift.run(ref_cfg)
-    print("T ref", time.monotonic() - T0, flush=True)
     elsewhere = fedrift.resume(run_dir, [f"engine.ray_address={cluster}"])
-    print("T elsewhere", time.monotonic() - T0, flush=True)
     no_ray = fedrift.resume(tmp_path / "copy", ["engine.executor=sequential"])
     for got in (elsewhere, no_ray):
         assert got.summary["resumed_from_round"] == 2 and got.summary["status"] == "completed"

@@ -92,10 +92,9 @@ def check_token(address: str) -> None:
     import grpc
     from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-
-    token_mode = get_authentication_mode() == AuthenticationMode.TOKEN
     from ray.exceptions import AuthenticationError
 
+    token_mode = get_authentication_mode() == AuthenticationMode.TOKEN
     loader = AuthenticationTokenLoader.instance()
     try:
         has_token = token_mode and loader.has_token()
@@ -167,7 +166,7 @@ class RayExecutor:
         self._cache = cfg.engine.teacher_cache
         self.nodes: set[str] = set()  # the cluster nodes the actors ran on
         self.replaced = 0  # actors lost and replaced so far
-        self._gcs = ""  # the head node's address, checked while rounds train
+        self._gcs = ""  # the head node's address, checked while rounds train (_check_head)
         self._round = 0
         self._lost = False  # the cluster went away: nothing more is asked of it
         self._misses = 0  # checks in a row that found no head
@@ -265,9 +264,8 @@ class RayExecutor:
         if self._misses < LOST_AFTER:
             return
         self._lost = True
-        address = self.cfg.engine.ray_address or "local"
-        err = ClusterLostError(f"engine.ray_address: the Ray cluster at {address!r} was lost in round {self._round}: "
-                               f"its head node ({self._gcs}) has stopped answering")
+        err = ClusterLostError(f"engine.ray_address: the Ray cluster at {self._gcs!r} was lost in round {self._round}: "
+                               "its head node stopped answering")
         same = self.cfg.engine.threads == 1 and self._device == "cpu"
         err.hint = ("; on another cluster: add engine.ray_address=HOST:PORT"  # type: ignore[attr-defined]
                     + ("; without Ray: add engine.executor=sequential (the same results with engine.threads=1)" if same else ""))
@@ -291,8 +289,8 @@ class RayExecutor:
                 raise ConfigError(f"engine.ray_address: no Ray cluster at {address!r} ({err}); allowed: the "
                                   "address of a running head node (ray start --head), or null for a local Ray") from None
             self._started_ray = not address  # a cluster's connection stays for the next run
-        if not self._gcs:
-            self._gcs = ray.get_runtime_context().gcs_address
+        if not self._gcs:  # the address given (a Ray Client's server, for ray://), or the local Ray's head
+            self._gcs = self.cfg.engine.ray_address or ray.get_runtime_context().gcs_address
         if self._actors:
             return
         if self._prepared is None:  # not given by the API: load it as the run did
