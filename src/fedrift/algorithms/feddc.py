@@ -53,7 +53,9 @@ included (their code clips that gradient at norm 10 and decays in ``torch.optim.
 value (``train_loss``) holds all three terms; the cross-entropy alone is ``ce_loss``.
 Personalisation (``objective``) takes cross-entropy plus the penalty: the correction is part of
 the update rule, as SCAFFOLD's. A BatchNorm model's running statistics are left out of both
-terms (the engine averages them); their entries in ``h_i`` and ``h_bar`` go unused.
+terms (the engine averages them); their entries in ``h_i`` and ``h_bar`` go unused. Privacy:
+``privacy.level: client`` is refused (the upload holds ``Delta G_i``); under ``sample`` (DP-SGD)
+the penalty and correction are part of each sample's clipped gradient, as FedProx's term is.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def feddc(hp: FedDCParams, setup: Setup) -> Algorithm:
     alpha, lr, sampled = hp.alpha, setup.lr, hp.drift_mean == "sampled"
 
     def zeros(global_params: dict) -> Tree:
-        return {"drift": tree_map(torch.zeros_like, global_params), "control": tree_map(torch.zeros_like, global_params)}
+        zero = lambda: tree_map(torch.zeros_like, global_params)  # noqa: E731
+        return {"drift": zero(), "control": zero()}
 
     def init_server(global_params: dict) -> Tree:
         state = {"params": global_params, "control": tree_map(torch.zeros_like, global_params)}
@@ -148,8 +151,8 @@ def feddc(hp: FedDCParams, setup: Setup) -> Algorithm:
         control = tree_map(lambda c, d: c + share * d, state["control"], sums["delta_control"])
         return {**state, "params": model, "control": control}
 
-    server = ({"sums": {"params": "weights", "drift": "weights", "delta_control": "uniform"}, "aggregate_sums": aggregate_sums}
-              if sampled else {"aggregate": aggregate})
+    sums = {"params": "weights", "drift": "weights", "delta_control": "uniform"}
+    server = {"sums": sums, "aggregate_sums": aggregate_sums} if sampled else {"aggregate": aggregate}
     return Algorithm(
         name="feddc",
         hparams=hp,
