@@ -124,6 +124,38 @@ def test_ctrl_c_then_report_then_resume(capsys, tmp_path, monkeypatch):
     _fails(capsys, ["run", "--resume", str(run)], "nothing to continue")
 
 
+def test_a_relative_data_root_is_stored_absolute_so_a_resume_works_from_another_folder(tmp_path, capsys, monkeypatch):
+    """data.root=arrays (relative) in the run folder's config.yaml as the absolute path it
+    meant; --resume from another folder, where 'arrays' is not, continues the run."""
+    import numpy as np
+    import yaml
+
+    from conftest import ctrl_c_in_round
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "project" / "arrays"
+    data.mkdir(parents=True)
+    np.savez(data / "a.npz", x_train=rng.normal(size=(80, 8)).astype(np.float32), y_train=rng.integers(0, 4, 80),
+             x_test=rng.normal(size=(20, 8)).astype(np.float32), y_test=rng.integers(0, 4, 20))
+    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "project")
+    undo = ctrl_c_in_round(monkeypatch, 2)
+    assert main(["run", *FAST, "data.name=npz", "data.root=arrays", "train.rounds=3", "engine.checkpoint_every=1",
+                 f"output.dir={run}"]) == 130
+    undo()
+    root = yaml.safe_load((run / "config.yaml").read_text())["data"]["root"]
+    assert os.path.isabs(root) and os.path.samefile(root, data), root
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run)]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("continued from the checkpoint of round 1\n")
+    # ~ stays as written: the same folder wherever the command runs
+    from fedrift.config import absolute_root
+
+    assert absolute_root("~/data") == "~/data" and absolute_root("/data") == "/data"
+    assert absolute_root("data") == os.path.join(os.getcwd(), "data")
+
+
 def test_a_real_ctrl_c_writes_an_interrupted_summary_and_says_how_to_continue(tmp_path):
     """SIGINT (what Ctrl-C sends) to a real `fedrift run` mid-run: exit 130, the interrupted
     summary with the rounds done, and the --resume command on stderr."""

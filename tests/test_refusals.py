@@ -71,6 +71,16 @@ def test_from_root_lists_exactly_the_datasets_that_need_a_folder(name):
         assert load_dataset(name, None, options).num_classes > 1
 
 
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "femnist", "sst5", "agnews"])
+def test_a_file_as_the_root_of_a_dataset_read_from_a_folder_is_called_a_file(capsys, tmp_path, name):
+    """data.root=.../x.npz where a folder is read: said to be a file, not a folder that lacks
+    the dataset's files (the image datasets take a .zip there, npz the .npz itself)."""
+    (tmp_path / "x.npz").write_bytes(b"PK")
+    _refused(capsys, ["run", *FAST, f"data.name={name}", f"data.root={tmp_path / 'x.npz'}", f"output.dir={tmp_path / 'r'}"],
+             f"data.root: {tmp_path / 'x.npz'} is a file; data.name {name} reads a folder; allowed: a folder holding ")
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_folder_as_config_file_is_called_a_folder(capsys, tmp_path):
     _refused(capsys, ["run", "-c", str(tmp_path)], "is a folder", "allowed: a YAML file")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Mapping
 
@@ -315,8 +316,7 @@ def load_config(
         cfg = Config.model_validate(doc)
     except ValidationError as err:
         raise ConfigError(_describe(err, Config)) from None
-    _check_paths(cfg)
-    return cfg
+    return _check_paths(cfg)
 
 
 def plugin_list(value: Any) -> list[str]:
@@ -331,9 +331,36 @@ def plugin_list(value: Any) -> list[str]:
     return [m.strip() for m in items]
 
 
-def _check_paths(cfg: Config) -> None:
-    if cfg.data.root is not None and not Path(cfg.data.root).expanduser().exists():
-        raise ConfigError(f"data.root: {cfg.data.root!r} does not exist; expected a folder (or a .zip for image trees, a .npz for npz)")
+def _check_paths(cfg: Config) -> Config:
+    """Refuse a ``data.root`` that does not exist; a relative one becomes absolute (see
+    :func:`absolute_root`), so that the run folder's ``config.yaml`` names the same data from
+    wherever the run is resumed."""
+    root = cfg.data.root
+    if root is None:
+        return cfg
+    if not Path(root).expanduser().exists():
+        raise ConfigError(f"data.root: {root!r} does not exist; expected a folder (or a .zip for image trees, a .npz for npz)")
+    if absolute_root(root) == root:
+        return cfg
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"root": absolute_root(root)})})
+
+
+def absolute_root(root: str) -> str:
+    """A relative ``data.root`` as the absolute path it means from the current folder (no
+    symbolic link resolved: the path as the user would write it); an absolute one, or one
+    from the home folder (``~/data``: the same folder wherever the command runs, and a config
+    that travels to another user), as given."""
+    if root.startswith("~") or Path(root).is_absolute():
+        return root
+    return os.path.abspath(root)
+
+
+def same_root(a: Any, b: Any) -> bool:
+    """Whether two ``data.root`` values name the same path seen from here: a run folder's
+    config.yaml written before roots were stored absolute holds the relative one."""
+    if not isinstance(a, str) or not isinstance(b, str):
+        return a == b
+    return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
 
 
 def validate_options(section: str, params_cls: type | None, options: dict[str, Any]) -> Any:

@@ -420,8 +420,11 @@ def config_differences(stored: Mapping[str, Any], expected: Mapping[str, Any], r
 
     Compared: every key both hold, and every key the grid sets explicitly; not the
     execution keys (``EXECUTION_KEYS``, ``output.*``). A key only one side knows and the grid
-    does not set (a default added or removed since the run) is not a difference.
+    does not set (a default added or removed since the run) is not a difference. ``data.root``
+    compares as the path it names from here (an older run stored it relative).
     """
+    from fedrift.config import same_root
+
     skip = set(EXECUTION_KEYS)
     keys = (set(stored) & set(expected)) | (set(requested) & (set(stored) | set(expected)))
     out = []
@@ -429,7 +432,7 @@ def config_differences(stored: Mapping[str, Any], expected: Mapping[str, Any], r
         if k in skip or k.startswith("output."):
             continue
         a, b = stored.get(k, "<absent>"), expected.get(k, "<absent>")
-        if a != b:
+        if a != b and not (k == "data.root" and same_root(a, b)):
             out.append(f"{k}: {a!r} -> {b!r}")
     return out
 

@@ -262,6 +262,19 @@ def test_ctrl_c_on_a_parallel_compare_records_its_runs_as_interrupted(tmp_path, 
     assert not alive, f"still running 30 s after the Ctrl-C: {alive}"
 
 
+def test_an_older_runs_relative_data_root_is_the_same_folder_seen_from_here(tmp_path, monkeypatch):
+    """A run folder written before data.root was stored absolute holds the relative root: the
+    same run when it names the same folder from where compare runs, another one elsewhere."""
+    from fedrift.grid import config_differences
+
+    (tmp_path / "d").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert config_differences({"data.root": "d", "seed": 0}, {"data.root": str(tmp_path / "d"), "seed": 0}, []) == []
+    monkeypatch.chdir(tmp_path / "d")
+    assert config_differences({"data.root": "d"}, {"data.root": str(tmp_path / "d")}, []) == [
+        f"data.root: 'd' -> {str(tmp_path / 'd')!r}"]
+
+
 def test_stopped_run_continues_from_its_checkpoint(tmp_path, capsys, monkeypatch):
     """Ctrl-C in round 4 of a run (checkpoint of round 2): the next compare continues it from
     round 3, to the bits of a run never stopped; a checkpoint of another config is not used."""

@@ -19,10 +19,13 @@ from fedrift.errors import DataError
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
 
-def need_root(root: Path | None, name: str, holds: str) -> Path:
-    """``root``, or a refusal saying what the folder must hold."""
+def need_root(root: Path | None, name: str, holds: str, file_ok: bool = False) -> Path:
+    """``root``, or a refusal saying what the folder must hold; a file where a folder is
+    read (``file_ok=False``) is called a file, not a folder that misses what it should hold."""
     if root is None:
         raise DataError(f"data.root: data.name {name} reads its files from a folder; set data.root=DIR holding {holds}")
+    if not file_ok and root.is_file():
+        raise DataError(f"data.root: {root} is a file; data.name {name} reads a folder; allowed: a folder holding {holds}")
     return root
 
 

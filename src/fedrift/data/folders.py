@@ -64,7 +64,7 @@ def _tree(folder: Tree, classes: list[str]) -> tuple[list[Tree], np.ndarray]:
 def load_imagefolder(root: Path | None, options: ImageFolderParams) -> Dataset:
     """Classes are the sub-folder names, sorted; class ``k`` is the k-th."""
     holds = "one folder of images per class"
-    root = open_root(need_root(root, "imagefolder", holds), holds)
+    root = open_root(need_root(root, "imagefolder", holds, file_ok=True), holds)
     split = (root / "train").is_dir() and (root / "test").is_dir()
     top = root / "train" if split else root
     classes = sorted(p.name for p in top.iterdir() if p.is_dir())
@@ -112,7 +112,7 @@ def load_tinyimagenet(root: Path | None, options: TinyImageNetParams) -> Dataset
     """Train: ``train/<wnid>/images/*.JPEG``; test: the labelled ``val`` split
     (``val/val_annotations.txt``: file, wnid, box; images in ``val/images/``), as in the
     papers (the published test split has no labels). Class k is line k of ``wnids.txt``."""
-    base = _tiny_root(open_root(need_root(root, "tinyimagenet", "tiny-imagenet-200/"), "tiny-imagenet-200/"))
+    base = _tiny_root(open_root(need_root(root, "tinyimagenet", "tiny-imagenet-200/", file_ok=True), "tiny-imagenet-200/"))
     wnids = [w.strip() for w in _lines(base / "wnids.txt", "one WordNet id per line")]
     if not wnids or len(set(wnids)) != len(wnids):
         raise malformed(base / "wnids.txt", "one distinct WordNet id per line", "empty or repeated ids")
@@ -168,7 +168,7 @@ def load_office_caltech10(root: Path | None, options: OfficeCaltechParams) -> Da
     every domain. Each domain is split per class into train and test; the test set is all
     domains' test samples, each marked with its domain (for the ``domain`` partition)."""
     holds = "the folders amazon, caltech, dslr, webcam, each with one folder of images per class"
-    root = open_root(need_root(root, "office_caltech10", holds), holds)
+    root = open_root(need_root(root, "office_caltech10", holds, file_ok=True), holds)
     folders = [need_dir(root / d, f"the {d} domain: one folder of images per class") for d in OFFICE_DOMAINS]
     classes = sorted(p.name for p in folders[0].iterdir() if p.is_dir())
     if not classes:

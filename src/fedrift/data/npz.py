@@ -69,7 +69,7 @@ def _images(x: np.ndarray, layout: str) -> np.ndarray:
 
 @DATASETS.register("npz", "your arrays: data.root/<file>.npz with x_train, y_train, x_test, y_test", params=NpzParams)
 def load_npz(root: Path | None, options: NpzParams) -> Dataset:
-    path = _find(need_root(root, "npz", "one .npz file"), options.file)
+    path = _find(need_root(root, "npz", "one .npz file", file_ok=True), options.file)
     a = _read(path)
     for split in ("train", "test"):
         x, y = a[f"x_{split}"], a[f"y_{split}"]
