@@ -148,3 +148,12 @@ def test_privacy_refuses_the_sensitivity_upload(tiny, level, says):
     with pytest.raises(ConfigError, match=says):
         fedrift.run(cfg)
     assert not Path(cfg["output"]["dir"]).exists()
+
+
+def test_streamed_sensitivities_equal_the_stacked_aggregate_bit_for_bit(tiny):
+    cfg = tiny(algorithm={"name": "elastic"}, train={"rounds": 3, "clients_per_round": 4})
+    streamed = fedrift.run(cfg)
+    stacked = fedrift.run({**cfg, "engine": {"accept_failures": True}, "output": {**cfg["output"], "dir": cfg["output"]["dir"] + "-stacked"}})
+    for k, v in streamed.global_state.items():
+        assert torch.equal(v, stacked.global_state[k]), k
+    assert streamed.summary["bytes_up_total"] == stacked.summary["bytes_up_total"]

@@ -126,3 +126,15 @@ def test_privacy_client_level_refuses_the_norm_upload(tiny):
     with pytest.raises(ConfigError, match="sq_norm"):
         fedrift.run(cfg)
     assert not Path(cfg["output"]["dir"]).exists()
+
+
+def test_streamed_norms_equal_the_stacked_aggregate_bit_for_bit(tiny):
+    """The scalar ||Delta_k||^2 folded into a running sum as clients finish gives the same model
+    as the round's uploads stacked whole (engine.accept_failures takes the stacked path)."""
+    cfg = tiny(algorithm={"name": "fedexp", "epsilon": 1e-4}, train={"rounds": 3, "clients_per_round": 4})
+    streamed = fedrift.run(cfg)
+    stacked = fedrift.run({**cfg, "engine": {"accept_failures": True}, "output": {**cfg["output"], "dir": cfg["output"]["dir"] + "-stacked"}})
+    for key in ("params", "iterate"):
+        for k, v in streamed.server_state[key].items():
+            assert torch.equal(v, stacked.server_state[key][k]), (key, k)
+    assert streamed.summary["bytes_up_total"] == stacked.summary["bytes_up_total"]
