@@ -205,6 +205,28 @@ def test_final_local_accuracy_column_when_runs_report_it(runs, tmp_path):
     assert "| 85.0 +- 7.1 (2/3 runs) |" in next(line for line in lines if line.startswith("| fedavg alpha=0.1 "))
 
 
+def test_calibrated_and_personalized_columns_side_by_side(runs):
+    """CCVR's calibrated model (test set, clients' own splits) and FedADC's per-client
+    calibration (eval.personalize) get a column each when runs report them, beside final local."""
+    assert "calibrated %" not in to_markdown(summarize(load_groups(runs)[0]))
+    for d in ("a/s0", "a/s1", "a/s2"):
+        path = runs / d / "summary.json"
+        extra = {"final_local_accuracy": 0.80, "calibrated_accuracy": 0.90 if d != "a/s2" else 0.70,
+                 "calibrated_local_accuracy": 0.85, "personalized_accuracy": 0.95}
+        path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))
+    rows = summarize(load_groups(runs)[0])
+    lines = to_markdown(rows).splitlines()
+    head = [c.strip() for c in lines[0].split("|")]
+    assert head.index("final local %") + 1 == head.index("calibrated %") == head.index("calibrated local %") - 1
+    assert head.index("personalized %") == head.index("calibrated local %") + 1
+    row = next(line for line in lines if line.startswith("| fedavg alpha=0.1 ")).split("|")
+    cell = lambda h: row[head.index(h)].strip()  # noqa: E731
+    assert (cell("calibrated %"), cell("calibrated local %"), cell("personalized %")) == (
+        "83.3 +- 11.5", "85.0 +- 0.0", "95.0 +- 0.0")
+    other = next(line for line in lines if line.startswith("| fedprox alpha=0.1 ")).split("|")
+    assert other[head.index("calibrated %")].strip() == "-"  # runs without a calibration
+
+
 def test_labels_of_tuned_runs_without_compare_json(tmp_path):
     """Runs of a tuned comparison read as a plain folder: a learning rate that only tells
     algorithms apart is said (4 significant digits) where it is not the one most settings

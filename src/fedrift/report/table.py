@@ -20,6 +20,11 @@ Statistics, per setting, over its runs:
   ("final local" in the tables), the final model's accuracy on each client's own split,
   averaged over the clients: each client's own model for a personal-model method (FedProto),
   the global model for the others, so the two stand side by side on the same samples.
+- Calibration, when runs report it: ``calibrated_accuracy`` ("calibrated" in the tables: the
+  final model after CCVR's calibration, on the test set) and ``calibrated_local_accuracy``
+  (on the clients' own splits), and ``personalized_accuracy`` (``eval.personalize``: each
+  client's classifier calibrated on its data, on its own split), beside "final local": the
+  global model's accuracy on those same splits.
 - Accuracy at round r: the global test accuracy at the last evaluated round <= r, for runs
   that reached round r.
 - Rounds to target: the first evaluated round whose test accuracy is >= the target; the mean
@@ -55,6 +60,10 @@ from fedrift.report import paired, published
 # summary keys of runs with a validation split (partition.val_share)
 VALIDATION_KEYS = ("test_accuracy_at_best_val", "best_val_accuracy")
 LOCAL_KEY = "final_local_accuracy"  # on the clients' own test splits: a column when runs report it
+# the final model calibrated (CCVR, on the test set and on the clients' own splits) and FedADC's
+# per-client calibration (eval.personalize, on the clients' own splits): columns when runs report them
+CALIBRATED_KEYS = (("calibrated_accuracy", "calibrated %"), ("calibrated_local_accuracy", "calibrated local %"),
+                   ("personalized_accuracy", "personalized %"))
 
 EXECUTION_KEYS = (
     "engine.executor",
@@ -359,11 +368,12 @@ def summarize(
         row["diverged"] = sum(r.status == "diverged" for r in g.runs)
         row["interrupted_at"] = [r.last_round for r in g.runs if r.status == "interrupted"]  # rounds done
         row["seeds"] = ",".join(str(r.seed) for r in done if r.seed is not None)
-        for key in ("best_accuracy", "final_accuracy", *VALIDATION_KEYS, LOCAL_KEY):
-            if key in (*VALIDATION_KEYS, LOCAL_KEY) and not any(key in r.summary for r in g.runs):
-                continue  # no validation split, no local test splits: no columns
+        optional = (*VALIDATION_KEYS, LOCAL_KEY, *(k for k, _ in CALIBRATED_KEYS))
+        for key in ("best_accuracy", "final_accuracy", *optional):
+            if key in optional and not any(key in r.summary for r in g.runs):
+                continue  # no validation split, no local test splits, no calibration: no columns
             row[f"{key}_mean"], row[f"{key}_std"] = mean_std(r.summary.get(key) for r in done)
-            if key == LOCAL_KEY:  # runs from before the metric lack it: say over how many it is
+            if key in optional[len(VALIDATION_KEYS):]:  # runs from before the metric lack it: say over how many it is
                 row[f"{key}_n"] = sum(r.summary.get(key) is not None for r in done)
         for t in at_rounds:
             row[f"accuracy_at_{t}_mean"], row[f"accuracy_at_{t}_std"] = mean_std(accuracy_at(r, t) for r in done)
@@ -429,8 +439,9 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
     several = len(targets) > 1
     validated = any(r.get("test_accuracy_at_best_val_mean") is not None for r in rows)
     local = any(r.get(f"{LOCAL_KEY}_mean") is not None for r in rows)
+    calibrated = [(k, h) for k, h in CALIBRATED_KEYS if any(r.get(f"{k}_mean") is not None for r in rows)]
     headers = ["setting", "runs", "best acc %", "final acc %", *(["at best val %"] if validated else []),
-               *(["final local %"] if local else []), *(f"acc@{t} %" for t in at_rounds)]
+               *(["final local %"] if local else []), *(h for _, h in calibrated), *(f"acc@{t} %" for t in at_rounds)]
     pairs = paired.headers(rows)
     headers += [h for _, h in pairs]
     if several:
@@ -454,6 +465,7 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
             *([fmt_acc(r.get("test_accuracy_at_best_val_mean"), r.get("test_accuracy_at_best_val_std"), pm)]
               if validated else []),
             *([_fmt_some(r, LOCAL_KEY, pm)] if local else []),
+            *(_fmt_some(r, k, pm) for k, _ in calibrated),
             *(fmt_acc(r[f"accuracy_at_{t}_mean"], r[f"accuracy_at_{t}_std"], pm) for t in at_rounds),
             *(paired.cell(r, key, pm) for key, _ in pairs),
             *([_fmt_num(None if r.get("target") is None else 100 * r["target"], 1)] if several else []),
