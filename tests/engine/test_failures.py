@@ -177,3 +177,75 @@ def test_a_round_without_clients_stops_the_run_and_keeps_the_metrics(tiny):
     assert summary["status"] == "no_clients" and summary["rounds"] == first - 1
     lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == first - 1
+
+
+def test_a_round_whose_clients_all_fail_counts_them(tiny, monkeypatch):
+    """Every client raises in round 2: the run stops there (no_clients), and the round's three
+    failures are counted in clients_failed_total, as a round that goes on would count them."""
+    real = sequential.train_client
+
+    def client(tools, payload, job, round_):
+        if round_ == 2:
+            raise RuntimeError("the devices lost power")
+        return real(tools, payload, job, round_)
+
+    monkeypatch.setattr(sequential, "train_client", client)
+    cfg = tiny(train={"rounds": 3, "clients_per_round": 3}, engine={"executor": "sequential", "accept_failures": True})
+    with pytest.raises(NoClientsError, match="round 2: no client returned"):
+        fedrift.run(cfg)
+    summary = json.loads((Path(cfg["output"]["dir"]) / "summary.json").read_text())
+    assert summary["status"] == "no_clients" and summary["rounds"] == 1
+    assert summary["clients_failed_total"] == 3 and summary["clients_returned_total"] == 3
+
+
+@pytest.mark.parametrize("how", ["loss", "upload"])
+def test_accept_failures_with_diverging_clients_ends_diverged(tiny, monkeypatch, how):
+    """Client VICTIM's training diverges (a non-finite loss) whenever it is sampled: with
+    accept_failures every round runs without it, and the run then ends as diverged (status,
+    one line, every round's metrics kept), as it would without accept_failures. A non-finite
+    upload with a finite loss (a corrupt device, not a diverging training) is only left out."""
+    real = sequential.train_client
+
+    def client(tools, payload, job, round_):
+        out = real(tools, payload, job, round_)
+        if job.client_id == VICTIM:
+            if how == "loss":
+                out.loss = torch.full_like(out.loss, float("inf"))
+            out.upload = {**out.upload, "params": {k: torch.full_like(v, float("nan")) for k, v in out.upload["params"].items()}}
+        return out
+
+    monkeypatch.setattr(sequential, "train_client", client)
+    cfg = tiny(train={"rounds": 4, "clients_per_round": 4}, engine={"executor": "sequential", "accept_failures": True})
+    hit = [t for t in range(1, 5) if VICTIM in uniform(6, 4, 0, t, np.zeros((6, 10)))]
+    assert hit
+    folder = Path(cfg["output"]["dir"])
+    if how == "upload":
+        assert fedrift.run(cfg).summary["status"] == "completed"
+        return
+    with pytest.raises(DivergenceError, match=f"training diverged in effect: {len(hit)} client trainings from round {hit[0]} on"):
+        fedrift.run(cfg)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["rounds"] == 4 and summary["clients_failed_total"] == len(hit)
+    assert "accept_failures" in summary["message"] and "train.lr" in summary["message"]
+    assert len((folder / "metrics.jsonl").read_text().splitlines()) == 4
+
+
+def test_diverged_in_effect_is_one_line_and_exit_3(tiny, monkeypatch, capsys, tmp_path):
+    import yaml
+
+    from fedrift.cli import main
+
+    real = sequential.train_client
+
+    def client(tools, payload, job, round_):
+        out = real(tools, payload, job, round_)
+        if job.client_id == VICTIM:
+            out.loss = torch.full_like(out.loss, float("nan"))
+        return out
+
+    monkeypatch.setattr(sequential, "train_client", client)
+    cfg = tiny(train={"rounds": 4, "clients_per_round": 4}, engine={"executor": "sequential", "accept_failures": True})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["run", "-c", str(tmp_path / "c.yaml")]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fedrift: error: training diverged in effect" in err

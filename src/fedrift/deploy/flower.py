@@ -22,6 +22,7 @@ Importing this module needs ``flwr`` (the ``flower`` extra).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -30,10 +31,12 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-from fedrift.deploy.project import CONFIG_KEY, NODE_CLIENT, NODE_ROOT, REPLY_KEY, WAIT_KEY, check_deployable
+from fedrift.deploy.project import (AGAIN, CONFIG_KEY, INSTALL, MARKER, NODE_CLIENT, NODE_ROOT, REPLY_KEY, WAIT_KEY,
+                                    check_deployable)
 from fedrift.errors import ConfigError, FedriftError
 
 if TYPE_CHECKING:  # torch is imported where used: a SuperNode answering who it serves loads none
@@ -123,22 +126,47 @@ def merged(*parts: RecordDict) -> RecordDict:
 server_app = ServerApp()
 
 
+class DeviceError(FedriftError):
+    """A device failed (its SuperNode unreachable or gone, its ClientApp crashed, no reply in
+    time) and ``engine.accept_failures`` is off: the deployed run stops there."""
+
+    status = "failed"
+
+
+class DeployedRunFailed(Exception):
+    """What the ServerApp raises to Flower once the run folder says how the run ended (so that
+    ``flwr ls`` shows the run as failed): the fedrift error's one line."""
+
+
 @server_app.main()
 def _server_main(grid: Grid, context: Context) -> None:
     doc = json.loads(str(context.run_config[CONFIG_KEY]))
-    serve(grid, doc, float(context.run_config.get(WAIT_KEY, 600.0)), float(context.run_config.get(REPLY_KEY, 3600.0)))
+    try:
+        serve(grid, doc, float(context.run_config.get(WAIT_KEY, 600.0)), float(context.run_config.get(REPLY_KEY, 3600.0)),
+              run_id=context.run_id)
+    except FedriftError as err:  # already said in one line and in summary.json; Flower's status: failed
+        raise DeployedRunFailed(str(err)) from None
 
 
-def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float) -> dict[str, Any]:
-    """The deployed run of config ``doc`` through ``grid``; its summary (also in the run folder)."""
+def say(line: str) -> None:
+    """A line in the ServerApp's log, which ``flwr run --stream`` and ``flwr log`` show."""
+    print(f"fedrift: {line}", flush=True)
+
+
+def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float, run_id: int | None = None) -> dict[str, Any]:
+    """The deployed run of config ``doc`` through ``grid``; its summary (also in the run folder).
+
+    Every ending is legible: a progress line per round in the ServerApp's log, and on a
+    failure one ``fedrift: error:`` line, ``summary.json`` with the status (``failed``: a
+    device failed without ``engine.accept_failures``; ``config_error``: a device's or the
+    federation's set-up is wrong; ``diverged``, ``no_clients`` as in a simulation) and the
+    global model of the last round that finished; then the error is raised again."""
     import torch
 
     from fedrift.engine.build import build_run, final_state, prepare, resolved_yaml, run_facts, run_folder
     from fedrift.engine.federation import Federation
     from fedrift.engine.outputs import RunWriter
     from fedrift.engine.server import Server
-    from fedrift.errors import DivergenceError
-
     prep = prepare(doc)
     cfg = prep.config
     model, algorithm = build_run(prep)
@@ -147,42 +175,81 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float) ->
         torch.set_num_threads(cfg.engine.threads)
     writer = RunWriter(run_folder(cfg), cfg.output.overwrite)
     facts = {**run_facts(prep, model, "flower"), "threads": torch.get_num_threads()}
+    server = None
     try:
+        writer.write_text(MARKER, json.dumps({"flower_run_id": run_id, "continue": AGAIN}, indent=1) + "\n")
         writer.write_text("config.yaml", resolved_yaml(prep))
         writer.write_partition(prep.partition)
         fed = Federation(prep.dataset, prep.partition, prep.device)
+        say(f"run folder {writer.dir} on the ServerApp's machine; waiting for the SuperNodes of "
+            f"{fed.num_clients} clients (up to {wait:g} s)")
         start = time.perf_counter()
-        nodes = discover(grid, fed.num_clients, wait)
-        facts["connect_seconds"] = time.perf_counter() - start
-        server = Server(cfg, fed, model, algorithm, writer, clients_build_teacher=True, prephase_on_clients=True)
         try:
-            for t in server.rounds():
-                rnd = server.open(t)
-                down = up = 0
-                if rnd.needs_summaries:
-                    replies, down, up = exchange(grid, nodes, rnd, SUMMARY, reply_timeout, cfg.engine.accept_failures)
-                    if len(replies) < len(rnd.jobs):  # a device failed: its client sits this round out
-                        rnd.jobs = [j for j in rnd.jobs if j.client_id in replies]
-                        rnd.weights = server.weights([j.client_id for j in rnd.jobs])
-                    server.combine(rnd, [decode(replies[j.client_id].content, "summary", prep.device) for j in rnd.jobs])
-                replies, d, u = exchange(grid, nodes, rnd, TRAIN, reply_timeout, cfg.engine.accept_failures)
-                outputs = [client_output(k, replies[k], prep.device) for k in (j.client_id for j in rnd.jobs) if k in replies]
-                failed = sorted(set(rnd.fate.returning) - set(replies))
-                rnd.down, rnd.up = down + d, up  # the real message sizes, not the trees'
-                server.close(rnd, outputs, failed, up=u)
-        except DivergenceError as err:
-            writer.write_summary({**server.result(err.status, str(err)).summary, **facts})
+            nodes = discover(grid, fed.num_clients, wait)
+            facts["connect_seconds"] = time.perf_counter() - start
+            server = Server(cfg, fed, model, algorithm, writer, clients_build_teacher=True, prephase_on_clients=True)
+            try:
+                for t in server.rounds():
+                    run_round(server, grid, nodes, t, reply_timeout, cfg.engine.accept_failures, prep.device)
+                diverged_run = server.diverged_in_effect()
+                if diverged_run is not None:
+                    raise diverged_run
+            finally:
+                server.release()
+        except FedriftError as err:
+            status = getattr(err, "status", "config_error" if isinstance(err, ConfigError) else "failed")
+            summary = {**(server.result(status, str(err)).summary if server else {"status": status, "message": str(err)}),
+                       **facts}
+            done = summary.get("rounds", 0)
+            if server is not None and done and status != "diverged" and cfg.output.save_model:
+                writer.save_model(final_state(server.state["params"], model))  # the model after the last round that finished
+            writer.write_summary(summary)
+            say(f"error: {err}")
+            say(f"{status} after {done} of {cfg.train.rounds} rounds; run folder {writer.dir} "
+                f"(summary.json{', final_model.pt: the model after round ' + str(done) if (writer.dir / 'final_model.pt').exists() else ''})")
             raise
-        finally:
-            server.release()
         result = server.result()
         summary = {**result.summary, **facts}
         if cfg.output.save_model:
             writer.save_model(final_state(result.global_params, model))
         writer.write_summary(summary)
+        say(f"completed {summary['rounds']} rounds: final accuracy {summary['final_accuracy']:.4f}; "
+            f"run folder {writer.dir} (summary.json, metrics.jsonl, final_model.pt)")
         return summary
     finally:
         writer.release()
+
+
+def run_round(server: Any, grid: Grid, nodes: dict[int, int], t: int, timeout: float, accept: bool,
+              device: torch.device) -> None:
+    """Round ``t`` through Flower: the pre-phase when the algorithm has one, training, then
+    the server's close; its progress line."""
+    from fedrift.engine.failures import screen
+
+    rnd = server.open(t)
+    down = up = 0
+    failed: list[int] = []
+    if rnd.needs_summaries:
+        replies, failed, down, up = exchange(grid, nodes, rnd, SUMMARY, timeout, accept)
+        if failed:  # a device failed: its client sits this round out
+            rnd.jobs = [j for j in rnd.jobs if j.client_id in replies]
+            rnd.weights = server.weights([j.client_id for j in rnd.jobs]) if rnd.jobs else rnd.weights
+        if not rnd.jobs:
+            server.close(rnd, [], failed)  # raises: no client returned, the failed counted
+        server.combine(rnd, [decode(replies[j.client_id].content, "summary", device) for j in rnd.jobs])
+    replies, lost, d, u = exchange(grid, nodes, rnd, TRAIN, timeout, accept)
+    outputs = [client_output(j.client_id, replies[j.client_id], device) for j in rnd.jobs if j.client_id in replies]
+    bad: list[int] = []
+    diverged: list[int] = []
+    if accept:  # as in a simulation: a non-finite loss or upload is left out
+        outputs, bad, diverged = screen(outputs, t)
+        u -= sum(message_bytes(replies[k]) for k in bad)  # counted as a simulation counts: the kept uploads
+    failed = sorted(set(failed) | set(lost) | set(bad))
+    rnd.down, rnd.up = down + d, up  # the real message sizes, not the trees'
+    row = server.close(rnd, outputs, failed, up=u, diverged=diverged)
+    done = f"{len(outputs)} of {len(rnd.sampled)} clients returned" + (f", {len(failed)} failed" if failed else "")
+    acc = f": test_accuracy {row['test_accuracy']:.4f}, train_loss {row['train_loss']:.4g}" if row else ""
+    say(f"round {t}/{server.cfg.train.rounds}{acc} ({done})")
 
 
 def discover(grid: Grid, num_clients: int, wait: float) -> dict[int, int]:
@@ -195,11 +262,18 @@ def discover(grid: Grid, num_clients: int, wait: float) -> dict[int, int]:
         new = [n for n in grid.get_node_ids() if n not in asked]
         if new:
             msgs = [Message(RecordDict(), message_type=WHO, dst_node_id=n) for n in new]
-            for reply in grid.send_and_receive(msgs, timeout=max(1.0, deadline - time.monotonic())):
-                node = reply.metadata.src_node_id
-                asked.add(node)
+            replies = list(grid.send_and_receive(msgs, timeout=max(1.0, deadline - time.monotonic())))
+            node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}  # set when pushed
+            for reply in replies:
+                node = node_of.get(reply.metadata.reply_to_message_id)
+                if node is None:
+                    continue
                 if reply.has_error():
-                    raise ConfigError(f"SuperNode {node}: {reply.error.reason}")
+                    if reply.error.code == ErrorCode.NODE_UNAVAILABLE:  # gone since listed: asked again if back
+                        continue
+                    raise ConfigError(f"SuperNode {node}: {failure(reply, node)}")
+                asked.add(node)
+                device_error(reply, node, None)
                 k = int(reply.content["fedrift"]["client"])
                 if not 0 <= k < num_clients:
                     raise ConfigError(f"node config {NODE_CLIENT}: SuperNode {node} serves client {k}; allowed: "
@@ -217,35 +291,88 @@ def discover(grid: Grid, num_clients: int, wait: float) -> dict[int, int]:
         time.sleep(0.5)
 
 
-def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: float, accept: bool
-             ) -> tuple[dict[int, Message], int, int]:
-    """Send each job's client the round's payload as a ``kind`` message; its replies by client
-    (a failed client is left out with ``accept``, else the run stops), bytes down and up."""
-    from fedrift.engine.client import HookError
+POLL = 0.5  # seconds between the ServerApp's asks for a round's replies
 
+
+def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: float, accept: bool
+             ) -> tuple[dict[int, Message], list[int], int, int]:
+    """Send each job's client the round's payload as a ``kind`` message: the replies by
+    client, the clients that failed (with ``accept``: left out, with a warning; without, the
+    run stops with a :class:`DeviceError`), bytes down and up.
+
+    A reply is matched to its client by the message it answers (``reply_to_message_id``):
+    the SuperLink's own error replies (a SuperNode that stopped sending heartbeats) come from
+    the SuperLink, not from the node. A device's fedrift error (its config) stops the run,
+    whatever ``accept`` says: it is a set-up to fix, not a failure to tolerate."""
     payload = encode(rnd.payload, "payload")
     msgs = {}
     for job in rnd.jobs:
         meta = ConfigRecord({"round": rnd.t, "client": job.client_id, "work": float(rnd.fate.work.get(job.client_id, 1.0))})
         content = merged(payload, RecordDict({"fedrift": meta}))
         msgs[job.client_id] = Message(content, message_type=kind, dst_node_id=nodes[job.client_id])
-    down = sum(message_bytes(m) for m in msgs.values())
-    client_of = {nodes[k]: k for k in msgs}
+    down = sum(message_bytes(m) for m in msgs.values())  # sent to every job's client, as a simulation counts
+    why: dict[int, str] = {}
+    client_of: dict[str, int] = {}
+    for k, mid in zip(msgs, grid.push_messages(list(msgs.values()))):
+        if mid:
+            client_of[mid] = k
+        else:
+            why[k] = "the SuperLink refused its message (its SuperNode left the federation)"
     replies: dict[int, Message] = {}
-    for reply in grid.send_and_receive(list(msgs.values()), timeout=timeout):
-        k = client_of[reply.metadata.src_node_id]
-        if reply.has_error():
-            what = f"round {rnd.t}: client {k} failed on its SuperNode ({reply.error.reason})"
-            if not accept:
-                raise HookError(f"{what}; set engine.accept_failures=true to leave failed clients out")
-            log.warning(f"{what} and is left out")
-            continue
-        replies[k] = reply
-    missing = sorted(set(msgs) - set(replies))
-    if missing and not accept:  # failed ones raised above: these never answered
-        raise HookError(f"round {rnd.t}: no reply from the SuperNodes of clients {missing} within {timeout:g} s")
+    deadline = time.monotonic() + timeout
+    pending = set(client_of)
+    while pending:
+        for reply in grid.pull_messages(list(pending)):
+            mid = reply.metadata.reply_to_message_id
+            if mid not in pending:
+                continue
+            pending.discard(mid)
+            k = client_of[mid]
+            if reply.has_error():
+                why[k] = failure(reply, nodes[k])
+            else:
+                device_error(reply, nodes[k], k)
+                replies[k] = reply
+        if pending and time.monotonic() >= deadline:
+            for mid in pending:
+                why[client_of[mid]] = f"no reply within {timeout:g} s (run config {REPLY_KEY})"
+            break
+        if pending:
+            time.sleep(POLL)
+    for k in sorted(why):
+        what = f"round {rnd.t}: client {k} failed on SuperNode {nodes[k]}: {why[k]}"
+        if not accept:
+            raise DeviceError(f"{what}; the run stopped (set engine.accept_failures=true to leave failed clients out)")
+        log.warning(f"{what}; left out (engine.accept_failures)")
     up = sum(message_bytes(r) for r in replies.values())
-    return replies, down, up
+    return replies, sorted(why), down, up
+
+
+def failure(reply: Message, node: int) -> str:
+    """A Flower error reply in one line: what happened to the device, then Flower's reason's
+    last line (a ClientApp's reason is its traceback)."""
+    lines = [x.strip() for x in str(reply.error.reason).splitlines() if x.strip()]
+    reason = lines[-1] if lines else "no reason given"
+    code = reply.error.code
+    if code == ErrorCode.NODE_UNAVAILABLE:
+        return "its SuperNode is unreachable (no heartbeat: stopped, killed, or cut off)"
+    if code == ErrorCode.LOAD_CLIENT_APP_EXCEPTION:
+        raise ConfigError(f"SuperNode {node}: cannot load fedrift's ClientApp ({reason}); "
+                          f"allowed: a SuperNode where {INSTALL} is installed")
+    if code == ErrorCode.CLIENT_APP_CRASHED:
+        return f"its ClientApp process crashed ({reason})"
+    return f"its ClientApp raised ({reason})"
+
+
+DEVICE_ERROR = "fedrift-error"  # a reply's record: the fedrift error a device raised (its config)
+
+
+def device_error(reply: Message, node: int, k: int | None) -> None:
+    """Raise, as a ConfigError naming the node, the fedrift error a device replied with."""
+    if DEVICE_ERROR in reply.content:
+        err = reply.content[DEVICE_ERROR]
+        who = f"SuperNode {node}" + (f" (client {k})" if k is not None else "")
+        raise ConfigError(f"{who}: {err['message']}")
 
 
 def client_output(k: int, reply: Message, device: torch.device) -> Any:
@@ -263,13 +390,32 @@ def client_output(k: int, reply: Message, device: torch.device) -> Any:
 client_app = ClientApp()
 
 
+def answers_errors(handler: Any) -> Any:
+    """A ClientApp handler whose fedrift error (a bad node config, a dataset missing on the
+    device) is sent back as a reply the server reads as that error, naming this node, instead
+    of a traceback that it would take for a device failure."""
+
+    @functools.wraps(handler)
+    def handle(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except FedriftError as err:
+            log.error(f"fedrift: error: {err}")
+            record = ConfigRecord({"error": type(err).__name__, "message": str(err)})
+            return Message(RecordDict({DEVICE_ERROR: record}), reply_to=msg)
+
+    return handle
+
+
 @client_app.query("fedrift")
+@answers_errors
 def _who(msg: Message, context: Context) -> Message:
     meta = ConfigRecord({"client": client_id(context)})
     return Message(RecordDict({"fedrift": meta}), reply_to=msg)
 
 
 @client_app.train("summary")
+@answers_errors
 def _summary(msg: Message, context: Context) -> Message:
     from fedrift.engine.client import client_summary
 
@@ -279,6 +425,7 @@ def _summary(msg: Message, context: Context) -> Message:
 
 
 @client_app.train()
+@answers_errors
 def _train(msg: Message, context: Context) -> Message:
     from fedrift.engine.client import train_client
 

@@ -204,6 +204,19 @@ class LoopbackFederation:
     def log(self, name: str) -> str:
         return (self.folder / f"{name}.log").read_text(errors="replace")
 
+    def run_log(self, run_id: str) -> str:
+        """The run's log as ``flwr log RUN_ID --show`` prints it (what ``flwr run --stream``
+        streams): the ServerApp's output."""
+        return self.flwr("log", run_id, CONNECTION, "--show")
+
+    def stop_node(self, k: int, sig: int = signal.SIGTERM) -> None:
+        """Stop SuperNode ``k`` and its ClientApp processes (its process group), as a device
+        that is switched off: SIGTERM (the SuperNode tells the SuperLink it leaves, so its
+        messages fail at once) or SIGKILL (they fail once its heartbeats are missed, 60 s)."""
+        proc = self.procs[1 + k]  # after the SuperLink, in client order
+        os.killpg(proc.pid, sig)
+        proc.wait(30)
+
     def stop(self) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:

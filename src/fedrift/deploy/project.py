@@ -25,6 +25,9 @@ REPLY_KEY = "reply-seconds"  # run config: how long it waits for a round's repli
 NODE_CLIENT = "partition-id"  # node config: the fedrift client id a SuperNode serves
 NODE_ROOT = "data-root"  # node config: where that SuperNode reads the dataset (data.root)
 INSTALL = "pip install 'fedrift[flower]'"
+MARKER = "flower.json"  # in a deployed run's folder: the Flower run it was (written first, so a killed run has it)
+AGAIN = ("a deployed run keeps no checkpoints: submit the app again (flwr run APP SUPERLINK), into a new "
+         "output.dir or with output.overwrite=true; it starts from round 1")
 
 
 def require_flwr() -> Any:
@@ -38,7 +41,21 @@ def require_flwr() -> Any:
 
 def check_deployable(cfg: "Config", algorithm: "Algorithm") -> None:
     """Refuse what a deployment cannot do: whatever reads the clients' states or local models
-    on the server, which stay on the devices."""
+    on the server, which stay on the devices; the simulation's own knobs (dropout and
+    stragglers would skip or cut short real devices, whose failures are their own); and what
+    only the in-process loop honours (a Ray cluster, checkpoints)."""
+    eng = cfg.engine
+    for key, value in (("engine.dropout", eng.dropout), ("engine.stragglers", eng.stragglers)):
+        if value:
+            raise ConfigError(f"{key}: simulates clients that fail; a Flower deployment's clients are real devices, "
+                              "whose failures are their own (engine.accept_failures=true leaves failed ones out); "
+                              "allowed: 0")
+    if eng.executor == "ray" or eng.ray_address is not None:
+        key = "engine.executor" if eng.executor == "ray" else "engine.ray_address"
+        raise ConfigError(f"{key}: a Flower deployment trains each client on its own SuperNode, not on a Ray "
+                          "cluster; allowed: engine.executor sequential or auto, engine.ray_address unset")
+    if eng.checkpoint_every:
+        raise ConfigError(f"engine.checkpoint_every: {eng.checkpoint_every}; {AGAIN}; allowed: 0 or unset")
     if algorithm.personal:
         raise ConfigError(
             f"algorithm.name: {cfg.algorithm.name} is evaluated on each client's personal model, which stays on "
@@ -59,6 +76,24 @@ def check_deployable(cfg: "Config", algorithm: "Algorithm") -> None:
                               "deployment; allowed: false")
 
 
+def _raw(config: Any, overrides: list[str]) -> dict[str, Any]:
+    """The config as given (file or dict, plus overrides), before defaults fill it in."""
+    from fedrift.config import Config, apply_overrides, read_yaml
+
+    if isinstance(config, Config):
+        doc: dict[str, Any] = config.model_dump()
+    elif isinstance(config, (str, Path)):
+        doc = read_yaml(config)
+    else:
+        doc = dict(config or {})
+    return apply_overrides(doc, overrides)
+
+
+def deployed(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run a Flower ServerApp wrote."""
+    return (run_dir / MARKER).is_file()
+
+
 def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list[str] | None = None,
               wait_seconds: float = 600.0) -> Path:
     """Write the app project for ``config`` into ``out`` (a new or empty folder); its path.
@@ -70,6 +105,9 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
 
     from fedrift.engine.build import build_run, prepare, resolved_yaml
 
+    overrides = list(overrides or [])
+    if "checkpoint_every" not in (_raw(config, overrides).get("engine") or {}):
+        overrides.append("engine.checkpoint_every=0")  # the default's checkpoints: none when deployed
     prep = prepare(config, overrides)
     _, algorithm = build_run(prep)
     check_deployable(prep.config, algorithm)

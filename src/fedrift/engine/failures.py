@@ -64,8 +64,10 @@ def steps_done(planned: int, work: float) -> int:
 def train_clients(
     executor: Executor, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int, accept: bool,
     take: Callable[[ClientOutput], None] | None = None,
-) -> tuple[list[ClientOutput], list[int]]:
-    """The round's outputs of the clients that returned, and the ids of those that failed.
+) -> tuple[list[ClientOutput], list[int], list[int]]:
+    """The round's outputs of the clients that returned, the ids of those that failed, and
+    those of the failed whose training loss was not finite (their training diverged: the
+    server ends such a run as diverged in effect, ``Server.diverged_in_effect``).
 
     With ``accept``, a round whose training raises is run again one client at a time (each
     client's work is a pure function of the payload and its job, so the others' results are
@@ -76,8 +78,8 @@ def train_clients(
     """
     if not accept:
         if take is not None and getattr(executor, "hands_over", False):
-            return executor.run_round(tools, payload, jobs, round_, take=take), []
-        return executor.run_round(tools, payload, jobs, round_), []
+            return executor.run_round(tools, payload, jobs, round_, take=take), [], []
+        return executor.run_round(tools, payload, jobs, round_), [], []
     failed: list[int] = []
     try:
         outputs = executor.run_round(tools, payload, jobs, round_)
@@ -93,11 +95,20 @@ def train_clients(
             except Exception as err:
                 failed.append(job.client_id)
                 log.warning(f"round {round_}: client {job.client_id} failed and is left out ({type(err).__name__}: {err})")
-    kept = []
+    kept, bad, diverged = screen(outputs, round_)
+    return kept, sorted(failed + bad), diverged
+
+
+def screen(outputs: list[ClientOutput], round_: int) -> tuple[list[ClientOutput], list[int], list[int]]:
+    """Under ``engine.accept_failures``: the outputs with a finite loss and upload, the ids of
+    the others (left out, with a warning), and those of them whose loss was not finite."""
+    kept, failed, diverged = [], [], []
     for o in outputs:
         if bool(o.loss.isfinite()) and all_finite(o.upload):
             kept.append(o)
-        else:
-            failed.append(o.client_id)
-            log.warning(f"round {round_}: client {o.client_id} returned a non-finite loss or update and is left out")
-    return kept, sorted(failed)
+            continue
+        failed.append(o.client_id)
+        if not bool(o.loss.isfinite()):
+            diverged.append(o.client_id)
+        log.warning(f"round {round_}: client {o.client_id} returned a non-finite loss or update and is left out")
+    return kept, failed, sorted(diverged)

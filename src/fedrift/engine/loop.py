@@ -50,9 +50,13 @@ def run_federation(
             if rnd.needs_summaries:  # the pre-phase, in this process: summaries are cheap
                 server.combine(rnd, [client_summary(rnd.tools, rnd.payload, job) for job in rnd.jobs])
             take = partial(server.take, rnd) if server.streams else None  # outputs folded as they come
-            outputs, failed = train_clients(executor, rnd.tools, rnd.payload, rnd.jobs, t, cfg.engine.accept_failures, take)
-            server.close(rnd, outputs, failed)
+            outputs, failed, diverged = train_clients(executor, rnd.tools, rnd.payload, rnd.jobs, t,
+                                                      cfg.engine.accept_failures, take)
+            server.close(rnd, outputs, failed, diverged=diverged)
             rnd = outputs = take = None  # this round's jobs and outputs: not held while the next one trains
+        diverged_run = server.diverged_in_effect()
+        if diverged_run is not None:  # every round ran, but some clients' training diverged
+            raise diverged_run
     except DivergenceError as err:
         err.result = server.result(status=err.status, message=str(err))  # fedrift.api writes summary.json
         raise

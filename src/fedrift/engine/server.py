@@ -208,6 +208,7 @@ class Server:
         payload = alg.broadcast(self.state, info)
         fate = fates(cfg.engine, cfg.seed, t, sampled)
         if not fate.returning:
+            self.totals["clients_dropped"] += len(fate.dropped)  # the round that stops the run counts too
             raise self._no_clients(t, f"all {len(sampled)} sampled clients dropped out (engine.dropout)")
         jobs = [client_job(fed, k, {} if self.late_states else self.store.get(k), cfg.train, cfg.seed, t,
                            work=fate.work.get(k, 1.0)) for k in fate.returning]
@@ -262,12 +263,22 @@ class Server:
         rnd.down += len(rnd.jobs) * tree_bytes(extra)
         rnd.up += sum(tree_bytes(s) for s in summaries)
 
-    def close(self, rnd: Round, outputs: list[ClientOutput], failed: list[int], up: int | None = None) -> dict[str, Any] | None:
+    def close(self, rnd: Round, outputs: list[ClientOutput], failed: list[int], up: int | None = None,
+              diverged: list[int] = ()) -> dict[str, Any] | None:  # type: ignore[assignment]
         """Aggregate the outputs (in job order) of the clients that returned, keep their
         states, evaluate and log when due, checkpoint when due; the round's metrics row, or
         None when the round is not evaluated. ``up``: the bytes uploaded, when the transport
-        measured them (else the uploads' tensor bytes)."""
+        measured them (else the uploads' tensor bytes). ``diverged``: those of ``failed`` whose
+        training loss was not finite (``engine.accept_failures`` left them out): counted, and
+        a run that has any ends as diverged in effect (:meth:`diverged_in_effect`)."""
         cfg, fed, alg, t, tc = self.cfg, self.fed, rnd.tools.algorithm, rnd.t, self.cfg.train
+        counts = {"clients_returned": len(outputs), "clients_dropped": len(rnd.fate.dropped),
+                  "clients_failed": len(failed), "clients_straggling": len(rnd.fate.work)}
+        for key, value in counts.items():  # before any stop: the round that stops the run counts too
+            self.totals[key] += value
+        if diverged:
+            self.totals["clients_diverged"] = self.totals.get("clients_diverged", 0) + len(diverged)
+            self.totals.setdefault("first_diverged_round", t)
         if not outputs:
             raise self._no_clients(t, f"all {len(rnd.jobs)} clients that trained failed (engine.accept_failures)")
         info, weights = rnd.info, rnd.weights
@@ -276,10 +287,6 @@ class Server:
             info = replace(info, sampled=tuple(o.client_id for o in outputs))
         elif rnd.fate.dropped:
             info = replace(info, sampled=tuple(rnd.fate.returning))
-        counts = {"clients_returned": len(outputs), "clients_dropped": len(rnd.fate.dropped),
-                  "clients_failed": len(failed), "clients_straggling": len(rnd.fate.work)}
-        for key, value in counts.items():
-            self.totals[key] += value
 
         losses = torch.stack([o.loss.double().cpu() for o in outputs])
         bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
@@ -370,7 +377,8 @@ class Server:
         params = self.state["params"]
         head = {k for k in params if k.split(".")[0] in prefixes}
         row, self.calibrated = calibration_metrics(self.algorithm, params, self.fed, self.panel, self.tools.apply, head,
-                                                   t, self.tools.eval_batch, self.evaluated, self.local_test)
+                                                   t, self.tools.eval_batch, self.evaluated, self.local_test,
+                                                   self.tools.vmap_apply)
         return row
 
     def checkpoint(self, t: int) -> None:
@@ -440,6 +448,20 @@ class Server:
                 out.summary["personalized_accuracy"] = out.personalization["personalized_accuracy"]
                 out.summary["global_local_accuracy"] = out.personalization["global_local_accuracy"]
         return out
+
+    def diverged_in_effect(self) -> DivergenceError | None:
+        """A run that went through its rounds while some clients' training diverged (non-finite
+        losses, left out under ``engine.accept_failures``): the global model followed the
+        survivors of a diverging training, so the run ends as a run without accept_failures
+        would, diverged (the metrics of every round kept)."""
+        n = self.totals.get("clients_diverged", 0)
+        if not n:
+            return None
+        return DivergenceError(
+            f"training diverged in effect: {n} client trainings from round {self.totals['first_diverged_round']} on "
+            "returned a non-finite loss and were left out (engine.accept_failures), and the global model followed "
+            f"the others'; the metrics of every round are kept in {self.writer.dir / 'metrics.jsonl'} "
+            "(try a lower train.lr or set train.clip_grad_norm)")
 
     def interrupted(self) -> str:
         """The message of a run stopped by Ctrl-C in round ``self.t``."""

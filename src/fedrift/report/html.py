@@ -214,6 +214,7 @@ def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Ech
 def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = None, html_path: str | Path | None = None,
                  echo: Echo = print) -> tuple[list[dict[str, Any]], Path]:
     """Tables, figures and ``report.html`` for the runs under ``root``; returns (rows, html path)."""
+    from fedrift.deploy.project import AGAIN, deployed
     from fedrift.grid import check_report_names
 
     root = Path(root)
@@ -221,7 +222,10 @@ def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = Non
     opts = _merged_options(grid, raw)
     check_report_names(opts, list(dict.fromkeys(g.algorithm for g in groups)))
     for run in (r for g in groups for r in g.runs if r.status == "interrupted"):
-        echo(f"{run.dir}: interrupted after round {run.last_round}; continue with: fedrift run --resume {run.dir}")
+        if deployed(Path(run.dir)):  # a Flower deployment's run: no checkpoints, no --resume
+            echo(f"{run.dir}: a deployed run, stopped after round {run.last_round}; {AGAIN}")
+        else:
+            echo(f"{run.dir}: interrupted after round {run.last_round}; continue with: fedrift run --resume {run.dir}")
     rows, at_rounds, checked = _tables(root, groups, opts, echo)
     with _writing(root):
         plots = make_figures(root, groups, opts, echo) if opts.plots else []

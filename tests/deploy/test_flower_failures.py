@@ -1,0 +1,169 @@
+"""A Flower deployment's failures, on a real loopback federation (TLS, SuperNode
+authentication, 3 SuperNodes): a SuperNode stopped mid-run with and without
+``engine.accept_failures``, a device's config error, and what ends legibly in each case (the
+ServerApp's log lines, ``summary.json``'s status, the model so far, Flower's own status).
+The three runs go to the SuperLink at once; SuperNode 1 is stopped once both training runs
+have finished round 1. SuperNode 2 reads its ``data-root`` (node config), which an embedded
+dataset refuses: the config-error run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+assert importlib.util.find_spec("flwr") is not None, "the flower extra is missing: make test installs it (pip install 'fedrift[flower]')"
+
+from fedrift.cli import main  # noqa: E402
+from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
+from fedrift.deploy.project import write_app  # noqa: E402
+
+CLIENTS = 3
+ROUNDS = 3
+LONGER = ROUNDS + 1  # the accept_failures run: rounds left after the stop, whichever run is ahead then
+VICTIM = 1  # the SuperNode (and client) stopped after round 1
+
+
+def _config(root: Path, out: Path, rounds: int = ROUNDS, **engine) -> dict:
+    return {
+        "seed": 0,
+        "data": {"name": "npz", "root": str(root)},
+        "partition": {"name": "iid", "num_clients": CLIENTS},
+        "model": {"name": "mlp", "hidden": [8]},
+        "algorithm": {"name": "fedavg"},
+        "engine": {"threads": 1, "executor": "sequential", **engine},
+        "train": {"rounds": rounds, "clients_per_round": CLIENTS, "local_epochs": 1, "batch_size": 16, "lr": 0.05},
+        "output": {"dir": str(out), "progress": False},
+    }
+
+
+def _rows(folder: Path) -> int:
+    path = folder / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def failures(tmp_path_factory):
+    """{name: (flwr ls entry, run folder, the run's log)} for the runs ``accept`` (accept_failures),
+    ``stop`` (without) and ``config`` (an embedded dataset, refused by SuperNode 2's data-root)."""
+    base = tmp_path_factory.mktemp("flower-failures")
+    data = base / "data"
+    data.mkdir()
+    np.savez(data / "data.npz", **gaussian_blobs(120, 40, dim=6, classes=3, spread=2.0))
+    configs = {
+        "accept": _config(data, base / "run-accept", rounds=LONGER, accept_failures=True),
+        "stop": _config(data, base / "run-stop"),
+        "config": {**_config(data, base / "run-config"), "data": {"name": "digits"}},
+    }
+    with LoopbackFederation(base / "federation", CLIENTS, {2: f'data-root="{data}"'}) as fed:
+        ids = {}
+        for name, cfg in configs.items():
+            write_app(base / f"app-{name}", cfg)
+            ids[name] = fed.submit(base / f"app-{name}")
+        deadline = time.monotonic() + 240
+        while min(_rows(base / "run-accept"), _rows(base / "run-stop")) < 1:  # both finished round 1
+            assert time.monotonic() < deadline, "round 1 did not finish"
+            time.sleep(0.2)
+        fed.stop_node(VICTIM)
+        entries = {name: fed.wait(ids[name], base / f"run-{name}" / "summary.json") for name in ids}
+        logs = {name: fed.run_log(ids[name]) for name in ids}
+    return {name: (entries[name], base / f"run-{name}", logs[name]) for name in ids}
+
+
+def _summary(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def test_a_stopped_supernode_is_left_out_with_accept_failures(failures):
+    entry, folder, log = failures["accept"]
+    assert entry["status"] == "finished:completed", (entry["status-details"], log[-3000:])
+    s = _summary(folder)
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert s["status"] == "completed" and s["rounds"] == LONGER and len(rows) == LONGER
+    lost = [r for r in rows if r["clients_failed"]]
+    assert lost and rows[0]["clients_failed"] == 0  # stopped after round 1
+    assert all(r["clients_failed"] == 1 and r["clients_returned"] == CLIENTS - 1 for r in lost)
+    assert s["clients_failed_total"] == len(lost)
+    # every client was sent the model, the stopped one too (as a simulation counts a failed
+    # client's broadcast); only the returning ones' replies count up
+    assert all(r["bytes_down"] == rows[0]["bytes_down"] for r in rows)
+    assert all(r["bytes_up"] < rows[0]["bytes_up"] for r in lost)
+    assert (folder / "final_model.pt").exists()
+    for t in range(1, LONGER + 1):  # a progress line per round, and where the results are
+        assert f"fedrift: round {t}/{LONGER}: test_accuracy" in log
+    assert f"fedrift: completed {LONGER} rounds" in log and str(folder) in log
+
+
+def test_a_stopped_supernode_stops_the_run_without_accept_failures(failures):
+    entry, folder, log = failures["stop"]
+    assert entry["status"] == "finished:failed"
+    s = _summary(folder)
+    assert s["status"] == "failed" and 1 <= s["rounds"] < ROUNDS and s["executor"] == "flower"
+    assert f"client {VICTIM} failed on SuperNode" in s["message"] and "unreachable" in s["message"]
+    assert "engine.accept_failures=true" in s["message"]
+    assert len((folder / "metrics.jsonl").read_text().splitlines()) == s["rounds"]  # nothing written lost
+    model = torch.load(folder / "final_model.pt")  # the model after the last round that finished
+    assert model and all(bool(torch.isfinite(v).all()) for v in model.values())
+    errors = [line for line in log.splitlines() if "fedrift: error:" in line]
+    assert len(errors) == 1 and s["message"] in errors[0]
+    assert f"fedrift: failed after {s['rounds']} of {ROUNDS} rounds; run folder {folder}" in log
+    assert s["message"] in entry["status-details"]  # flwr ls says why
+
+
+def test_a_device_config_error_names_the_node(failures):
+    entry, folder, log = failures["config"]
+    assert entry["status"] == "finished:failed"
+    s = _summary(folder)
+    assert s["status"] == "config_error" and s["rounds"] == 0
+    assert "(client 2): data.root: digits is embedded and reads no folder" in s["message"]
+    assert s["message"].startswith("SuperNode ") and "accept_failures" not in s["message"]
+    assert not (folder / "final_model.pt").exists()  # no round finished
+    assert "fedrift: error: SuperNode" in log
+
+
+def test_resume_of_a_deployed_run_is_refused(failures, capsys):
+    """``fedrift run --resume`` would run the federation again locally: refused in one line
+    that says how a deployed run continues; ``report`` says the same, not --resume."""
+    _, folder, _ = failures["stop"]
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    assert main(["run", "--resume", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a Flower deployment's run" in err and "flwr run APP SUPERLINK" in err
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
+    (folder / "summary.json").unlink()  # as if the ServerApp had been killed: the report calls it interrupted
+    from fedrift.report.html import build_report
+
+    said: list[str] = []
+    build_report(folder.parent, {"plots": False}, html_path=folder.parent / "report.html", echo=said.append)
+    line = next(x for x in said if str(folder) in x)
+    assert "a deployed run" in line and "--resume" not in line and "flwr run APP SUPERLINK" in line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["engine.dropout=0.2"], "engine.dropout: simulates clients that fail"),
+    (["engine.stragglers=0.5"], "engine.stragglers: simulates clients that fail"),
+    (["engine.executor=ray"], "engine.executor: a Flower deployment trains each client on its own SuperNode"),
+    (["engine.ray_address=10.0.0.1:6379"], "engine.ray_address: a Flower deployment trains each client"),
+    (["engine.checkpoint_every=5"], "engine.checkpoint_every: 5; a deployed run keeps no checkpoints"),
+])
+def test_what_a_deployment_cannot_honour_is_refused(tmp_path, args, message, capsys):
+    assert main(["flower", "app", str(tmp_path / "app"), "data.name=digits", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not (tmp_path / "app").exists()
+
+
+def test_the_app_keeps_no_checkpoints(tmp_path):
+    """checkpoint_every's default (10) becomes 0 in the app, not a refusal."""
+    import tomllib
+
+    write_app(tmp_path / "app", None, ["data.name=digits"])
+    doc = json.loads(tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+                     ["fedrift-config"])
+    assert doc["engine"]["checkpoint_every"] == 0
