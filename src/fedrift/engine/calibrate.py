@@ -29,8 +29,12 @@ def features(apply: Callable[..., Any], params: Params, x: torch.Tensor, chunk: 
 
 
 def calibrated_model(algorithm: Algorithm, params: Params, fed: Federation, clients: list[int],
-                     apply: Callable[..., Any], head: set[str], round_: int, chunk: int) -> tuple[Params, int]:
-    """The calibrated model from ``clients``' statistics of ``params``, and the bytes they upload."""
+                     apply: Callable[..., Any], head: set[str], round_: int, chunk: int,
+                     step_apply: Callable[..., Any] | None = None) -> tuple[Params, int]:
+    """The calibrated model from ``clients``' statistics of ``params``, and the bytes they upload.
+    ``step_apply`` (None: ``apply``) runs the calibration's many small steps: an ``apply`` that
+    does not copy the convolution kernels into channels-last on every call, as the run's
+    ``apply`` does on a CPU (``RoundTools.vmap_apply``)."""
     cal = algorithm.calibration
     assert cal is not None
     acc, up = None, 0
@@ -45,17 +49,18 @@ def calibrated_model(algorithm: Algorithm, params: Params, fed: Federation, clie
         acc = cal.merge(acc, stats)
     if acc is None:  # no panel client holds a sample: nothing to calibrate on
         return params, up
-    return cal.calibrate(params, acc, round_, apply, head), up
+    return cal.calibrate(params, acc, round_, step_apply or apply, head), up
 
 
 def calibration_metrics(algorithm: Algorithm, params: Params, fed: Federation, clients: list[int],
                         apply: Callable[..., Any], head: set[str], round_: int, chunk: int,
                         evaluated: list[tuple[str, torch.Tensor, torch.Tensor]],
-                        local: LocalParts | None) -> tuple[dict[str, float], Params]:
+                        local: LocalParts | None, step_apply: Callable[..., Any] | None = None,
+                        ) -> tuple[dict[str, float], Params]:
     """The calibrated model's metrics, named as the global model's with ``calibrated_`` in
     front (``calibrated_accuracy``, ``calibrated_loss``, ``calibrated_local_accuracy``,
     ``calibrated_val_accuracy``), the bytes its statistics took up and down, and the model."""
-    calibrated, up = calibrated_model(algorithm, params, fed, clients, apply, head, round_, chunk)
+    calibrated, up = calibrated_model(algorithm, params, fed, clients, apply, head, round_, chunk, step_apply)
     row: dict[str, float] = {}
     for prefix, x, y in evaluated:
         name = "calibrated" if prefix == "test" else f"calibrated_{prefix}"
