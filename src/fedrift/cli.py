@@ -167,6 +167,8 @@ def _run(args: argparse.Namespace) -> int:
     if s.get("best_val_round") is not None:
         print(f"at the best validation accuracy {s['best_val_accuracy']:.4f} (round {s['best_val_round']}): "
               f"test accuracy {s['test_accuracy_at_best_val']:.4f}")
+    if s.get("calibrated_accuracy") is not None:  # CCVR: its final model is the calibrated one
+        print(f"calibrated model (final_model.pt): test accuracy {s['calibrated_accuracy']:.4f}")
     print(f"results in {result.output_dir}")
     return 0
 

@@ -2,6 +2,8 @@
 moments, the retraining as SGD on the classifier only, determinism, and runs whose training is
 FedAvg's bit for bit while every evaluated row carries the calibrated model's accuracy too."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -223,3 +225,16 @@ def test_refused_with_privacy_and_in_a_flower_deployment(tiny, capsys):
         fedrift.run(tiny(algorithm={"name": "ccvr"}, privacy={"level": "client", "clip": 1.0, "noise_multiplier": 1.0}))
     one_line_refusal(capsys, ["flower", "app", "/nonexistent/app", "data.name=digits", "algorithm.name=ccvr"],
                      "algorithm.name: ccvr calibrates on every client's feature statistics")
+
+
+def test_run_prints_the_calibrated_accuracy(tmp_path, capsys):
+    from fedrift.cli import main
+
+    args = ["run", "data.name=digits", "model.name=mlp", "partition.num_clients=4", "train.rounds=1",
+            "train.clients_per_round=2", "algorithm.name=ccvr", "algorithm.M=20", "algorithm.epochs=1",
+            f"output.dir={tmp_path / 'r'}", "output.progress=false"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("calibrated model (final_model.pt): test accuracy "))
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert line.endswith(f"{summary['calibrated_accuracy']:.4f}")
