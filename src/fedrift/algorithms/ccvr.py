@@ -11,7 +11,8 @@ run by the server at evaluation):
    uploads, for each class ``c`` it holds, ``N_{c,k}``, the mean ``mu_{c,k}`` and the unbiased
    covariance ``Sigma_{c,k}`` (``1/(N_{c,k} - 1)``; zero for a single sample) of the features
    (Algorithm 1, client side). Nothing else leaves the client; the bytes are reported as
-   ``calibration_bytes_up`` (``C_k (1 + d + d^2)`` floats plus the class ids).
+   ``calibration_bytes_up``: per class held, ``d + d^2`` floats of the features' dtype and two
+   int64 (class id, count).
 2. The server combines them (eq. 3 and 4): ``N_c = sum_k N_{c,k}``,
    ``mu_c = sum_k (N_{c,k}/N_c) mu_{c,k}``,
    ``Sigma_c = sum_k (N_{c,k}-1)/(N_c-1) Sigma_{c,k} + sum_k N_{c,k}/(N_c-1) mu_{c,k} mu_{c,k}^T
