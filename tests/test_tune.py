@@ -224,6 +224,22 @@ def test_a_tune_grows_by_more_algorithms_and_refuses_to_drop_one(tiny, tmp_path,
         fedrift.tune(cfg, algorithms=["fedavg", "fedprox"], space={"mu": "0.1,0.2"}, trials=1, out=out, pruner="none")
 
 
+def test_a_tune_folder_of_another_config_names_the_keys_and_both_values(tiny, tmp_path):
+    out = tmp_path / "tune"
+    cfg = _cfg(tiny, rounds=1)
+    kwargs = dict(algorithms=["fedavg", "fedprox"], space={"train.lr": "0.05"}, trials=1, out=out, pruner="none",
+                  report=False, verbose=False)
+    fedrift.tune(cfg, **kwargs)
+    with pytest.raises(ConfigError, match=r"holds a tune of another config or space \(model.hidden: \[32\] there, "
+                                          r"\[16\] here; train.rounds: 1 there, 2 here\); allowed: "):
+        fedrift.tune(cfg, **{**kwargs, "overrides": ["train.rounds=2", "model.hidden=[16]"]})
+    with pytest.raises(ConfigError, match=r"\(seed: 0 there, 3 here\)"):
+        fedrift.tune(cfg, **{**kwargs, "seed": 3})
+    with pytest.raises(ConfigError, match=r"\(the space or entry of fedprox differs: fedprox.space.algorithm.mu: "
+                                          r"'log:0.0001:1' there, '0.1,0.2' here\)"):
+        fedrift.tune(cfg, **{**kwargs, "space": {"train.lr": "0.05", "mu": "0.1,0.2"}})
+
+
 def test_cli_tune_and_its_refusals(tiny, tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=1)))
@@ -319,7 +335,7 @@ def test_best_yaml_keeps_the_base_and_compare_warns_when_its_runs_differ(tiny, t
     assert "| fedavg | train.lr=0.1 (high edge) |" in md and "| train.lr (high) |" in md
     assert "data.name=digits" in md and "train.rounds=2" in md and "own test" in md
     html = (out / "tune.html").read_text()
-    assert html.index('<table id="summary">') < html.index("<h2>fedavg</h2>")  # the summary comes first
+    assert html.index('<table id="summary"') < html.index("<h2>fedavg</h2>")  # the summary comes first
     assert "train.lr=0.1 (high edge)" in html and "at the high edge of its range" in html and "own test" in html
 
     # compare on another base: one line naming each key that differs and both values

@@ -109,9 +109,9 @@ def test_the_report_command_prints_and_writes_claims_and_refuses_a_bad_one(grid,
     assert "none can carry *" in out.split("fedprox > fedavg")[-1]  # the rule, under the claims too
     assert "too few to test" in (grid / "claims.md").read_text() and (grid / "claims.csv").is_file()
     html = (grid / "report.html").read_text()
-    assert '<table id="claims">' in html and "+2.0 ± 0.0<" in html and "sign-flip" in html.split('id="claims"')[1]
+    assert '<table id="claims" class="fit">' in html and "+2.0 ±&nbsp;0.0<" in html and "sign-flip" in html.split('id="claims"')[1]
     assert main(args) == 0  # a report without claims: the old files would describe another question
-    assert not (grid / "claims.md").exists() and '<table id="claims">' not in (grid / "report.html").read_text()
+    assert not (grid / "claims.md").exists() and 'id="claims"' not in (grid / "report.html").read_text()
     capsys.readouterr()
     assert main([*args, "report.claims=moon>fedavg"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -90,3 +90,6 @@ def test_report_html_is_self_contained(grid):
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert not re.search(r"https?://|src=\"//|@import|<script", text)
     assert text.count("<details>") == len(rows) and "algorithm:\n  name: fedprox\n  mu: 0.1" in text
+    # the t-SNE's panels are the default's, and the caption says which and why
+    assert ("Panels (report.tsne&#x27;s default): fedavg (the reference) and fedprox:mu=0.1, the setting with the highest "
+            "mean best accuracy") in text

@@ -1,7 +1,8 @@
-"""report.html in a real headless browser (Debian's chromium; `make test` installs it).
+"""report.html and tune.html in a real headless browser (Debian's chromium; `make test` installs it).
 
 The screenshot must exist, have the window's size and show something (not a blank page);
-the DOM after load must hold the results table's rows and every figure decoded.
+the DOM after load must hold the results table's rows and every figure decoded; in a
+1400-pixel window neither page, nor any of its tables, scrolls sideways.
 """
 
 from __future__ import annotations
@@ -73,3 +74,87 @@ def test_rendered_dom_has_the_table_and_decoded_images(grid, tmp_path):
     seen = json.loads(found.group(1))
     assert seen["rows"] == len(rows) and seen["first_cell"] == rows[0]["setting"]
     assert seen["imgs"] == 4 and seen["decoded"] == 4 and seen["shown"] == 4
+
+
+WIDTH_PROBE = """<script>
+window.addEventListener("load", function () {
+  var tables = {};
+  Array.from(document.querySelectorAll("table")).forEach(function (t) {
+    tables[t.id] = {width: Math.ceil(t.getBoundingClientRect().width), room: t.parentElement.clientWidth};
+  });
+  var pre = document.createElement("pre");
+  pre.id = "probe";
+  pre.textContent = JSON.stringify({inner: window.innerWidth, page: document.documentElement.scrollWidth, tables: tables});
+  document.body.appendChild(pre);
+});
+</script>
+"""
+
+
+def widths(page, tmp_path, width=1400):
+    """The window's width, the page's, and each table's width beside the room it has, as the
+    browser lays the page out in a window ``width`` pixels wide."""
+    probe = tmp_path / f"probe-{page.stem}.html"
+    probe.write_text(page.read_text().replace("</body>", WIDTH_PROBE + "</body>"))
+    proc = run_browser([f"--window-size={width},1000", "--dump-dom", "--virtual-time-budget=10000", probe.as_uri()],
+                       tmp_path)
+    found = re.search(r'<pre id="probe">([^<]*)</pre>', proc.stdout)
+    assert found, (proc.stdout[-1000:], proc.stderr[-2000:])
+    return json.loads(found.group(1))
+
+
+def wide_grid(root):
+    """Run folders for the widest results table fedrift writes: six methods, a validation split,
+    local test splits, three acc@ rounds, paired differences on three metrics, a paper's three
+    columns and the seed papers' claims (20 columns)."""
+    import yaml
+
+    algorithms = ["fedavg", "fedprox", "moon", "fedgkd", "fedgkd_vote", "fedcsd"]
+    for i, name in enumerate(algorithms):
+        for seed in (0, 1):
+            d = root / name / f"seed{seed}"
+            d.mkdir(parents=True)
+            cfg = {"seed": seed, "data": {"name": "digits"}, "algorithm": {"name": name},
+                   "partition": {"name": "dirichlet", "alpha": 0.1, "num_clients": 100, "val_share": 0.1},
+                   "train": {"rounds": 50, "clients_per_round": 20}, "output": {"dir": str(d)}}
+            (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+            accs = [0.3 + 0.008 * r + 0.01 * i + 0.003 * seed for r in range(1, 51)]
+            (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "test_accuracy": a}) + "\n"
+                                                     for r, a in enumerate(accs, start=1)))
+            (d / "summary.json").write_text(json.dumps({
+                "status": "completed", "seed": seed, "rounds": 50, "best_accuracy": max(accs), "final_accuracy": accs[-1],
+                "test_accuracy_at_best_val": accs[-2], "best_val_accuracy": accs[-2], "final_local_accuracy": accs[-1] - 0.1,
+                "wall_seconds": 1234.5, "seconds_per_round": 24.69, "bytes_down_total": 50 * 44.36e6,
+                "bytes_up_total": 50 * 33.27e6}))
+
+
+def test_both_pages_fit_1400_pixels_without_scrolling_sideways(grid, tmp_path):
+    """report.html (the widest table: 20 columns) and tune.html in a 1400-pixel window: the
+    page and each table fit (a table's cells wrap, a number before its ±, rather than scroll)."""
+    from fedrift.cli import main
+    from fedrift.report.table import load_groups, summarize
+
+    from conftest import tiny_config
+
+    import fedrift
+
+    runs = tmp_path / "wide"
+    wide_grid(runs)
+    assert main(["report", str(runs), "report.plots=false", "report.tsne=none", "report.at_rounds=10,20,50",
+                 "report.paper=fedgkd-table3-cifar10", "report.claims=papers"]) == 0
+    columns = (runs / "results.md").read_text().splitlines()[0].count("|") - 1
+    assert columns == 20 and len(summarize(load_groups(runs)[0])) == 6
+    cfg = tiny_config(tmp_path, train={"rounds": 2}, partition={"val_share": 0.2})
+    cfg.pop("output")
+    tune = tmp_path / "tune"
+    fedrift.tune(cfg, algorithms=["fedavg", "fedprox"], trials=2, out=tune, pruner="none", verbose=False)
+    root, _ = grid
+    for page, tables in ((runs / "report.html", ("results", "claims")), (root / "report.html", ("results",)),
+                         (tune / "tune.html", ("summary", "trials-fedavg", "trials-fedprox"))):
+        seen = widths(page, tmp_path)
+        assert seen["inner"] == 1400 and seen["page"] <= seen["inner"], (page, seen)
+        for t in tables:
+            assert 0 < seen["tables"][t]["width"] <= seen["tables"][t]["room"], (page, t, seen["tables"])
+    # it fits by wrapping its cells (a number before its ±): on one line each, it would not
+    html = (runs / "report.html").read_text()
+    assert '<table id="results" class="fit">' in html and "70.2 ±&nbsp;0.2" in html

@@ -104,7 +104,7 @@ def test_paired_columns_in_markdown_csv_and_the_report_command(grid, capsys):
     assert "best vs fedavg" in out and "+6.0 +- 2.5 " in out and "+6.0 +- 2.5*" not in out
     assert "none can carry *" in out  # the rule, under the printed table
     html = (grid / "report.html").read_text()
-    assert "best vs fedavg" in html and "+6.0 ± 2.5" in html and "Student t" in html and "sign-flip" in html
+    assert "best vs fedavg" in html and "+6.0 ±&nbsp;2.5<" in html and "Student t" in html and "sign-flip" in html
     assert "*</td>" not in html
     assert "best_accuracy_diff_mean" in (grid / "results.csv").read_text()
     assert main(["report", str(grid), "report.reference=fedprox", "report.tsne=none", "report.plots=false"]) == 0

@@ -54,3 +54,25 @@ def test_tsne_of_final_model_features(grid, tmp_path):
     assert np.array_equal(xy, embed(h, seed=0))  # seeded
     check_png_svg(tsne_plot(chosen, tmp_path / "tsne", points=150))
     assert [t for t, _ in choose_runs(groups, None)] == ["fedavg, seed 0", "fedprox:mu=0.1, seed 0"]
+
+
+def test_the_tsne_default_is_the_reference_beside_the_best_other_setting(tmp_path):
+    from fedrift.report.table import summarize
+    from fedrift.report.tsne import default_algorithms
+
+    from .test_paired import write_run
+
+    root = tmp_path / "runs"
+    for name, alg, best in (("avg", {"name": "fedavg"}, 0.80), ("prox", {"name": "fedprox", "mu": 0.01}, 0.85),
+                            ("gkd", {"name": "fedgkd"}, 0.90), ("csd", {"name": "fedcsd"}, 0.70)):
+        write_run(root, name, 0, alg, 0.1, best, best)
+        write_run(root, name + "1", 0, alg, 1.0, 1.0 - best, 1.0 - best)  # another alpha: not the one looked at
+    groups, _ = load_groups(root)
+    names, why = default_algorithms(groups, summarize(groups, reference="fedavg"))
+    assert names == ["fedavg", "fedgkd"]  # at alpha 0.1 (the first swept value) fedgkd's best is highest
+    assert "fedavg (the reference) and fedgkd, the setting with the highest mean best accuracy" in why
+    assert "report.tsne=none" in why
+    names, why = default_algorithms(groups, summarize(groups, reference="fedcsd"))
+    assert names == ["fedcsd", "fedgkd"] and "fedcsd (the reference)" in why
+    names, why = default_algorithms(groups, summarize(groups))  # no reference: the grid's first
+    assert names == [groups[0].algorithm, "fedgkd"] and "(the grid's first)" in why

@@ -125,7 +125,7 @@ def test_report_paper_renders_the_published_columns_beside_the_measured_ones(run
     assert float(vote["published_gap"]) == pytest.approx(0.0377)
     assert rows["fedavg alpha=0.3"]["paper_setting"] == "no published row" and rows["fedavg alpha=0.3"]["published_accuracy"] == ""
     html = (runs / "report.html").read_text()
-    assert "<th>published %</th>" in html and "<td>72.99 ± 0.49</td>" in html and "<td>+3.77</td>" in html
+    assert "<th>published %</th>" in html and "<td>72.99 ±&nbsp;0.49</td>" in html and "<td>+3.77</td>" in html
     assert '<p class="note" id="published">' in html and "CIFAR-10 (JPEG q75 copy)" in html
     assert main(args) == 0  # without report.paper: no published columns
     assert "published" not in (runs / "results.md").read_text()

@@ -12,7 +12,9 @@ Options (``report.*`` on the command line, keyword arguments in Python):
 - ``target``: rounds-to-target rule: an accuracy (``0.9``), ``ALG:FRACTION`` (``fedavg:0.9``),
   or ``none``; default ``fedavg:0.9`` when fedavg is in the grid (BENCH.md), else none;
 - ``tsne``: algorithms whose final global model's features get a t-SNE panel (default: the
-  first two of the grid; ``none`` for no t-SNE); ``tsne_points`` (1000) test samples;
+  reference method, or the grid's first without one, beside the other setting with the
+  highest mean accuracy at the first swept values, the caption says which and why;
+  ``none`` for no t-SNE); ``tsne_points`` (1000) test samples;
 - ``band``: ``minmax`` (default) or ``std``, the learning curves' band over seeds;
 - ``reference``: the algorithm the paired differences are taken to (:mod:`fedrift.report.paired`;
   a label of the grid, or a name only one of its settings has); default ``fedavg`` when the
@@ -33,6 +35,7 @@ import base64
 import datetime
 import html
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
 
@@ -180,9 +183,11 @@ def _claims(root: Path, groups: Sequence[Group], opts: ReportOptions) -> list[di
     return checked
 
 
-def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo = print) -> list[Any]:
+def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo = print,
+                 rows: Sequence[Mapping[str, Any]] = ()) -> list[Any]:
+    """The figures; ``rows`` (the table's) choose the t-SNE's default panels."""
     from fedrift.report.plots import drift_curves, learning_curves, partition_plots
-    from fedrift.report.tsne import choose_runs, tsne_plot
+    from fedrift.report.tsne import choose_runs, default_algorithms, tsne_plot
 
     folder = root / "figures"
     for pattern in ("learning_curves.*", "drift.*", "partition-*.*", "tsne.*"):  # this report's own files
@@ -197,10 +202,11 @@ def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Ech
     if dc:
         plots.append(dc)
     plots += partition_plots(groups, folder, warn=echo)
-    chosen = choose_runs(groups, opts.tsne)
+    names, why = (opts.tsne, "") if opts.tsne is not None else default_algorithms(groups, rows)
+    chosen = choose_runs(groups, names)
     if chosen:
         try:
-            ts = tsne_plot(chosen, folder / "tsne", opts.tsne_points)
+            ts = tsne_plot(chosen, folder / "tsne", opts.tsne_points, why=why)
         except (FedriftError, OSError, RuntimeError, KeyError) as err:
             echo(f"t-SNE skipped: {err}")
             ts = None
@@ -228,7 +234,7 @@ def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = Non
             echo(f"{run.dir}: interrupted after round {run.last_round}; continue with: fedrift run --resume {run.dir}")
     rows, at_rounds, checked = _tables(root, groups, opts, echo)
     with _writing(root):
-        plots = make_figures(root, groups, opts, echo) if opts.plots else []
+        plots = make_figures(root, groups, opts, echo, rows) if opts.plots else []
     out = Path(html_path) if html_path is not None else root / "report.html"
     page = render_html(root, groups, grid, rows, at_rounds, plots, opts, checked)
     with _writing(root):
@@ -251,7 +257,8 @@ max-width:1400px;padding:0 1em;color:#222;line-height:1.4}
 h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 .meta{color:#666;font-size:.9em}
 table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
-th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right;white-space:nowrap}
+th,td{border:1px solid #ccc;padding:.3em .5em;text-align:right;white-space:nowrap}
+table.fit{font-size:.85em}table.fit td{white-space:normal}table.fit td,table.fit th{padding:.3em .3em}
 th{background:#f1f3f6;white-space:normal;vertical-align:bottom}td:first-child,th:first-child{text-align:left}
 tbody tr:nth-child(even){background:#fafbfc}
 table.kv td{text-align:left;white-space:normal}table.kv td:first-child{font-weight:600;background:#f7f7f7}
@@ -266,6 +273,16 @@ pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.85em}
 
 def _e(x: Any) -> str:
     return html.escape(str(x), quote=True)
+
+
+def cell(text: Any) -> str:
+    """A table cell's HTML in a ``fit`` table, whose cells may wrap so that the table fits
+    the page (1400 px, any usual font) instead of scrolling: a number such as ``32.4 ±
+    11.7`` or ``3.0 (1/2)`` breaks only before its ``±`` or ``(``, words anywhere."""
+    escaped = _e(text)
+    if not re.match(r"[-+]?\d", str(text)):
+        return escaped
+    return escaped.replace(" ", "&nbsp;").replace("&nbsp;±", " ±").replace("&nbsp;+-", " +-").replace("&nbsp;(", " (")
 
 
 def _img(png: Path, alt: str) -> str:
@@ -326,10 +343,10 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
         "</tbody></table>",
         "<h2>Results</h2>",
         '<div class="scroll">',
-        '<table id="results">',
+        '<table id="results" class="fit">',
         "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr></thead>",
         "<tbody>",
-        *("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in cells),
+        *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in cells),
         "</tbody>",
         "</table>",
         "</div>",
@@ -345,12 +362,12 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
         claim_headers, claim_cells = claims.display(checked, pm="±")
         parts += [
             "<h2>Claims</h2>",
-            '<table id="claims">',
+            '<div class="scroll"><table id="claims" class="fit">',
             "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in claim_headers) + "</tr></thead>",
             "<tbody>",
-            *("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in claim_cells),
+            *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in claim_cells),
             "</tbody>",
-            "</table>",
+            "</table></div>",
             f'<p class="note">{_e(claims.note(checked, pm="±"))} The same table is in claims.csv and claims.md.</p>',
         ]
     if plots:

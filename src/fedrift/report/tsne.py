@@ -9,7 +9,7 @@ t-SNE practice), then :class:`sklearn.manifold.TSNE` (PCA initialisation, seeded
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -54,8 +54,10 @@ def embed(features: np.ndarray, seed: int = 0) -> np.ndarray:
     return tsne.fit_transform(x)
 
 
-def tsne_plot(entries: Sequence[tuple[str, Run]], base: Path, points: int = 1000, seed: int = 0) -> Plot | None:
-    """One panel per ``(title, run)``; a shared class legend."""
+def tsne_plot(entries: Sequence[tuple[str, Run]], base: Path, points: int = 1000, seed: int = 0,
+              why: str = "") -> Plot | None:
+    """One panel per ``(title, run)``; a shared class legend; ``why``: the caption's account
+    of which runs were chosen."""
     from matplotlib import colormaps
 
     done = []
@@ -89,12 +91,39 @@ def tsne_plot(entries: Sequence[tuple[str, Run]], base: Path, points: int = 1000
     n = len(done[0][2])
     return Plot("t-SNE of the global model's features",
                 f"t-SNE of the final global model's features on {n} test samples (seeded subsample), "
-                "coloured by true class.", png, svg)
+                "coloured by true class." + (f" {why}" if why else ""), png, svg)
+
+
+DEFAULT_WHY = ("Panels (report.tsne's default): {first} ({role}) and {best}, the setting with the highest mean "
+               "{metric} at the first swept values; report.tsne=A,B,... embeds others, report.tsne=none none.")
+
+
+def default_algorithms(groups: Sequence[Any], rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], str]:
+    """``report.tsne``'s default and the caption's account of it: the reference method (or
+    the grid's first, without one) beside the best other setting at the first swept values,
+    by mean test accuracy at best validation when the runs have it, else mean best accuracy:
+    the feature space of the method a reader weighs against the baseline's."""
+    names = list(dict.fromkeys(g.algorithm for g in groups))
+    if not names:
+        return [], ""
+    ref = next((r["reference"] for r in rows if r.get("reference")), None)
+    first, role = (ref, "the reference") if ref in names else (names[0], "the grid's first")
+    sweep = groups[0].sweep
+    here = [r for g, r in zip(groups, rows) if g.sweep == sweep and g.algorithm != first]
+    key = ("test_accuracy_at_best_val_mean" if any(r.get("test_accuracy_at_best_val_mean") is not None for r in here)
+           else "best_accuracy_mean")
+    scored = [r for r in here if r.get(key) is not None]
+    if not scored:
+        return [first], ""
+    best = max(scored, key=lambda r: r[key])["algorithm"]
+    metric = "test accuracy at best validation" if key.startswith("test_accuracy_at_best_val") else "best accuracy"
+    return [first, best], DEFAULT_WHY.format(first=first, role=role, best=best, metric=metric)
 
 
 def choose_runs(groups: Sequence[Any], algorithms: Sequence[str] | None) -> list[tuple[str, Run]]:
-    """The runs to embed: for each named algorithm (default: the grid's first two), its
-    setting at the first swept values, the lowest seed that completed with a saved model."""
+    """The runs to embed: for each named algorithm (None: the grid's first two; the report
+    passes :func:`default_algorithms`), its setting at the first swept values, the lowest
+    seed that completed with a saved model."""
     if algorithms is None:
         algorithms = list(dict.fromkeys(g.algorithm for g in groups))[:2]
     if not groups:
@@ -111,4 +140,4 @@ def choose_runs(groups: Sequence[Any], algorithms: Sequence[str] | None) -> list
     return out
 
 
-__all__ = ["choose_runs", "embed", "run_features", "tsne_plot"]
+__all__ = ["choose_runs", "default_algorithms", "embed", "run_features", "tsne_plot"]

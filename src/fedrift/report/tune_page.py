@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from fedrift.report.html import CSS, _e, _img
+from fedrift.report.html import CSS, _e, _img, cell
 from fedrift.report.plots import new_figure, save
 from fedrift.report.table import read_metrics
 
@@ -132,9 +132,9 @@ def render_tune_page(root: Path, results: Mapping[str, Mapping[str, Any]], figur
         f'<p class="meta">fedrift {_e(__version__)}, generated {_e(datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))}; '
         "trials scored by their best validation accuracy (the test set is shown, never used to choose)</p>",
         "<h2>Summary</h2>",
-        '<div class="scroll"><table id="summary">',
+        '<div class="scroll"><table id="summary" class="fit">',
         "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr></thead>", "<tbody>",
-        *("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in cells),
+        *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in cells),
         "</tbody></table></div>",
         f'<p class="note">score: the best trial\'s best validation accuracy (metric: which one). {_e(EDGE_NOTE)}</p>',
         *([f'<p class="note" id="base">{_e(base)}</p>'] if base else []),
