@@ -17,6 +17,15 @@ control, FedDyn's gradient, MOON's previous model) stays on the device, in Flowe
 every model state (``models/norm.py``), so they travel in the payload and uploads and stay in
 the devices' states like the parameters.
 
+Failures end legibly: a device that cannot be reached (its SuperNode stopped: the
+SuperLink's own error reply, matched to the client by the message it answers), whose
+ClientApp crashes, or that does not reply within ``reply-seconds`` is a client failure, left
+out under ``engine.accept_failures`` and counted, else the run stops (status ``failed``, the
+model so far kept). A fedrift error on a device (its node config, its data) comes back as
+such and stops the run as a config error naming the node. The ServerApp's log (``flwr run
+--stream``, ``flwr log``) has a line per round, one ``fedrift: error:`` line on failure, and
+the run folder; ``flwr ls`` shows the run failed, since Flower's exit code does not.
+
 Importing this module needs ``flwr`` (the ``flower`` extra).
 """
 
@@ -167,10 +176,15 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float, ru
     from fedrift.engine.federation import Federation
     from fedrift.engine.outputs import RunWriter
     from fedrift.engine.server import Server
-    prep = prepare(doc)
-    cfg = prep.config
-    model, algorithm = build_run(prep)
-    check_deployable(cfg, algorithm)
+
+    try:
+        prep = prepare(doc)
+        cfg = prep.config
+        model, algorithm = build_run(prep)
+        check_deployable(cfg, algorithm)
+    except FedriftError as err:  # the server's copy of the data, or the config: before any run folder
+        say(f"error: {err}")
+        raise
     if cfg.engine.threads is not None:
         torch.set_num_threads(cfg.engine.threads)
     writer = RunWriter(run_folder(cfg), cfg.output.overwrite)
@@ -204,9 +218,9 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float, ru
             if server is not None and done and status != "diverged" and cfg.output.save_model:
                 writer.save_model(final_state(server.state["params"], model))  # the model after the last round that finished
             writer.write_summary(summary)
+            kept = ", final_model.pt: the model after that round" if (writer.dir / "final_model.pt").exists() else ""
             say(f"error: {err}")
-            say(f"{status} after {done} of {cfg.train.rounds} rounds; run folder {writer.dir} "
-                f"(summary.json{', final_model.pt: the model after round ' + str(done) if (writer.dir / 'final_model.pt').exists() else ''})")
+            say(f"{status} after {done} of {cfg.train.rounds} rounds; run folder {writer.dir} (summary.json{kept})")
             raise
         result = server.result()
         summary = {**result.summary, **facts}
@@ -291,7 +305,7 @@ def discover(grid: Grid, num_clients: int, wait: float) -> dict[int, int]:
         time.sleep(0.5)
 
 
-POLL = 0.5  # seconds between the ServerApp's asks for a round's replies
+POLL = (0.25, 3.0)  # seconds between the ServerApp's asks for a round's replies: from, doubling up to
 
 
 def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: float, accept: bool
@@ -321,6 +335,7 @@ def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: fl
     replies: dict[int, Message] = {}
     deadline = time.monotonic() + timeout
     pending = set(client_of)
+    pause = POLL[0]
     while pending:
         for reply in grid.pull_messages(list(pending)):
             mid = reply.metadata.reply_to_message_id
@@ -337,8 +352,9 @@ def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: fl
             for mid in pending:
                 why[client_of[mid]] = f"no reply within {timeout:g} s (run config {REPLY_KEY})"
             break
-        if pending:
-            time.sleep(POLL)
+        if pending:  # a reply takes seconds (a ClientApp process starts): ask often first, then less
+            time.sleep(pause)
+            pause = min(2 * pause, POLL[1])
     for k in sorted(why):
         what = f"round {rnd.t}: client {k} failed on SuperNode {nodes[k]}: {why[k]}"
         if not accept:
