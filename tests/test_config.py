@@ -35,6 +35,26 @@ def test_unknown_key_names_the_key_and_the_allowed_ones():
     assert _refused(["colour=red"]).startswith("colour: unknown key; allowed: algorithm, data")
 
 
+@pytest.mark.parametrize("override, allowed", [
+    ("algorithm.nmae=fedprox", "algorithm.nmae: unknown key; allowed: name, aggregation"),
+    ("algorithm.mux=1", "algorithm.mux: unknown key; allowed: name, aggregation, mu"),
+    ("data.nmae=cifar10", "data.nmae: unknown key; allowed: name, augment, crop_padding, flip, root, split_seed, "
+                          "test_fraction"),
+    ("partition.nmae=iid", "partition.nmae: unknown key; allowed: name, holdout, val_share, alpha, "),
+    ("model.foo=1", "model.foo: unknown key; allowed: name (this model takes no options of its own)"),
+])
+def test_an_unknown_key_of_a_named_section_lists_the_sections_own_keys_too(override, allowed):
+    """A misspelt ``name`` is an unknown option of the section's entry: the allowed keys are
+    the section's own (name first) and then the entry's options."""
+    from fedrift.api import prepare
+
+    over = [override] if not override.startswith(("algorithm.mux", "model.foo")) else (
+        ["algorithm.name=fedprox", override] if override.startswith("algorithm") else ["model.name=logreg", override])
+    with pytest.raises(ConfigError) as err:
+        prepare({"data": {"name": "digits"}}, over)
+    assert str(err.value).startswith(allowed), str(err.value)
+
+
 @pytest.mark.parametrize(
     "override, key",
     [("train.lr=-1", "train.lr"), ("train.participation=1.5", "train.participation"),

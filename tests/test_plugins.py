@@ -114,8 +114,25 @@ def test_a_broken_plugin_is_one_line_and_leaves_nothing_registered(scratch, caps
     # imported again (Python forgot the failed module): the same line, not "registered twice"
     one_line_refusal(capsys, ["compare", *FAST, f"plugins={mod}", "--out", str(tmp_path / "c")], "boom at import")
     one_line_refusal(capsys, ["list", "plugins=[no_such_module_xyz]"],
-                    "plugins: cannot import 'no_such_module_xyz': ModuleNotFoundError")
+                    "plugins: cannot import 'no_such_module_xyz': ModuleNotFoundError",
+                    "a plugin must be importable: an installed package (pip install DIR of its project), "
+                    "or a module in a folder on PYTHONPATH")
     one_line_refusal(capsys, ["partition", "plugins=[no_such_module_xyz]", "--out", str(tmp_path / "p")], "no_such_module_xyz")
+
+
+def test_a_plugin_python_cannot_find_is_told_how_to_make_it_importable(capsys, tmp_path, monkeypatch):
+    """A module file in the current folder, which the console script does not import from:
+    the line names PYTHONPATH=.; a module the plugin itself imports is to be installed."""
+    mod, dep = _unique("here"), _unique("dep")
+    (tmp_path / f"{mod}.py").write_text(f"import {dep}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    one_line_refusal(capsys, ["list", f"plugins=[{mod}]"], f"plugins: cannot import '{mod}': ModuleNotFoundError",
+                    f"a plugin must be importable", f"(./{mod}.py is here: run with PYTHONPATH=.)")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    one_line_refusal(capsys, ["list", f"plugins=[{mod}]"],
+                    f"plugins: cannot import '{mod}': ModuleNotFoundError: No module named '{dep}', which {mod} "
+                    "imports; install that package")
 
 
 def _fake_distribution(lib: Path, dist: str, entries: dict[str, str]) -> None:

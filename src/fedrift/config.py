@@ -364,14 +364,23 @@ def same_root(a: Any, b: Any) -> bool:
 
 
 def validate_options(section: str, params_cls: type | None, options: dict[str, Any]) -> Any:
-    """Build a registry entry's options object from a section's extra keys."""
+    """Build a registry entry's options object from a section's extra keys. An unknown key is
+    refused naming every key the section takes: its own (``name``, ``data.root`` ...), then
+    the entry's options (a misspelt ``name`` is such an extra key too)."""
+    own = [k for k in _fields(_fields(Config).get(section)) if k != "name"] if section in _fields(Config) else []
+    own = ["name", *sorted(own)]
     if params_cls is None:
         if options:
-            raise ConfigError(f"{section}.{next(iter(options))}: unknown key; this {section} takes no options")
+            raise ConfigError(f"{section}.{next(iter(options))}: unknown key; allowed: {', '.join(own)} "
+                              f"(this {section} takes no options of its own)")
         return None
     try:
         return params_cls(**options)
     except ValidationError as err:
+        first = err.errors()[0]
+        if first["type"] in ("extra_forbidden", "unexpected_keyword_argument") and len(first["loc"]) == 1:
+            allowed = [*own, *(k for k in sorted(_fields(params_cls)) if k not in own)]
+            raise ConfigError(f"{section}.{first['loc'][0]}: unknown key; allowed: {', '.join(allowed)}") from None
         raise ConfigError(_describe(err, params_cls, prefix=section)) from None
     except TypeError as err:  # pragma: no cover - pydantic reports bad keys itself
         raise ConfigError(f"{section}: {err}") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import sys
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from types import ModuleType
 from typing import Iterable
 
@@ -43,8 +44,23 @@ def import_plugin(module: str) -> None:
     with loading_plugin(f"plugin {module}"):
         try:
             importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            raise ConfigError(f"plugins: cannot import {module!r}: {_describe(err)}{_not_found(module, err)}") from None
         except Exception as err:
             raise ConfigError(f"plugins: cannot import {module!r}: {_describe(err)}") from None
+
+
+def _not_found(module: str, err: ModuleNotFoundError) -> str:
+    """What to do about a plugin Python cannot find: make the plugin importable, or install
+    what the plugin itself imports."""
+    missing = err.name or ""
+    if not missing or not (module == missing or module.startswith(missing + ".")):
+        return f", which {module} imports; install that package"
+    top = module.split(".")[0]
+    here = next((f"./{p}" for p in (Path(*module.split(".")).with_suffix(".py"), Path(top)) if p.exists()), None)
+    hint = f" ({here} is here: run with PYTHONPATH=.)" if here else ""
+    return ("; a plugin must be importable: an installed package (pip install DIR of its project), or a module "
+            f"in a folder on PYTHONPATH{hint}")
 
 
 def load_entry_points() -> None:

@@ -582,20 +582,37 @@ def _check_same_tune(tune: Tune, stored: Mapping[str, Any]) -> None:
     stored study unchanged. New algorithms may join it (their studies start empty), so a
     table's tune grows by ``algorithms=`` without re-running the ones it has."""
     now = json.loads(json.dumps(tune.description, default=str))  # compared as stored
-    diff = next((k for k in now if k != "studies" and stored.get(k) != now[k]), None)
+    diff = [d for k in sorted((set(stored) | set(now)) - {"studies"})
+            for d in _differences(stored.get(k, "<absent>"), now.get(k, "<absent>"), "" if k == "base" else k)]
     old_studies, new_studies = stored.get("studies") or {}, now["studies"]
     left_out = [name for name in old_studies if name not in new_studies]
     changed = [name for name in old_studies if name in new_studies and old_studies[name] != new_studies[name]]
-    if diff or set(stored) != set(now):
-        why = f"{diff or 'the description'} differs"
+    if diff:
+        why = _some(diff)
     elif changed:
-        why = f"the space or entry of {', '.join(changed)} differs"
+        why = f"the space or entry of {', '.join(changed)} differs: " + _some(
+            [d for name in changed for d in _differences(old_studies[name], new_studies[name], name)])
     elif left_out:
         why = f"it also tunes {', '.join(left_out)}, which algorithms= leaves out"
     else:
         return
     raise ConfigError(f"--out: {str(tune.root)!r} holds a tune of another config or space ({why}); "
                       "allowed: the same config with the same or more algorithms, or another folder")
+
+
+def _differences(there: Any, here: Any, prefix: str) -> list[str]:
+    """``key: value there, value here`` for each dotted key on which two parts of a tune's
+    description differ (``prefix``: the part's own key, none for the base config's)."""
+    from fedrift.report.table import flatten
+
+    a = flatten(there, f"{prefix}." if prefix else "") if isinstance(there, Mapping) else {prefix: there}
+    b = flatten(here, f"{prefix}." if prefix else "") if isinstance(here, Mapping) else {prefix: here}
+    return [f"{k}: {a.get(k, '<absent>')!r} there, {b.get(k, '<absent>')!r} here"
+            for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def _some(items: Sequence[str], most: int = 3) -> str:
+    return "; ".join(items[:most]) + (f"; and {len(items) - most} more" if len(items) > most else "")
 
 
 # ---------------------------------------------------------------------------------------
