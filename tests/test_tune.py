@@ -324,7 +324,7 @@ def test_best_yaml_keeps_the_base_and_compare_warns_when_its_runs_differ(tiny, t
     printed = capsys.readouterr().out
     assert "fedavg: best train.lr=0.1 " in printed
     assert ("fedavg: train.lr=0.1 is at the high edge of its range 1e-05,0.0001,0.1: the best may lie above it; "
-            "widen space.train.lr and tune again") in printed
+            "widen space.train.lr and tune again (another --out: a tune folder keeps its space)") in printed
     best = yaml.safe_load((out / "best.yaml").read_text())["fedavg"]
     assert best["overrides"] == {"train.lr": 0.1} and best["edges"] == {"train.lr": "high"}
     assert best["space"] == {"train.lr": "1e-05,0.0001,0.1"}

@@ -668,7 +668,8 @@ def write_results(tune: Tune, echo: Callable[[str], None] = print, figures: bool
         echo(f"{r['entry']}: best {shown} ({scored} {b['val_accuracy']:.4f}, trial {b['trial']} of {n})")
         for key, side in r["edges"].items():
             echo(f"{r['entry']}: {key}={_short(b['params'][key])} is at the {side} edge of its range {r['space'][key]}: "
-                 f"the best may lie {'below' if side == 'low' else 'above'} it; widen space.{key} and tune again")
+                 f"the best may lie {'below' if side == 'low' else 'above'} it; widen space.{key} and tune again "
+                 "(another --out: a tune folder keeps its space)")
     (tune.root / BEST).write_text(
         "# fedrift tune: per algorithm entry, the best trial's values (fedrift compare ... tuned=DIR), the space\n"
         "# searched, the values at its edge, and the base they were chosen on (compare warns when its runs differ)\n"
