@@ -11,7 +11,11 @@ layer's running statistics) and ``b`` its BatchNorm entries::
     w_{t+1} = sum_k p_k w_k   over the entries not in b    (FedAvg's streamed sum)
     b_k     <- b_k at the end of the client's local steps  (client state)
 
-It needs a model with BatchNorm (``model.norm: batch``; refused otherwise in one line).
+It needs a model with BatchNorm (``model.norm: batch``, on ``resnet8``, ``resnet18`` and
+``resnet50``; refused otherwise in one line). The FedAvg CNN has none, so workload D
+(``examples/workload_d.yaml``, the paper's digits-domains setting) runs it on
+``model.name=resnet8 model.norm=batch``; the paper's own digits model is a 3-conv CNN with
+BatchNorm after every layer, its fully connected ones included.
 
 Decisions.
 
