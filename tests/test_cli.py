@@ -127,6 +127,8 @@ def test_ctrl_c_then_report_then_resume(capsys, tmp_path, monkeypatch):
 def test_a_relative_data_root_is_stored_absolute_so_a_resume_works_from_another_folder(tmp_path, capsys, monkeypatch):
     """data.root=arrays (relative) in the run folder's config.yaml as the absolute path it
     meant; --resume from another folder, where 'arrays' is not, continues the run."""
+    import json
+
     import numpy as np
     import yaml
 
@@ -149,6 +151,25 @@ def test_a_relative_data_root_is_stored_absolute_so_a_resume_works_from_another_
     capsys.readouterr()
     assert main(["run", "--resume", str(run)]) == 0, capsys.readouterr().err
     assert capsys.readouterr().out.startswith("continued from the checkpoint of round 1\n")
+    # a run stopped before roots were stored absolute: its config.yaml and checkpoint hold the
+    # relative root; resumed from the folder it names the same data from, it continues
+    from fedrift.engine.checkpoint import MANIFEST, fingerprint
+
+    old = tmp_path / "old"
+    monkeypatch.chdir(tmp_path / "project")
+    undo = ctrl_c_in_round(monkeypatch, 2)
+    assert main(["run", *FAST, "data.name=npz", "data.root=arrays", "train.rounds=3", "engine.checkpoint_every=1",
+                 f"output.dir={old}"]) == 130
+    undo()
+    (old / "config.yaml").write_text((old / "config.yaml").read_text().replace(str(data), "arrays"))
+    manifest = json.loads((old / "checkpoint" / MANIFEST).read_text())
+    manifest["config"]["data.root"] = "arrays"
+    manifest["fingerprint"] = fingerprint(manifest["config"])
+    (old / "checkpoint" / MANIFEST).write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["run", "--resume", str(old)]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("continued from the checkpoint of round 1\n")
+
     # ~ stays as written: the same folder wherever the command runs
     from fedrift.config import absolute_root
 

@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, Mapping
 
 import torch
 
+from fedrift.config import absolute_root
 from fedrift.engine.state import ClientStateStore
 from fedrift.errors import FedriftError, writing
 
@@ -88,8 +89,12 @@ def result_keys(resolved: Mapping[str, Any]) -> dict[str, Any]:
 def resumable_keys(keys: Mapping[str, Any]) -> dict[str, Any]:
     """``result_keys`` as a resume compares them: the keys that do not change results left out
     (also of a manifest written before a key joined ``NOT_RESULTS``), and under one of the
-    ``EQUAL_EXECUTORS`` on one CPU thread, the executor and its worker count left out too."""
+    ``EQUAL_EXECUTORS`` on one CPU thread, the executor and its worker count left out too.
+    ``data.root`` as the path it names from here (a manifest written before relative roots
+    were stored absolute holds the relative one)."""
     out = {k: v for k, v in keys.items() if k not in NOT_RESULTS}
+    if isinstance(out.get("data.root"), str):
+        out["data.root"] = absolute_root(out["data.root"])
     if out.get("engine.executor") in EQUAL_EXECUTORS and out.get("engine.threads") == 1 and out.get("engine.device") == "cpu":
         out = {k: v for k, v in out.items() if k not in EQUAL_EXECUTOR_KEYS}
         out["engine.executor"] = "|".join(EQUAL_EXECUTORS) + " (engine.threads 1, cpu)"
