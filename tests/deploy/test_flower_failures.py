@@ -25,7 +25,7 @@ from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: 
 from fedrift.deploy.project import write_app  # noqa: E402
 
 CLIENTS = 3
-ROUNDS = 3
+ROUNDS = 2
 LONGER = ROUNDS + 1  # the accept_failures run: rounds left after the stop, whichever run is ahead then
 VICTIM = 1  # the SuperNode (and client) stopped after round 1
 
