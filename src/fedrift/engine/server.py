@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -264,7 +264,7 @@ class Server:
         rnd.up += sum(tree_bytes(s) for s in summaries)
 
     def close(self, rnd: Round, outputs: list[ClientOutput], failed: list[int], up: int | None = None,
-              diverged: list[int] = ()) -> dict[str, Any] | None:  # type: ignore[assignment]
+              diverged: Sequence[int] = ()) -> dict[str, Any] | None:
         """Aggregate the outputs (in job order) of the clients that returned, keep their
         states, evaluate and log when due, checkpoint when due; the round's metrics row, or
         None when the round is not evaluated. ``up``: the bytes uploaded, when the transport
