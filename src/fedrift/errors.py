@@ -48,14 +48,16 @@ class ClusterLostError(FedriftError):
     ``fedrift run --resume`` command (at another head address, or under an executor with equal
     results; ``engine/checkpoint.py`` says which keys a resume may change).
 
+    ``hint``: what the resume command may add (``; on another cluster: add ...``), after it;
     ``result`` holds the partial :class:`fedrift.api.RunResult` once the engine has one.
     """
 
     exit_code = 4
     status = "interrupted"  # the summary's status: a resume continues it
 
-    def __init__(self, message: str, result: object | None = None) -> None:
+    def __init__(self, message: str, hint: str = "", result: object | None = None) -> None:
         super().__init__(message)
+        self.hint = hint
         self.result = result
 
 

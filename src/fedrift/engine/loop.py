@@ -61,7 +61,7 @@ def run_federation(
         err.result = server.result(status=err.status, message=str(err))  # fedrift.api writes summary.json
         raise
     except ClusterLostError as err:  # stopped as at Ctrl-C: the checkpoint stays for --resume
-        out = server.result(status=err.status, message=f"{err}; {server.interrupted()}{getattr(err, 'hint', '')}")
+        out = server.result(status=err.status, message=f"{err}; {server.interrupted()}{err.hint}")
         if checkpoints is not None:
             out.summary["checkpoint_round"] = checkpoints.last_round
         err.args = (out.summary["message"],)  # the one line the CLI prints

@@ -16,7 +16,8 @@ their jobs, so the round's result does not change. Up to ``RETRIES`` replacement
 A lost head node (its machine gone, its processes killed) takes the cluster with it: no actor
 can be made and Ray's own core would wait 60 s for it, then end the driver with a C++ log
 line. So while a round trains the driver checks every ``PROBE_SECONDS`` that the head still
-takes connections, and before it makes actors; ``LOST_AFTER`` failed checks in a row raise
+takes connections, and before each round and before it makes actors (Ray's own wait is made
+an hour: ``GCS_WAIT``); ``LOST_AFTER`` failed checks in a row raise
 :class:`ClusterLostError`: the run stops as at Ctrl-C (``interrupted`` in ``summary.json``,
 its checkpoint kept, one line naming ``fedrift run --resume``), and a resume may name another
 head or an executor with equal results (``engine/checkpoint.py``).
@@ -51,6 +52,10 @@ RETRIES = 3  # actors replaced per round before the round fails
 PROBE_SECONDS = 1.0  # while a round trains: how often the driver checks that the head node answers
 LOST_AFTER = 3  # failed checks in a row that mean the head is lost (one refused connection may be a blip)
 TOKEN_SOURCES = "RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
+# Ray's own wait for a lost head (60 s), after which its core ends the driver with a C++ log line
+# even while the driver does nothing with Ray (the server evaluating): an hour, so that the check
+# at the next round start says what happened first. Read once, by ray.init; a user's value stays.
+GCS_WAIT = ("RAY_gcs_rpc_server_reconnect_timeout_s", "3600")
 
 
 def require_ray() -> Any:
@@ -264,12 +269,11 @@ class RayExecutor:
         if self._misses < LOST_AFTER:
             return
         self._lost = True
-        err = ClusterLostError(f"engine.ray_address: the Ray cluster at {self._gcs!r} was lost in round {self._round}: "
-                               "its head node stopped answering")
-        same = self.cfg.engine.threads == 1 and self._device == "cpu"
-        err.hint = ("; on another cluster: add engine.ray_address=HOST:PORT"  # type: ignore[attr-defined]
-                    + ("; without Ray: add engine.executor=sequential (the same results with engine.threads=1)" if same else ""))
-        raise err
+        same = self.cfg.engine.threads == 1 and self._device == "cpu"  # engine/checkpoint.py EQUAL_EXECUTORS
+        raise ClusterLostError(
+            f"engine.ray_address: the Ray cluster at {self._gcs!r} was lost in round {self._round}: its head node stopped answering",
+            hint="; on another cluster: add engine.ray_address=HOST:PORT"
+            + ("; without Ray: add engine.executor=sequential (the same results with engine.threads=1)" if same else ""))
 
     # -- actors ------------------------------------------------------------------------
 
@@ -280,6 +284,9 @@ class RayExecutor:
             if address:
                 _check_reachable(address)
                 check_token(address)
+            longer = bool(address) and GCS_WAIT[0] not in os.environ  # a local Ray's processes would inherit it
+            if longer:
+                os.environ[GCS_WAIT[0]] = GCS_WAIT[1]
             try:
                 # "local": a Ray of the run's own even when a cluster started with `ray start` runs on
                 # this machine (a bare init joins that one, and refuses num_cpus with a traceback)
@@ -288,6 +295,9 @@ class RayExecutor:
             except ConnectionError as err:
                 raise ConfigError(f"engine.ray_address: no Ray cluster at {address!r} ({err}); allowed: the "
                                   "address of a running head node (ray start --head), or null for a local Ray") from None
+            finally:
+                if longer:
+                    os.environ.pop(GCS_WAIT[0], None)
             self._started_ray = not address  # a cluster's connection stays for the next run
         if not self._gcs:  # the address given (a Ray Client's server, for ray://), or the local Ray's head
             self._gcs = self.cfg.engine.ray_address or ray.get_runtime_context().gcs_address
