@@ -11,10 +11,10 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def code_blocks(text: str) -> list[tuple[str, str]]:
     """(language, body) of every fenced block."""
-    return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)]
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"^ *```(\w*)\n(.*?)^ *```", text, re.S | re.M)]
 
 
-COMMAND = re.compile(r"^(\$ )?((\.venv/bin/)?fedrift|make|ray|pip|flwr|flower-superlink|flower-supernode|RAY_\w+=\S+ fedrift) ")
+COMMAND = re.compile(r"^(\$ )?((\.venv/bin/)?fedrift|make|ray|pip|flwr|flower-superlink|flower-supernode|openssl|RAY_\w+=\S+ fedrift) ")
 
 
 def shell_commands(text: str | None = None) -> list[tuple[list[str], list[str]]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 from fedrift.api import build_run, prepare, resolve_executor, resolve_options, shared_options
@@ -89,6 +90,10 @@ def test_every_readme_command(capsys, tmp_path, monkeypatch):
             continue
         if argv[0] in ("flwr", "flower-superlink", "flower-supernode"):  # Flower's own CLI (tests/deploy/test_flower.py runs it)
             continue
+        if argv[0] == "openssl":  # the deployment's certificates: made as written, checked below
+            subprocess.run(argv, check=True, capture_output=True)
+            ran.add("openssl")
+            continue
         if argv[:3] == ["pip", "install", "-e"]:  # the example plugin: installed in the test environment
             assert (ROOT / argv[3] / "pyproject.toml").is_file()
             continue
@@ -118,6 +123,14 @@ def test_every_readme_command(capsys, tmp_path, monkeypatch):
         else:  # list, partition, report: as written
             assert main(args) == 0, capsys.readouterr().err
         ran.add(args[0])
-    assert {"run", "compare", "report", "list", "partition", "tune", "download", "flower"} <= ran
+    assert {"run", "compare", "report", "list", "partition", "tune", "download", "flower", "openssl"} <= ran
+    # the certificate the SuperNodes will dial: signed by the CA, its subjectAltName the server's name and address
+    subprocess.run(["openssl", "verify", "-CAfile", "ca.crt", "server.pem"], check=True, capture_output=True)
+    from cryptography import x509
+
+    san = x509.load_pem_x509_certificate((work / "server.pem").read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["fl.example.org"]
+    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
     assert (work / "runs" / "fedavg-a05" / "summary.json").is_file()
     assert (work / "runs" / "compare-compare" / "report.html").is_file()

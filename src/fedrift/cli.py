@@ -311,10 +311,11 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _flower(args: argparse.Namespace) -> int:
-    from fedrift.deploy.project import write_app
+    from fedrift.deploy.project import CHECKLIST, write_app
 
     out = write_app(Path(args.dir).expanduser(), args.config, args.overrides, wait_seconds=args.wait)
     print(f"Flower app in {out}; run it with: flwr run {out} SUPERLINK  (SuperNodes: --node-config 'partition-id=K')")
+    print("\n".join((out / CHECKLIST).read_text().splitlines()[2:]))
     return 0
 
 

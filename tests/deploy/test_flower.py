@@ -163,7 +163,17 @@ def test_app_project(tmp_path, capsys):
     doc = json.loads(app["config"]["fedrift-config"])
     assert doc["train"]["rounds"] == 3 and doc["algorithm"]["name"] == "fedavg"
     assert fedrift.api.prepare(doc).config.train.rounds == 3  # a config fedrift reads back
-    assert "flwr run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "flwr run" in out
+    # the deployment checklist, for this config: printed and kept beside the app
+    steps = (tmp_path / "app" / "DEPLOY.md").read_text()
+    assert "the partition has 20 clients (partition.num_clients), so 20 SuperNodes" in steps and "K = 0 ... 19" in steps
+    assert "set engine.threads=1 for results equal" in steps and "--database state.db" in steps
+    assert steps.splitlines()[2] in out and steps.splitlines()[-1] in out
+    assert main(["flower", "app", str(tmp_path / "app1"), "data.name=digits", "partition.num_clients=3",
+                 "engine.threads=1"]) == 0
+    steps = (tmp_path / "app1" / "DEPLOY.md").read_text()
+    assert "3 SuperNodes" in steps and "engine.threads is 1: the deployed run equals" in steps
 
 
 @pytest.mark.parametrize("args, message", [

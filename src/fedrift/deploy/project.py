@@ -131,4 +131,35 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
         out.mkdir(parents=True, exist_ok=True)
         (out / "pyproject.toml").write_text(tomli_w.dumps(project))
         (out / "fedrift.yaml").write_text(text)  # to read; the run uses pyproject's copy
+        (out / CHECKLIST).write_text(checklist(prep.config, prep.partition.num_clients, out, wait_seconds))
     return out
+
+
+CHECKLIST = "DEPLOY.md"  # in the app folder: the steps from this config to separate machines
+
+
+def checklist(cfg: "Config", n: int, out: Path, wait_seconds: float) -> str:
+    """The steps from a simulation config to a SuperLink and SuperNodes on other machines, for
+    this config (its client count and threads), as the README's checklist gives them: what a
+    first deployment gets wrong is the certificate's address, the client count, fedrift missing
+    on a device, and threads that make results differ from simulation."""
+    threads = cfg.engine.threads
+    equal = ("engine.threads is 1: the deployed run equals `fedrift run` of this config bit for bit" if threads == 1
+             else f"engine.threads is {'auto' if threads is None else threads}: set engine.threads=1 for results equal to `fedrift run` of this config")
+    steps = [
+        "1. Certificates: a CA, and the SuperLink's certificate signed by it whose subjectAltName holds the address "
+        "the SuperNodes dial (README, 'Deploying with Flower', has the openssl commands); an ECDSA key pair per "
+        "device (ssh-keygen -t ecdsa -b 384 -N \"\" -f device0), registered once: flwr supernode register device0.pub SUPERLINK.",
+        f"2. One SuperNode per client: the partition has {n} clients (partition.num_clients), so {n} SuperNodes, device K started with "
+        f"--node-config 'partition-id=K data-root=\"...\"' for K = 0 ... {n - 1}; several on one machine each need "
+        "their own --port.",
+        "3. fedrift on every machine: install fedrift[flower] (this version) on the server and on every device; the "
+        "SuperLink runs with --disable-runtime-dependency-installation.",
+        f"4. {equal}.",
+        f"5. Waiting: the ServerApp waits {wait_seconds:g} s for the SuperNodes (--wait) and each round up to "
+        "reply-seconds (3600; flwr run ... --run-config 'reply-seconds=600') for a reply.",
+        "6. Restarts: start the SuperLink with --database state.db so that registrations and runs survive a restart.",
+        f"7. Run: flwr run {out} SUPERLINK --stream; Flower's exit code does not carry the outcome: check "
+        "flwr ls SUPERLINK --run-id ID, or status in the run folder's summary.json.",
+    ]
+    return "\n".join([f"# Deploying {out}", "", *steps, ""])
