@@ -134,3 +134,22 @@ def test_every_readme_command(capsys, tmp_path, monkeypatch):
     assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
     assert (work / "runs" / "fedavg-a05" / "summary.json").is_file()
     assert (work / "runs" / "compare-compare" / "report.html").is_file()
+
+
+def test_the_worked_example_prints_what_the_readme_shows(capsys, tmp_path, monkeypatch):
+    """The README's printed line of the worked example, run as written: the same accuracies
+    within two test images (0.002: another CPU's kernels may round differently), the folder."""
+    import re
+
+    text = README.read_text()
+    shown = re.search(r"^fedprox on mnist5k .*: final accuracy ([0-9.]+), best ([0-9.]+) \(round \d+\), [0-9.]+ s\n"
+                      r"results in (\S+)$", text, re.M)
+    assert shown, "the worked example's printed lines are not in README.md"
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    assert main(["run", "-c", "examples/demo.yaml", "output.progress=false"]) == 0
+    out = capsys.readouterr().out
+    got = re.search(r"final accuracy ([0-9.]+), best ([0-9.]+) \(round \d+\)", out)
+    assert abs(float(got.group(1)) - float(shown.group(1))) <= 0.002 + 1e-9, out
+    assert abs(float(got.group(2)) - float(shown.group(2))) <= 0.002 + 1e-9, out
+    assert f"results in {shown.group(3)}" in out and (tmp_path / shown.group(3) / "summary.json").is_file()
