@@ -89,10 +89,23 @@ def make_certificates(folder: Path, nodes: int) -> None:
 class LoopbackFederation:
     """SuperLink + ``clients`` SuperNodes (node ``k`` serves fedrift client ``k``) under
     ``folder``; ``run(app)`` submits an app with ``flwr run`` and waits for it to finish.
-    Use as a context manager: the processes are stopped (their process groups) on exit."""
+    Use as a context manager: the processes are stopped (their process groups) on exit.
 
-    def __init__(self, folder: Path, clients: int, node_config: dict[int, str] | None = None) -> None:
-        self.folder, self.clients = folder, clients
+    ``isolation``: how each SuperNode runs its ClientApp processes (one per message in Flower
+    1.42, whichever way): ``"subprocess"`` (Flower's default: the SuperNode starts
+    ``flower-superexec``), ``"process"`` (``--isolation process`` with ``flower-superexec``
+    started beside it) or ``"fork"`` (``--isolation process`` with
+    ``fedrift.deploy.forkexec`` beside it: the processes forked from one that has imported
+    torch, Flower and fedrift)."""
+
+    ISOLATIONS = ("subprocess", "process", "fork")
+
+    def __init__(self, folder: Path, clients: int, node_config: dict[int, str] | None = None,
+                 isolation: str = "subprocess") -> None:
+        if isolation not in self.ISOLATIONS:
+            raise ValueError(f"isolation: {isolation!r}; allowed: {', '.join(self.ISOLATIONS)}")
+        self.folder, self.clients, self.isolation = folder, clients, isolation
+        self.executors: dict[int, subprocess.Popen] = {}
         self.node_config = node_config or {}
         self.bin = Path(sys.executable).parent
         # Flower starts its helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH
@@ -129,11 +142,22 @@ class LoopbackFederation:
         self._wait_listening(self.port, 60)
         for k in range(self.clients):
             self.flwr("supernode", "register", str(certs / f"node{k}.pub"), CONNECTION)
+        ports = []
         for k in range(self.clients):
             config = f"partition-id={k}" + (f" {self.node_config[k]}" if k in self.node_config else "")
+            ports.append(free_port())
+            isolation = () if self.isolation == "subprocess" else ("--isolation", "process")
             self._spawn(f"supernode{k}", "flower-supernode", "--superlink", f"127.0.0.1:{self.port}",
                         "--root-certificates", str(certs / "ca.crt"), "--auth-supernode-private-key",
-                        str(certs / f"node{k}"), "--node-config", config, "--port", str(free_port()))
+                        str(certs / f"node{k}"), "--node-config", config, "--port", str(ports[k]), *isolation)
+        for k in range(self.clients if self.isolation != "subprocess" else 0):  # beside SuperNode k, its Runtime API
+            node = self.procs[1 + k]
+            args = ("--runtime-api-address", f"127.0.0.1:{ports[k]}", "--insecure", "--parent-pid", str(node.pid))
+            if self.isolation == "process":
+                self.executors[k] = self._spawn(f"superexec{k}", "flower-superexec", *args)
+            else:
+                self.executors[k] = self._spawn(f"forkexec{k}", Path(sys.executable).name, "-m",
+                                                "fedrift.deploy.forkexec", *args)
         self._wait_nodes(60)
 
     def unregistered_node_refused(self, timeout: float = 30) -> tuple[bool, str]:
@@ -213,9 +237,10 @@ class LoopbackFederation:
         """Stop SuperNode ``k`` and its ClientApp processes (its process group), as a device
         that is switched off: SIGTERM (the SuperNode tells the SuperLink it leaves, so its
         messages fail at once) or SIGKILL (they fail once its heartbeats are missed, 60 s)."""
-        proc = self.procs[1 + k]  # after the SuperLink, in client order
-        os.killpg(proc.pid, sig)
-        proc.wait(30)
+        for proc in (self.procs[1 + k], self.executors.get(k)):  # after the SuperLink, in client order
+            if proc is not None:
+                os.killpg(proc.pid, sig)
+                proc.wait(30)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

@@ -1,0 +1,88 @@
+"""ClientApp processes forked from a warm process (``fedrift.deploy.forkexec`` beside each
+SuperNode started with ``--isolation process``): a deployed run gives the simulation's global
+model, as with Flower's own process per message (tests/deploy/test_flower.py), and every
+message still runs in a process of its own. SCAFFOLD keeps client state in the devices'
+Flower context from one message to the next: it must cross the forked processes unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fedrift
+
+assert importlib.util.find_spec("flwr") is not None, "the flower extra is missing: make test installs it (pip install 'fedrift[flower]')"
+
+from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
+from fedrift.deploy.project import write_app  # noqa: E402
+
+ALGORITHMS = ("fedavg", "scaffold")
+CLIENTS, ROUNDS = 2, 2
+
+
+def _config(root: Path, algorithm: str, out: Path) -> dict:
+    return {
+        "seed": 0,
+        "data": {"name": "npz", "root": str(root)},
+        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": CLIENTS, "min_size": 5},
+        "model": {"name": "mlp", "hidden": [16]},
+        "algorithm": {"name": algorithm},
+        "engine": {"threads": 1, "executor": "sequential"},
+        "train": {"rounds": ROUNDS, "clients_per_round": CLIENTS, "local_epochs": 1, "batch_size": 16, "lr": 0.05},
+        "output": {"dir": str(out), "progress": False},
+    }
+
+
+@pytest.fixture(scope="module")
+def forked(tmp_path_factory):
+    """Both algorithms deployed at once on a federation whose ClientApps are forked:
+    {algorithm: (flwr ls entry, run folder, simulation)}, and each forkexec's log."""
+    base = tmp_path_factory.mktemp("forkexec")
+    (base / "data").mkdir()
+    np.savez(base / "data" / "data.npz", **gaussian_blobs(240, 80, dim=12, classes=4, spread=2.0))
+    with LoopbackFederation(base / "federation", CLIENTS, isolation="fork") as fed:
+        runs = {}
+        for alg in ALGORITHMS:
+            write_app(base / f"app-{alg}", _config(base / "data", alg, base / f"deployed-{alg}"))
+            runs[alg] = fed.submit(base / f"app-{alg}")
+        simulated = {alg: fedrift.run(_config(base / "data", alg, base / f"simulated-{alg}")) for alg in ALGORITHMS}
+        entries = {alg: fed.wait(runs[alg], base / f"deployed-{alg}" / "summary.json") for alg in ALGORITHMS}
+        logs = {k: fed.log(f"forkexec{k}") for k in range(CLIENTS)}
+        alive = all(p.poll() is None for p in fed.executors.values())
+    return {alg: (entries[alg], base / f"deployed-{alg}", simulated[alg]) for alg in ALGORITHMS}, logs, alive
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_forked_clientapps_equal_simulation(forked, algorithm):
+    runs, logs, _ = forked
+    entry, folder, sim = runs[algorithm]
+    assert entry["status"] == "finished:completed", (entry["status-details"], logs[0][-3000:])
+    model = torch.load(folder / "final_model.pt")
+    assert model.keys() == sim.global_state.keys()
+    for key in model:
+        assert torch.equal(model[key], sim.global_state[key]), f"{algorithm}: {key} differs"
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["test_accuracy"] for r in rows] == [r["test_accuracy"] for r in sim.history]
+
+
+def test_each_message_runs_in_its_own_forked_process(forked):
+    """Per SuperNode and run: the discovery query, the rounds' training messages; each task
+    in a process of its own, the warm process still up after them."""
+    _, logs, alive = forked
+    assert alive
+    for k, log in logs.items():
+        tasks = re.findall(r"fedrift forkexec: task (\d+) in process (\d+)", log)
+        assert len(tasks) >= len(ALGORITHMS) * (1 + ROUNDS), log[-2000:]
+        assert len({pid for _, pid in tasks}) == len(tasks) and len({t for t, _ in tasks}) == len(tasks)
+
+
+def test_an_unknown_isolation_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="isolation: 'thread'; allowed: subprocess, process, fork"):
+        LoopbackFederation(tmp_path, CLIENTS, isolation="thread")
