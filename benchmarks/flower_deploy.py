@@ -14,6 +14,14 @@ against the engine's tensor bytes). The model and data are small on purpose: wha
 the price of the transport and of Flower's process per message.
 
     PYTHONPATH=src python benchmarks/flower_deploy.py --clients 2 4 --rounds 3
+
+``--variants`` compares ways to run the ClientApp processes (``LoopbackFederation``'s
+``isolation``: ``subprocess``, ``process``, ``fork``) in one command, alternating their order
+each ``--repeat``, on the same data and engine run; a variant ``before`` is ``subprocess``
+(or ``--before-isolation``) with the fedrift of ``--before-src`` (a source tree, e.g. ``git
+archive HEAD~1 src``) in the Flower processes, so that a change to the deployed code is
+measured against its parent on the same loaded machine. Each row has the load average (1
+min) at its start.
 """
 
 from __future__ import annotations
@@ -21,11 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
@@ -49,24 +59,40 @@ def config(root: Path, k: int, rounds: int, out: Path, algorithm: str) -> dict:
     }
 
 
-def measure(base: Path, k: int, rounds: int, algorithm: str) -> dict:
+def measure(base: Path, k: int, rounds: int, algorithm: str, variant: str = "subprocess",
+            before_src: str | None = None, engine: Any = None, before_isolation: str = "subprocess") -> dict:
     data = base / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    np.savez(data / "data.npz", **gaussian_blobs(2000, 500, dim=64, classes=10, spread=1.5))
-    engine = fedrift.run(config(data, k, rounds, base / "engine", algorithm))
-    with LoopbackFederation(base / "federation", k) as fed:
-        app = write_app(base / "app", config(data, k, rounds, base / "deployed", algorithm))
+    if not (data / "data.npz").exists():
+        data.mkdir(parents=True, exist_ok=True)
+        np.savez(data / "data.npz", **gaussian_blobs(2000, 500, dim=64, classes=10, spread=1.5))
+    if engine is None:  # the same engine run for every variant of one K
+        engine = fedrift.run(config(data, k, rounds, base / "engine", algorithm))
+    load, tries = os.getloadavg()[0], len(list(base.glob("federation-*")))  # a new folder per measurement
+    saved = os.environ.get("PYTHONPATH")
+    if variant == "before":  # the Flower processes import the fedrift of before_src
+        os.environ["PYTHONPATH"] = str(Path(before_src).resolve())
+    try:
+        fed = LoopbackFederation(base / f"federation-{variant}-{tries}", k,
+                                 isolation=before_isolation if variant == "before" else variant)
+    finally:
+        os.environ.pop("PYTHONPATH", None)
+        if saved is not None:
+            os.environ["PYTHONPATH"] = saved
+    out = base / f"deployed-{variant}"
+    shutil.rmtree(out, ignore_errors=True)
+    with fed:
+        app = write_app(base / f"app-{variant}-{tries}", config(data, k, rounds, out, algorithm))
         start = time.perf_counter()
-        entry = fed.run(app, base / "deployed" / "summary.json", timeout=1800)
+        entry = fed.run(app, out / "summary.json", timeout=1800)
         wall = time.perf_counter() - start
     if entry["status"] != "finished:completed":
         raise RuntimeError(f"the deployed run failed: {entry.get('status-details')}")
-    summary = json.loads((base / "deployed" / "summary.json").read_text())
-    rows = [json.loads(line) for line in (base / "deployed" / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     mine = statistics.median(r["seconds"] for r in rows)
     theirs = statistics.median(r["seconds"] for r in engine.history)
     return {
-        "clients_per_round": k, "rounds": rounds, "algorithm": algorithm,
+        "variant": variant, "load_1min": load, "clients_per_round": k, "rounds": rounds, "algorithm": algorithm,
         "engine_s_per_round": theirs, "flower_s_per_round": mine,
         "overhead_s_per_round": mine - theirs, "overhead_s_per_client": (mine - theirs) / k,
         "flower_connect_s": summary["connect_seconds"], "flower_run_wall_s": wall,
@@ -74,6 +100,7 @@ def measure(base: Path, k: int, rounds: int, algorithm: str) -> dict:
         "engine_bytes_per_round": (engine.summary["bytes_down_total"] + engine.summary["bytes_up_total"]) / rounds,
         "clientapp_seconds": entry["compute-time"]["clientapp-seconds"],
         "same_final_accuracy": summary["final_accuracy"] == engine.summary["final_accuracy"],
+        "engine": engine,
     }
 
 
@@ -82,16 +109,29 @@ def main() -> None:
     p.add_argument("--clients", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--algorithm", default="fedavg")
+    p.add_argument("--variants", nargs="+", default=["subprocess"], choices=["before", *LoopbackFederation.ISOLATIONS])
+    p.add_argument("--repeat", type=int, default=1, help="rounds of all variants, each in the reverse order of the last")
+    p.add_argument("--before-src", default=None, help="the fedrift source tree (its src folder) of variant before")
+    p.add_argument("--before-isolation", default="subprocess", choices=LoopbackFederation.ISOLATIONS,
+                   help="the isolation of variant before")
     args = p.parse_args()
+    if "before" in args.variants and not args.before_src:
+        p.error("--variants before needs --before-src")
     results = []
     for k in args.clients:
         with tempfile.TemporaryDirectory(prefix=f"flower-deploy-{k}-") as tmp:
-            results.append(measure(Path(tmp), k, args.rounds, args.algorithm))
-        print(json.dumps(results[-1]), flush=True)
-    print("\n| clients/round | engine s/round | Flower s/round | overhead s/round | per client | connect s | bytes/round Flower / engine |")
-    print("|---|---|---|---|---|---|---|")
+            base, engine, order = Path(tmp), None, list(args.variants)
+            for _ in range(args.repeat):
+                for variant in order:
+                    results.append(measure(base, k, args.rounds, args.algorithm, variant, args.before_src, engine,
+                                           args.before_isolation))
+                    engine = results[-1].pop("engine")
+                    print(json.dumps(results[-1]), flush=True)
+                order.reverse()
+    print("\n| variant | load | clients/round | engine s/round | Flower s/round | overhead s/round | per client | connect s | bytes/round Flower / engine |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['clients_per_round']} | {r['engine_s_per_round']:.3f} | {r['flower_s_per_round']:.2f} | "
+        print(f"| {r['variant']} | {r['load_1min']:.1f} | {r['clients_per_round']} | {r['engine_s_per_round']:.3f} | {r['flower_s_per_round']:.2f} | "
               f"{r['overhead_s_per_round']:.2f} | {r['overhead_s_per_client']:.2f} | {r['flower_connect_s']:.1f} | "
               f"{r['flower_bytes_per_round']:,.0f} / {r['engine_bytes_per_round']:,.0f} |")
     sys.stdout.flush()
