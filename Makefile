@@ -31,8 +31,10 @@ $(STAMP): pyproject.toml constraints.txt $(PLUGIN)/pyproject.toml
 demo: $(STAMP)
 	$(BIN)/fedrift compare -c examples/demo.yaml algorithms=fedavg,fedprox,fedgkd,fedcsd,fedadc seeds=0,1 report.claims=papers --jobs 2 --out runs/demo
 
+# Two test processes (pytest-xdist), each test file whole in one of them (its shared fixtures: one
+# Ray cluster, one Flower federation); the suite's files share no port, folder or cache entry.
 test: $(STAMP) browser
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile
 
 # The report's browser test renders report.html in Debian's headless chromium: installed
 # here when no browser is on PATH and this user may install packages (root, or sudo without
