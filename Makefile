@@ -31,8 +31,8 @@ $(STAMP): pyproject.toml constraints.txt $(PLUGIN)/pyproject.toml
 demo: $(STAMP)
 	$(BIN)/fedrift compare -c examples/demo.yaml algorithms=fedavg,fedprox,fedgkd,fedcsd,fedadc seeds=0,1 report.claims=papers --jobs 2 --out runs/demo
 
-# Two test processes (pytest-xdist), each test file whole in one of them (its shared fixtures: one
-# Ray cluster, one Flower federation); the suite's files share no port, folder or cache entry.
+# Two test processes (pytest-xdist), each test file whole in one of them (its module fixtures, one
+# Ray cluster or one Flower federation, built once); ports are free ones and folders tmp_path's.
 test: $(STAMP) browser
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile
 
