@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 
@@ -52,16 +53,22 @@ def forked(tmp_path_factory):
         for alg in ALGORITHMS:
             write_app(base / f"app-{alg}", _config(base / "data", alg, base / f"deployed-{alg}"))
             runs[alg] = fed.submit(base / f"app-{alg}")
+        long = _config(base / "data", "fedavg", base / "deployed-long")
+        long["train"]["rounds"] = 10_000
+        fed.submit(write_app(base / "app-long", long))  # still running when the federation stops
         simulated = {alg: fedrift.run(_config(base / "data", alg, base / f"simulated-{alg}")) for alg in ALGORITHMS}
         entries = {alg: fed.wait(runs[alg], base / f"deployed-{alg}" / "summary.json") for alg in ALGORITHMS}
         logs = {k: fed.log(f"forkexec{k}") for k in range(CLIENTS)}
         alive = all(p.poll() is None for p in fed.executors.values())
-    return {alg: (entries[alg], base / f"deployed-{alg}", simulated[alg]) for alg in ALGORITHMS}, logs, alive
+        started = fed.descendants()  # the long run's ServerApp among them
+        assert started
+    return ({alg: (entries[alg], base / f"deployed-{alg}", simulated[alg]) for alg in ALGORITHMS}, logs, alive,
+            started)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_forked_clientapps_equal_simulation(forked, algorithm):
-    runs, logs, _ = forked
+    runs, logs, _, _ = forked
     entry, folder, sim = runs[algorithm]
     assert entry["status"] == "finished:completed", (entry["status-details"], logs[0][-3000:])
     model = torch.load(folder / "final_model.pt")
@@ -75,12 +82,22 @@ def test_forked_clientapps_equal_simulation(forked, algorithm):
 def test_each_message_runs_in_its_own_forked_process(forked):
     """Per SuperNode and run: the discovery query, the rounds' training messages; each task
     in a process of its own, the warm process still up after them."""
-    _, logs, alive = forked
+    _, logs, alive, _ = forked
     assert alive
     for k, log in logs.items():
         tasks = re.findall(r"fedrift forkexec: task (\d+) in process (\d+)", log)
         assert len(tasks) >= len(ALGORITHMS) * (1 + ROUNDS), log[-2000:]
         assert len({pid for _, pid in tasks}) == len(tasks) and len({t for t, _ in tasks}) == len(tasks)
+
+
+def test_nothing_is_left_running(forked):
+    """The federation's stop ends every process its processes started, not only the ones it
+    started itself: the ServerApp of a run still going (it outlived a SIGTERM before) and the
+    warm processes' children."""
+    *_, started = forked
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200] for pid in started
+            if Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"}
+    assert not left
 
 
 def test_an_unknown_isolation_is_refused(tmp_path):
