@@ -31,10 +31,8 @@ $(STAMP): pyproject.toml constraints.txt $(PLUGIN)/pyproject.toml
 demo: $(STAMP)
 	$(BIN)/fedrift compare -c examples/demo.yaml algorithms=fedavg,fedprox,fedgkd,fedcsd,fedadc seeds=0,1 report.claims=papers --jobs 2 --out runs/demo
 
-# Two test processes (pytest-xdist), each test file whole in one of them (its module fixtures, one
-# Ray cluster or one Flower federation, built once); ports are free ones and folders tmp_path's.
 test: $(STAMP) browser
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile
+	$(BIN)/python -m pytest tests
 
 # The report's browser test renders report.html in Debian's headless chromium: installed
 # here when no browser is on PATH and this user may install packages (root, or sudo without
