@@ -23,22 +23,11 @@ assert importlib.util.find_spec("flwr") is not None, "the flower extra is missin
 
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
+from test_flower import CLIENTS, _config  # noqa: E402  (the same federation config: npz blobs, 2 clients, 2 rounds)
 
 ALGORITHMS = ("fedavg", "scaffold")
-CLIENTS, ROUNDS = 2, 2
+ROUNDS = 2  # as test_flower's _config
 
-
-def _config(root: Path, algorithm: str, out: Path) -> dict:
-    return {
-        "seed": 0,
-        "data": {"name": "npz", "root": str(root)},
-        "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": CLIENTS, "min_size": 5},
-        "model": {"name": "mlp", "hidden": [16]},
-        "algorithm": {"name": algorithm},
-        "engine": {"threads": 1, "executor": "sequential"},
-        "train": {"rounds": ROUNDS, "clients_per_round": CLIENTS, "local_epochs": 1, "batch_size": 16, "lr": 0.05},
-        "output": {"dir": str(out), "progress": False},
-    }
 
 
 @pytest.fixture(scope="module")
