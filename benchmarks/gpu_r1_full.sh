@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Workload R1 on ALL of CIFAR-10 (JPEG q75 copy) on a lent GPU, in two device calls: the whole
+# zip (65 MB) does not travel beside the repository in one call, so it travels in two halves.
+#
+# Here:   prepare .gpu/cifarA (the first 2,500 train images of each class by file name) and
+#         .gpu/cifarB (the other 2,500 and all 10,000 test images), each one stored zip.
+# Device, call 1 (carry [".gpu/whl", ".gpu/cifarA"]):   STEP=stash bash benchmarks/gpu_r1_full.sh
+# Device, call 2, at once (the machine is held 30 s idle; carry [".gpu/whl", ".gpu/cifarB"]):
+#                                                       bash benchmarks/gpu_r1_full.sh
+# Call 2 joins the halves into one zip with the published layout (60,000 images), then runs
+# `fedrift compare` for $ALGORITHMS, seeds $SEEDS, at each alpha of $ALPHAS (R1's settings, the
+# CPU tune's learning rates: tuned=benchmarks/results/r1-tune), engine.device=cuda, $JOBS
+# processes, into $OUT/r1-gpu-a<alpha>. Environment: ALGORITHMS (fedavg,fedgkd,fedadc), SEEDS
+# (0,1,2), ALPHAS (0.1 0.5), JOBS (3), DEVICE (cuda), INSTALL (1: .gpu/whl into $SITE), BUDGET (500 s for the compares; SIGINT at the end of it,
+# so that finished runs and the report stay), PY (python3), SITE (/tmp/site).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; OUT=${OUT:-$PWD/runs/gpu-out}; STASH=/tmp/r1-halves
+ALGORITHMS=${ALGORITHMS:-fedavg,fedgkd,fedadc}; SEEDS=${SEEDS:-0,1,2}; ALPHAS=${ALPHAS:-0.1 0.5}
+JOBS=${JOBS:-3}; BUDGET=${BUDGET:-500}; START=$(date +%s)
+mkdir -p "$OUT" "$STASH"
+if [ "${STEP:-run}" = stash ]; then
+  cp .gpu/cifarA/a.zip "$STASH/" && ls -l "$STASH" && exit 0
+fi
+[ -f "$STASH/a.zip" ] || [ -f .gpu/cifarA/a.zip ] || { echo "gpu_r1_full: no first half (call 1 first)"; exit 1; }
+[ -f "$STASH/a.zip" ] || cp .gpu/cifarA/a.zip "$STASH/"
+[ "${INSTALL:-1}" = 0 ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu/whl/*.whl || exit 1
+export PYTHONPATH="$PWD/src:$SITE" PYTHONUNBUFFERED=1
+mkdir -p /tmp/cifar10-jpeg
+"$PY" - "$STASH/a.zip" .gpu/cifarB/b.zip /tmp/cifar10-jpeg/cifar10-jpeg.zip <<'PY'
+import sys, zipfile
+a, b, dst = sys.argv[1:]
+n = 0
+with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as z:
+    for src in (a, b):
+        with zipfile.ZipFile(src) as zin:
+            for info in zin.infolist():
+                z.writestr(info, zin.read(info)); n += 1
+print(f"gpu_r1_full: joined {n} images into {dst}")
+PY
+nvidia-smi -L
+FEDRIFT=("$PY" -c 'import sys; from fedrift.cli import main; sys.exit(main(sys.argv[1:]))')
+for alpha in $ALPHAS; do
+  left=$((BUDGET - ($(date +%s) - START)))
+  [ "$left" -gt 30 ] || { echo "gpu_r1_full: budget spent before alpha $alpha"; break; }
+  echo "== $(date -u +%T) alpha $alpha, $left s left"
+  timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" compare -c examples/workload_r1.yaml --jobs "$JOBS" seeds="$SEEDS" \
+    algorithms="$ALGORITHMS" tuned=benchmarks/results/r1-tune data.root=/tmp/cifar10-jpeg engine.device="${DEVICE:-cuda}" \
+    partition.alpha="$alpha" report.reference=fedavg report.tsne=none report.paper=fedgkd-table3-cifar10 \
+    output.progress=false --out "$OUT/r1-gpu-a$alpha"
+  echo "== exit $? after $(($(date +%s) - START)) s"
+done
+# what comes back from the device is limited in number of files (8 came back in one call) and in
+# depth: each grid keeps results.md and travels as one archive (its report, csv, figures and run
+# folders: metrics, configs, logs; no checkpoints)
+for d in "$OUT"/r1-gpu-a*; do
+  [ -d "$d" ] || continue
+  rm -f "$d/.fedrift.lock"
+  g=$(basename "$d")
+  tar -czf "$OUT/$g.tar.gz" --exclude='*.pt' -C "$OUT" "$g" && find "$d" -mindepth 1 ! -name results.md -delete
+done
