@@ -102,7 +102,7 @@ def stub_loop(monkeypatch):
         raise Accepted
 
     monkeypatch.setattr("fedrift.api.run_federation", stop)
-    monkeypatch.setattr("fedrift.grid.run_grid", lambda *a, **k: (_ for _ in ()).throw(Accepted()))
+    monkeypatch.setattr("fedrift.experiments.compare.run_grid", lambda *a, **k: (_ for _ in ()).throw(Accepted()))
 
 
 def _set(doc: dict, key: str, value) -> None:

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from fedrift.config import read_yaml
-from fedrift.grid import build_grid, parse_algorithm, parse_grid_tokens
+from fedrift.experiments.grid import build_grid, parse_grid_tokens
+from fedrift.overrides import parse_algorithm
 from fedrift.report.html import ReportOptions
 from fedrift.report.published import PUBLISHED, data_caveat, match
 

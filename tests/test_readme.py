@@ -18,7 +18,7 @@ from fedrift.api import build_run, prepare, resolve_executor, resolve_options, s
 from fedrift.cli import _parser, main
 from fedrift.config import load_config
 from fedrift.data.download import source
-from fedrift.grid import build_grid, parse_grid_tokens
+from fedrift.experiments.grid import build_grid, parse_grid_tokens
 from readme_commands import README, shell_commands
 
 ROOT = README.parent

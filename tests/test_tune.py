@@ -15,7 +15,8 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.cli import main
 from fedrift.config import _fields
 from fedrift.errors import ConfigError
-from fedrift.tuning import Dim, build_tune, default_space, resolve_space, startup_points
+from fedrift.experiments.space import Dim, default_space, resolve_space, startup_points
+from fedrift.experiments.tune import build_tune
 
 
 def _cfg(tiny, rounds=3, **sections):
@@ -172,7 +173,7 @@ class _Recorder(optuna.pruners.BasePruner):
 
 
 def test_the_pruner_sees_the_score_so_far_and_waits_for_the_middle_round(tiny, tmp_path):
-    from fedrift.tuning import _pruner
+    from fedrift.experiments.tune import _pruner
 
     rec = _Recorder()
     results = fedrift.tune(_cfg(tiny, rounds=6), algorithms=["fedavg"], space={"train.lr": "0.5"}, trials=1,
@@ -291,8 +292,8 @@ def test_the_committed_benchmark_choices_are_points_of_their_tunes_design(name):
     point the tune tried (one of the first 8 of its Sobol design) inside the entry's space."""
     from pathlib import Path
 
-    from fedrift.grid import parse_algorithm
-    from fedrift.tuning import read_tuned
+    from fedrift.overrides import parse_algorithm
+    from fedrift.experiments.tuned import read_tuned
 
     doc = read_tuned(Path(__file__).parents[1] / "benchmarks" / "tuned" / f"{name}.yaml")
     assert "fedavg" in doc and len(doc) >= 20
@@ -366,7 +367,7 @@ def test_best_yaml_keeps_the_base_and_compare_warns_when_its_runs_differ(tiny, t
 def test_an_older_best_yaml_without_a_base_still_works_and_is_said_unchecked(tiny, tmp_path, capsys):
     from pathlib import Path
 
-    from fedrift.tuning import base_check
+    from fedrift.experiments.tuned import base_check
 
     old = tmp_path / "best.yaml"  # as fedrift wrote it before bases were stored
     old.write_text("fedavg:\n  overrides:\n    train.lr: 0.1\n  val_accuracy: 0.5\n  trial: 0\n  trials: 1\n")

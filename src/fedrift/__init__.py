@@ -5,8 +5,8 @@ from fedrift._omp import share_cores
 share_cores()  # before torch is imported: concurrent fedrift processes must not spin on each other
 
 from fedrift.api import RunResult, resume, run  # noqa: E402 - after share_cores()
-from fedrift.grid import compare, write_report
-from fedrift.tuning import tune
+from fedrift.experiments.compare import compare, write_report
+from fedrift.experiments.tune import tune
 from fedrift.config import Config, load_config
 from fedrift.errors import ConfigError, DataError, DivergenceError, FedriftError
 

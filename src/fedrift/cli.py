@@ -174,7 +174,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from fedrift.grid import compare, parse_grid_tokens
+    from fedrift.experiments.compare import compare
+    from fedrift.experiments.grid import parse_grid_tokens
 
     grid = parse_grid_tokens(args.grid)
     compare(
@@ -193,8 +194,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from fedrift.grid import parse_grid_tokens
-    from fedrift.tuning import tune
+    from fedrift.experiments.grid import parse_grid_tokens
+    from fedrift.experiments.tune import tune
 
     grid = parse_grid_tokens(args.grid)
     for what in ("seeds", "tuned"):
@@ -218,7 +219,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from fedrift.grid import write_report
+    from fedrift.experiments.compare import write_report
 
     options = {}
     for item in args.options:

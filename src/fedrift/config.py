@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedrift.errors import ConfigError
+from fedrift.overrides import parse_value
 from fedrift.plugins import load_plugins
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -256,10 +257,7 @@ def apply_overrides(doc: Mapping[str, Any], overrides: list[str], shared: Shared
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.rounds=10)")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
+        value = parse_value(raw)
         node = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):
@@ -286,6 +284,20 @@ def _drop_old_options(section: str, node: dict[str, Any], new: Any, given: set[s
     keep = set(cls.model_fields) | (shared(section, str(old), str(new)) if shared else set())
     for k in [k for k in node if k not in keep and f"{section}.{k}" not in given]:
         del node[k]
+
+
+def config_dict(config: "Config | Mapping[str, Any] | str | Path | None") -> dict[str, Any]:
+    """A config given as a Config, a mapping or a YAML path (or None: empty), as a dict to
+    apply overrides to: what the experiments expand their grids from."""
+    if config is None:
+        return {}
+    if isinstance(config, Config):
+        return config.model_dump()
+    if isinstance(config, (str, Path)):
+        return read_yaml(config)
+    if isinstance(config, Mapping):
+        return copy.deepcopy(dict(config))
+    raise ConfigError(f"config must be a dict or a YAML path, got {type(config).__name__}")
 
 
 def load_config(

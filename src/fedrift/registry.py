@@ -18,7 +18,7 @@ class Entry:
     doc: str
     params: type | None  # a pydantic dataclass of the entry's options, or None if it takes none
     source: str = "built in"  # or the plugin that registered it (``fedrift list`` shows it)
-    # the default search space of `fedrift tune` over the entry's options ({"mu": "log:1e-4:1"}; fedrift/tuning.py)
+    # the default search space of `fedrift tune` over the entry's options ({"mu": "log:1e-4:1"}; fedrift/experiments/space.py)
     space: dict[str, str] | None = None
 
 

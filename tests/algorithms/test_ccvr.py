@@ -18,7 +18,7 @@ from fedrift.engine.local import make_apply
 from fedrift.engine.rng import generator
 from fedrift.metrics.evaluate import evaluate
 from fedrift.models import MODELS, build_model
-from fedrift.tuning import score_of
+from fedrift.experiments.tune import score_of
 
 SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0,
               clip_grad_norm=None, seed=0)

@@ -31,7 +31,7 @@ from fedrift.engine.outputs import RunWriter
 from fedrift.engine.server import Server
 from fedrift.engine.tree import stack
 from fedrift.models.norm import model_state
-from fedrift.tuning import score_of
+from fedrift.experiments.tune import score_of
 
 SETUP = Setup(num_classes=3, num_clients=4, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0,
               clip_grad_norm=None, seed=0)

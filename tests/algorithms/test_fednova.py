@@ -105,6 +105,6 @@ def test_unequal_steps_extrapolate_past_the_average_so_eta_s_is_tuned():
     torch.testing.assert_close(out["params"]["w"], torch.tensor([4.0 / 3.0]))
     out = _alg("fednova", eta_s=0.75).aggregate(state, uploads, p, RoundInfo(1, 3, (0, 1)))
     torch.testing.assert_close(out["params"]["w"], torch.tensor([1.0]))
-    from fedrift.tuning import default_space
+    from fedrift.experiments.space import default_space
 
     assert set(default_space("fednova")) == {"train.lr", "algorithm.eta_s"}

@@ -16,12 +16,13 @@ import yaml
 
 import fedrift
 from fedrift.cli import main
-from fedrift.grid import build_grid, parse_grid_tokens, split_list
+from fedrift.experiments.grid import build_grid, parse_grid_tokens
+from fedrift.overrides import split_list
 from fedrift.errors import ConfigError
 
 from .conftest import grid_config
 
-import fedrift.grid as compare_mod
+import fedrift.experiments.grid as grid_mod
 
 
 def test_split_list_respects_brackets():
@@ -109,7 +110,7 @@ def _mtimes(run_dir):
 def test_interrupted_grid_resumes_without_repeating_finished_runs(tmp_path, monkeypatch):
     cfg = grid_config(tmp_path)
     kwargs = dict(algorithms=["fedavg", "fedprox"], seeds=[0, 1], out=tmp_path / "g", report=False, verbose=False)
-    real = compare_mod.execute_run
+    real = grid_mod.execute_run
     calls = []
 
     def stop_on_second(doc, resume=False):
@@ -118,7 +119,7 @@ def test_interrupted_grid_resumes_without_repeating_finished_runs(tmp_path, monk
             raise KeyboardInterrupt  # Ctrl-C during the second run
         return real(doc, resume)
 
-    monkeypatch.setattr(compare_mod, "execute_run", stop_on_second)
+    monkeypatch.setattr(grid_mod, "execute_run", stop_on_second)
     with pytest.raises(KeyboardInterrupt):
         fedrift.compare(cfg, **kwargs)
     first = tmp_path / "g" / "fedavg" / "seed0"
@@ -126,7 +127,7 @@ def test_interrupted_grid_resumes_without_repeating_finished_runs(tmp_path, monk
     before = _mtimes(first)
 
     calls.clear()
-    monkeypatch.setattr(compare_mod, "execute_run", lambda doc, resume=False: (calls.append(doc["output"]["dir"]), real(doc, resume))[1])
+    monkeypatch.setattr(grid_mod, "execute_run", lambda doc, resume=False: (calls.append(doc["output"]["dir"]), real(doc, resume))[1])
     rows = fedrift.compare(cfg, **kwargs)
     assert str(first) not in calls and len(calls) == 3  # the finished run is not repeated
     assert _mtimes(first) == before
@@ -162,12 +163,12 @@ def test_killed_process_resumes(tmp_path):
     before = {d: _mtimes(d) for d in finished}
 
     calls = []
-    real = compare_mod.execute_run
+    real = grid_mod.execute_run
     try:
-        compare_mod.execute_run = lambda doc, resume=False: (calls.append(doc["output"]["dir"]), real(doc, resume))[1]
+        grid_mod.execute_run = lambda doc, resume=False: (calls.append(doc["output"]["dir"]), real(doc, resume))[1]
         assert main(args) == 0
     finally:
-        compare_mod.execute_run = real
+        grid_mod.execute_run = real
     assert len(calls) == 4 - len(finished)
     assert all(_mtimes(d) == before[d] for d in finished)
     assert len(list(root.glob("*/seed*/summary.json"))) == 4
@@ -265,7 +266,7 @@ def test_ctrl_c_on_a_parallel_compare_records_its_runs_as_interrupted(tmp_path, 
 def test_an_older_runs_relative_data_root_is_the_same_folder_seen_from_here(tmp_path, monkeypatch):
     """A run folder written before data.root was stored absolute holds the relative root: the
     same run when it names the same folder from where compare runs, another one elsewhere."""
-    from fedrift.grid import config_differences
+    from fedrift.experiments.grid import config_differences
 
     (tmp_path / "d").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -334,12 +335,12 @@ def test_diverged_run_is_reported_and_not_rerun(tmp_path):
     assert [(r["completed"], r["diverged"]) for r in rows] == [(1, 0), (0, 1)]
     assert rows[1]["best_accuracy_mean"] is None
     calls = []
-    real = compare_mod.execute_run
+    real = grid_mod.execute_run
     try:
-        compare_mod.execute_run = lambda doc: (calls.append(doc), real(doc))[1]
+        grid_mod.execute_run = lambda doc: (calls.append(doc), real(doc))[1]
         fedrift.compare(cfg, **kwargs)
     finally:
-        compare_mod.execute_run = real
+        grid_mod.execute_run = real
     assert calls == []
 
 

@@ -42,6 +42,7 @@ from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedrift.errors import ConfigError, FedriftError, writing
+from fedrift.overrides import parse_value, split_list
 from fedrift.report import claims, published
 from fedrift.report.paired import note, resolve_reference
 from fedrift.report.table import (
@@ -83,7 +84,6 @@ class ReportOptions(BaseModel):
         """From ``report.*`` values: CLI strings (``"10,20,50"``, ``"fedavg:0.9"``) or Python values."""
         if isinstance(raw, ReportOptions):
             return raw
-        from fedrift.grid import parse_value, split_list
 
         doc: dict[str, Any] = {}
         for key, value in (raw or {}).items():
@@ -221,7 +221,6 @@ def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = Non
                  echo: Echo = print) -> tuple[list[dict[str, Any]], Path]:
     """Tables, figures and ``report.html`` for the runs under ``root``; returns (rows, html path)."""
     from fedrift.deploy.project import AGAIN, deployed
-    from fedrift.grid import check_report_names
 
     root = Path(root)
     groups, grid = load_groups(root)
@@ -397,4 +396,18 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
     return "\n".join(parts)
 
 
-__all__ = ["ReportOptions", "build_report", "make_figures", "render_html", "resolve_at_rounds", "write_tables"]
+def check_report_names(opts: Any, algorithms: Sequence[str]) -> None:
+    """Refuse, before anything runs, report options naming an algorithm the grid lacks."""
+    names = list(algorithms)
+    for alg in opts.tsne or []:
+        if alg not in names:
+            raise ConfigError(f"report.tsne: {alg!r} is not an algorithm of the grid; allowed: {', '.join(names)}, none")
+    if opts.target != "auto":
+        kind, alg, _ = parse_target(opts.target)
+        if kind == "relative" and alg not in names:
+            raise ConfigError(f"report.target: {alg!r} is not an algorithm of the grid; allowed: {', '.join(names)}")
+    resolve_reference(opts.reference, names)  # refuses a reference the grid lacks
+    claims.resolve_claims(opts.claims, names)  # and a claim about an algorithm it lacks
+
+
+__all__ = ["ReportOptions", "build_report", "check_report_names", "make_figures", "render_html", "resolve_at_rounds", "write_tables"]

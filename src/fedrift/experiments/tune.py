@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import functools
 import json
 import math
 import time
@@ -53,161 +52,20 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from fedrift.config import Config, apply_overrides
+from fedrift.config import Config, apply_overrides, config_dict
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, DivergenceError, writing
-from fedrift.grid import _base_doc, interruptible, parse_algorithm, parse_value, run_pool, safe_name, shielded, split_list
+from fedrift.experiments.naming import safe_name
+from fedrift.experiments.studies import fail_stale, finished_trials, fixed_sampler_class, load_optuna, one_trial
+from fedrift.experiments.pool import interruptible, run_pool, shielded
+from fedrift.experiments.space import Dim, resolve_space, startup_points, takes
+from fedrift.experiments.tuned import BEST, tune_base
+from fedrift.overrides import parse_algorithm
+from fedrift.report.table import flatten, short_names
 
-LR_SPACE = {"train.lr": "log:0.005:0.5"}
 STARTUP = 10  # trials from the Sobol design before TPE proposes (TPE's own start-up count)
-EDGE = 0.05  # a chosen value this close to an end of its range (share of the range; of its log for log:) is flagged
-BASE_SECTIONS = ("data", "model", "partition", "train")  # what a tune's choice is for (best.yaml's base)
 STUDY_DB = "study.db"
 DESCRIPTION = "tune.json"
-BEST = "best.yaml"
-
-
-@dataclass(frozen=True)
-class Dim:
-    """One dimension of a search space: a config key and how its values are drawn."""
-
-    key: str  # dotted config key: train.lr, algorithm.mu
-    kind: str  # log | float | int | choice
-    low: float = 0.0
-    high: float = 0.0
-    choices: tuple[Any, ...] = ()
-
-    @classmethod
-    def parse(cls, key: str, spec: Any) -> "Dim":
-        """``log:1e-4:1`` | ``float:0:1`` | ``int:1:5`` | ``0.01,0.05`` (or a list) -> a Dim."""
-        where = f"space.{key}"
-        if isinstance(spec, (list, tuple)):
-            values = list(spec)
-        else:
-            text = str(spec).strip()
-            kind, _, rest = text.partition(":")
-            if kind in ("log", "float", "int"):
-                lo, sep, hi = rest.partition(":")
-                try:
-                    low, high = (int(lo), int(hi)) if kind == "int" else (float(lo), float(hi))
-                except ValueError:
-                    raise ConfigError(f"{where}: {text!r} is not {kind}:LOW:HIGH with numbers (e.g. {kind}:1:5)") from None
-                if not sep or not low < high or (kind == "log" and low <= 0) or not math.isfinite(high):
-                    raise ConfigError(f"{where}: {text!r} needs LOW < HIGH" + (" and LOW > 0" if kind == "log" else ""))
-                return cls(key, kind, low, high)
-            values = [_number(parse_value(v)) for v in split_list(text)]
-        if not values or len({json.dumps(v, default=str) for v in values}) != len(values):
-            raise ConfigError(f"{where}: {spec!r} gives no values or one twice; allowed: log:LOW:HIGH, float:LOW:HIGH, "
-                              "int:LOW:HIGH or a list such as 0.01,0.05")
-        return cls(key, "choice", choices=tuple(values))
-
-    def middle(self) -> Any:
-        """A value inside the space (validation before anything runs)."""
-        if self.kind == "choice":
-            return self.choices[0]
-        if self.kind == "log":
-            return math.sqrt(self.low * self.high)
-        return (self.low + self.high) / 2 if self.kind == "float" else int((self.low + self.high) // 2)
-
-    def suggest(self, trial: Any) -> Any:
-        if self.kind == "choice":
-            return trial.suggest_categorical(self.key, list(self.choices))
-        if self.kind == "int":
-            return trial.suggest_int(self.key, int(self.low), int(self.high))
-        return trial.suggest_float(self.key, self.low, self.high, log=self.kind == "log")
-
-    def describe(self) -> str:
-        return ",".join(map(str, self.choices)) if self.kind == "choice" else f"{self.kind}:{self.low:g}:{self.high:g}"
-
-    def edge(self, value: Any) -> str | None:
-        """``low`` or ``high`` when ``value`` lies within :data:`EDGE` of that end of the range
-        (in the log for ``log``), or is the least or greatest of a list of three or more
-        numbers (two are all edges; words have none); else None. A best value at an edge
-        says the best may lie beyond the range searched."""
-        if self.kind == "choice":
-            nums = [c for c in self.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
-            if len(nums) < 3 or len(nums) != len(self.choices) or value not in nums:
-                return None
-            return "low" if value == min(nums) else "high" if value == max(nums) else None
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return None
-        if self.kind == "int":
-            if self.high - self.low < 2:
-                return None
-            return "low" if value <= self.low else "high" if value >= self.high else None
-        scale = math.log if self.kind == "log" else float
-        u = (scale(value) - scale(self.low)) / (scale(self.high) - scale(self.low))
-        return "low" if u <= EDGE else "high" if u >= 1 - EDGE else None
-
-    def at(self, u: float) -> Any:
-        """The value at ``u`` in [0, 1) of the space: uniform in the log for ``log``."""
-        if self.kind == "choice":
-            return self.choices[min(len(self.choices) - 1, int(u * len(self.choices)))]
-        if self.kind == "int":
-            return int(min(self.high, self.low + math.floor(u * (self.high - self.low + 1))))
-        if self.kind == "log":
-            v = math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
-        else:
-            v = self.low + u * (self.high - self.low)
-        return float(min(max(v, self.low), self.high))
-
-
-def startup_points(dims: Sequence[Dim], n: int, seed: int) -> list[dict[str, Any]]:
-    """The first ``n`` points (``n`` <= 16) of a scrambled Sobol design of the space; a prefix
-    of the same sequence for any ``n``, so a tune that grows keeps the points it ran. The first
-    dimension (the learning rate) is a one-dimensional design seeded by the tune's seed alone,
-    the same in every study; the others are one joint design."""
-    from scipy.stats import qmc
-
-    if not dims or n <= 0:
-        return []
-    cols = [qmc.Sobol(1, scramble=True, seed=seed).random_base2(4)[:n, 0]]
-    if len(dims) > 1:
-        cols += list(qmc.Sobol(len(dims) - 1, scramble=True, seed=seed + 1).random_base2(4)[:n].T)
-    return [{d.key: d.at(float(c[i])) for d, c in zip(dims, cols)} for i in range(n)]
-
-
-def _number(value: Any) -> Any:
-    """``"1e-5"`` (a string to YAML 1.1, which wants ``1.0e-5``) as the float it means."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-def default_space(name: str) -> dict[str, str]:
-    """An algorithm's default space as dotted keys: the learning rate and its registry entry's."""
-    from fedrift.algorithms import ALGORITHMS
-
-    entry = ALGORITHMS.get(name, "algorithm.name")
-    return {**LR_SPACE, **{f"algorithm.{k}": v for k, v in (entry.space or {}).items()}}
-
-
-def _takes(name: str, key: str) -> bool:
-    """Whether algorithm ``name`` has option ``key`` (its params class)."""
-    from fedrift.algorithms import ALGORITHMS
-    from fedrift.config import _fields
-
-    params = ALGORITHMS.get(name, "algorithm.name").params
-    return params is not None and key in _fields(params)
-
-
-def resolve_space(name: str, extra: Mapping[str, Any]) -> list[Dim]:
-    """The dimensions of one algorithm's study: its default space with ``extra`` applied."""
-    spec = default_space(name)
-    for key, value in extra.items():
-        dotted = key if "." in key else f"algorithm.{key}"
-        if "." not in key and not _takes(name, key):
-            continue  # another algorithm's option (checked over the whole tune in `build_tune`)
-        if value is None or str(value).strip().lower() == "none":
-            spec.pop(dotted, None)
-        else:
-            spec[dotted] = value
-    if not spec:
-        raise ConfigError(f"space: nothing left to tune for {name}; allowed: at least one dimension")
-    return [Dim.parse(k, v) for k, v in spec.items()]
 
 
 @dataclass
@@ -277,7 +135,7 @@ def build_tune(
         if o.partition("=")[0].strip().startswith("output."):
             raise ConfigError(f"{o.partition('=')[0]}: the tuner sets every trial's output keys (its folder in the tune "
                               "folder, no progress bar); allowed: --out for the tune folder, no output.* key")
-    base = apply_overrides(_base_doc(config), overrides)
+    base = apply_overrides(config_dict(config), overrides)
     entries = list(algorithms) if algorithms else [str((base.get("algorithm") or {}).get("name", "fedavg"))]
     if len(set(entries)) != len(entries):
         raise ConfigError("algorithms: an entry is given twice")
@@ -296,7 +154,7 @@ def build_tune(
         names.add(study_name)
         studies.append(Study(entry, study_name, dims, doc))
     for key in extra:
-        if "." not in key and not any(_takes(parse_algorithm(e)[0], key) for e in entries):
+        if "." not in key and not any(takes(parse_algorithm(e)[0], key) for e in entries):
             raise ConfigError(f"space.{key}: no algorithm of the tune takes {key!r}; a dotted key (e.g. train.lr) "
                               "names any config key")
 
@@ -327,52 +185,17 @@ def build_tune(
     return Tune(root, studies, trials, seed, pruner, description)
 
 
-# ---------------------------------------------------------------------------------------
-# Running
-
-
-def _optuna() -> Any:
-    try:
-        import optuna
-    except ImportError:
-        raise ConfigError("fedrift tune needs the optuna package; install it with pip install 'fedrift[tune]'") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna
-
-
 def _sampler(study: Study, seed: int, point: Mapping[str, Any] | None = None) -> Any:
     """The one point this trial runs (a grid's or the start-up design's: the caller hands each
     missing point to one trial, so no point runs twice, in parallel too); else TPE."""
-    optuna = _optuna()
+    optuna = load_optuna()
     if point is not None:
-        return _fixed_sampler_class()(dict(point))
+        return fixed_sampler_class()(dict(point))
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=STARTUP)
 
 
-@functools.lru_cache(maxsize=None)
-def _fixed_sampler_class() -> type:
-    optuna = _optuna()
-
-    class Fixed(optuna.samplers.BaseSampler):
-        """Suggests given values: one point of a grid or of the start-up design per trial."""
-
-        def __init__(self, values: dict[str, Any]) -> None:
-            self.values = values
-
-        def infer_relative_search_space(self, study: Any, trial: Any) -> dict:
-            return {}
-
-        def sample_relative(self, study: Any, trial: Any, search_space: Any) -> dict:
-            return {}
-
-        def sample_independent(self, study: Any, trial: Any, name: str, distribution: Any) -> Any:
-            return self.values[name]
-
-    return Fixed
-
-
 def _pruner(name: str, rounds: int) -> Any:
-    optuna = _optuna()
+    optuna = load_optuna()
     if name == "none":
         return optuna.pruners.NopPruner()
     return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=max(1, rounds // 2))
@@ -383,45 +206,13 @@ def _rounds(doc: Mapping[str, Any]) -> int:
 
 
 def _open_study(tune: Tune, study: Study, seed: int, pruner: Any = None, point: Mapping[str, Any] | None = None) -> Any:
-    optuna = _optuna()
+    optuna = load_optuna()
     with shielded():  # a database write: a Ctrl-C waits for its end
         return optuna.create_study(
             study_name=study.name, storage=tune.storage, direction="maximize", load_if_exists=True,
             sampler=_sampler(study, seed, point),
             pruner=pruner if pruner is not None else _pruner(tune.pruner, _rounds(study.doc)),
         )
-
-
-def _one_trial(st: Any, objective: Callable[[Any], float]) -> None:
-    """One trial, as ``Study.optimize`` runs it (ask, the objective, tell), except that a
-    Ctrl-C (or the stop of the pool it runs in) records the trial as interrupted, with no
-    "Trial failed" warning and traceback: state FAIL (the next tune runs its point again) and
-    ``status: interrupted``. The database writes are shielded from the Ctrl-C; any other
-    exception marks the trial failed and goes on (a bug keeps its traceback)."""
-    optuna = _optuna()
-    fail = optuna.trial.TrialState.FAIL
-    with shielded():
-        trial = st.ask()
-    try:
-        value = objective(trial)
-    except optuna.TrialPruned:
-        with shielded():
-            st.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        return
-    except KeyboardInterrupt:
-        with shielded():
-            trial.set_user_attr("status", "interrupted")
-            st.tell(trial, state=fail)
-        raise
-    except BaseException:
-        with shielded():
-            st.tell(trial, state=fail)
-        raise
-    with shielded():
-        if value is None or not math.isfinite(value):  # no round was scored: nothing to compare
-            st.tell(trial, state=fail)
-        else:
-            st.tell(trial, value)
 
 
 def score_of(row: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -438,9 +229,8 @@ def score_of(row: Mapping[str, Any]) -> tuple[str, float] | None:
 
 def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str], None]) -> Callable[[Any], float]:
     from fedrift.api import run
-    from fedrift.report.table import short_names
 
-    optuna = _optuna()
+    optuna = load_optuna()
 
     def objective(trial: Any) -> float:
         with shielded():
@@ -495,27 +285,12 @@ def _target(tune: Tune, study: Study) -> int:
     return min(tune.trials, math.prod(len(v) for v in grid.values())) if grid is not None else tune.trials
 
 
-def _finished(st: Any) -> list[Any]:
-    states = (_optuna().trial.TrialState.COMPLETE, _optuna().trial.TrialState.PRUNED)
-    return st.get_trials(deepcopy=False, states=states)
-
-
-def _fail_stale(st: Any) -> int:
-    """Trials a stopped tune left running (one tune runs a folder at a time): marked failed,
-    so that their places are taken by new trials."""
-    optuna = _optuna()
-    stale = st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    for t in stale:
-        st._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
-    return len(stale)
-
-
 def _worker(args: tuple[Tune, int, int, dict[str, Any] | None]) -> None:
     """A pool process: one trial of one study (the parent sends exactly as many as are
     missing; for a grid, each with its own point)."""
     tune, index, seed, point = args
     study = tune.studies[index]
-    _one_trial(_open_study(tune, study, seed, point=point), _objective(tune, study, True, print))
+    one_trial(_open_study(tune, study, seed, point=point), _objective(tune, study, True, print))
 
 
 def _missing_points(st: Any, study: Study, tune: Tune) -> list[dict[str, Any]]:
@@ -528,7 +303,7 @@ def _missing_points(st: Any, study: Study, tune: Tune) -> list[dict[str, Any]]:
         points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     else:
         points = startup_points(study.dims, min(tune.trials, STARTUP), tune.seed)
-    seen = {json.dumps(t.params, sort_keys=True) for t in _finished(st)}
+    seen = {json.dumps(t.params, sort_keys=True) for t in finished_trials(st)}
     return [p for p in points if json.dumps(p, sort_keys=True) not in seen]
 
 
@@ -550,9 +325,9 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
     desc_path.write_text(json.dumps(tune.description, indent=1, default=str) + "\n")
     for i, study in enumerate(tune.studies):
         st = _open_study(tune, study, tune.seed, pruner)
-        stale = _fail_stale(st)
+        stale = fail_stale(st)
         target = _target(tune, study)
-        have = len(_finished(st))
+        have = len(finished_trials(st))
         echo(f"{study.entry}: {have} of {target} trials finished before" + (f", {stale} left running marked failed" if stale else "")
              + f"; space {', '.join(f'{d.key}={d.describe()}' for d in study.dims)}")
         missing = target - have
@@ -566,11 +341,11 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
         if jobs <= 1 or missing == 1:
             objective = _objective(tune, study, False, echo)
             for point in (p for p in points if p is not None):
-                _one_trial(_open_study(tune, study, tune.seed, pruner, point), objective)
+                one_trial(_open_study(tune, study, tune.seed, pruner, point), objective)
             if None in points:
                 st = _open_study(tune, study, tune.seed + 1 + len(st.trials), pruner)
                 for _ in range(points.count(None)):
-                    _one_trial(st, objective)
+                    one_trial(st, objective)
             continue
         with run_pool(min(jobs, missing)) as pool:
             for fut in [pool.submit(_worker, (tune, i, tune.seed + 1 + offset + k, p)) for k, p in enumerate(points)]:
@@ -603,8 +378,6 @@ def _check_same_tune(tune: Tune, stored: Mapping[str, Any]) -> None:
 def _differences(there: Any, here: Any, prefix: str) -> list[str]:
     """``key: value there, value here`` for each dotted key on which two parts of a tune's
     description differ (``prefix``: the part's own key, none for the base config's)."""
-    from fedrift.report.table import flatten
-
     a = flatten(there, f"{prefix}." if prefix else "") if isinstance(there, Mapping) else {prefix: there}
     b = flatten(here, f"{prefix}." if prefix else "") if isinstance(here, Mapping) else {prefix: here}
     return [f"{k}: {a.get(k, '<absent>')!r} there, {b.get(k, '<absent>')!r} here"
@@ -615,13 +388,9 @@ def _some(items: Sequence[str], most: int = 3) -> str:
     return "; ".join(items[:most]) + (f"; and {len(items) - most} more" if len(items) > most else "")
 
 
-# ---------------------------------------------------------------------------------------
-# Results
-
-
 def collect(tune: Tune) -> dict[str, dict[str, Any]]:
     """Per study: its trials (number, state, status, score, values, rounds) and the best."""
-    optuna = _optuna()
+    optuna = load_optuna()
     out = {}
     for study in tune.studies:
         st = optuna.load_study(study_name=study.name, storage=tune.storage)
@@ -717,81 +486,9 @@ def tune(
         t.description["pruner"] = type(pruner).__name__
         if jobs > 1:
             raise ConfigError("pruner: an Optuna pruner object runs in this process only; allowed with jobs=1")
-    _optuna()
+    load_optuna()
     run_tune(t, jobs, echo, None if isinstance(pruner, str) else pruner)
     return write_results(t, echo, figures=report)
 
 
-def tune_base(doc: Mapping[str, Any], tuned: Sequence[str] = ()) -> dict[str, Any]:
-    """What a choice of values is for: the resolved (defaults filled in) ``data``, ``model``,
-    ``partition`` and ``train`` keys of a config, flattened, less the ``tuned`` keys."""
-    from fedrift.config import load_config
-    from fedrift.report.table import flatten
-
-    resolved = json.loads(json.dumps(load_config({k: v for k, v in doc.items() if k != "output"}).model_dump(),
-                                     default=str))
-    flat = flatten({k: resolved.get(k) or {} for k in BASE_SECTIONS})
-    return {k: v for k, v in flat.items() if k not in set(tuned)}
-
-
-def base_check(path: str | Path, runs: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
-    """The runs (grid entry, config) that take a tune's values against the base each entry's
-    values were chosen on: ``differences`` (per key: the values tuned on and those here, and
-    the entries) and ``unrecorded`` (entries whose ``best.yaml`` predates stored bases)."""
-    best = read_tuned(path)
-    by_name = {parse_algorithm(e)[0]: v for e, v in best.items()}
-    diffs: dict[str, dict[str, list[Any]]] = {}
-    unrecorded: list[str] = []
-    for entry, doc in runs:
-        found = best.get(entry) or by_name.get(parse_algorithm(entry)[0])
-        if found is None:
-            continue
-        base = found.get("base")
-        if not isinstance(base, dict):
-            unrecorded += [entry] if entry not in unrecorded else []
-            continue
-        here = tune_base(doc, list(found["overrides"]))
-        for key, value in base.items():
-            if key in here and json.dumps(value, sort_keys=True) != json.dumps(here[key], sort_keys=True):
-                d = diffs.setdefault(key, {"tuned": [], "here": [], "entries": []})
-                for name, v in (("tuned", value), ("here", here[key]), ("entries", entry)):
-                    if v not in d[name]:
-                        d[name].append(v)
-    return {"differences": diffs, "unrecorded": unrecorded}
-
-
-def base_warning(path: str | Path, check: Mapping[str, Any]) -> list[str]:
-    """The lines ``compare`` prints for :func:`base_check`'s findings (none when all agree)."""
-    def show(values: Sequence[Any]) -> str:
-        return ",".join(v if isinstance(v, str) else json.dumps(v) for v in values)
-
-    lines = []
-    diffs = check.get("differences") or {}
-    if diffs:
-        keys = "; ".join(f"{k}: tuned on {show(d['tuned'])}, here {show(d['here'])}" for k, d in diffs.items())
-        lines.append(f"tuned: {path} chose its values on another base than these runs ({keys}); values tuned for one "
-                     "setting may not be the best for another: tune on the runs' own config to compare at their best")
-    if check.get("unrecorded"):
-        lines.append(f"tuned: {path} records no base for {', '.join(check['unrecorded'])} (a best.yaml from before "
-                     "fedrift stored one): not checked against these runs")
-    return lines
-
-
-def read_tuned(path: str | Path) -> dict[str, dict[str, Any]]:
-    """A tune folder's (or its ``best.yaml``'s) best values per entry, refused clearly when it
-    is not one."""
-    p = Path(path)
-    p = p / BEST if p.is_dir() else p
-    if not p.is_file():
-        raise ConfigError(f"tuned: {str(path)!r} holds no {BEST}; allowed: a folder written by fedrift tune")
-    try:
-        doc = yaml.safe_load(p.read_text()) or {}
-    except (yaml.YAMLError, ValueError):
-        raise ConfigError(f"tuned: {p} is not valid YAML") from None
-    if not isinstance(doc, dict) or not all(isinstance(v, dict) and isinstance(v.get("overrides"), dict) for v in doc.values()):
-        raise ConfigError(f"tuned: {p} is not a fedrift tune's {BEST} (entry: {{overrides: {{key: value}}}})")
-    return doc
-
-
-__all__ = ["Dim", "LR_SPACE", "Tune", "base_check", "base_warning", "build_tune", "collect", "default_space",
-           "read_tuned", "run_tune", "tune", "tune_base", "write_results"]
+__all__ = ["Study", "Tune", "build_tune", "collect", "run_tune", "score_of", "tune", "write_results"]

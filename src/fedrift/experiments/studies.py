@@ -1,0 +1,94 @@
+"""Optuna's plumbing shared by ``tune`` and ``select``: the package loaded on use (an optional
+extra), a sampler that suggests given values (a design point per trial, so that no point runs
+twice, in parallel too), one trial run as ask, objective, tell with Ctrl-C recorded as an
+interruption, and the trials a stopped command left running."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable
+
+from fedrift.errors import ConfigError
+from fedrift.experiments.pool import shielded
+
+
+def load_optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("fedrift tune and select need the optuna package; install it with pip install 'fedrift[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+@functools.lru_cache(maxsize=None)
+def fixed_sampler_class() -> type:
+    optuna = load_optuna()
+
+    class Fixed(optuna.samplers.BaseSampler):
+        """Suggests given values: one point of a grid or of the start-up design per trial."""
+
+        def __init__(self, values: dict[str, Any]) -> None:
+            self.values = values
+
+        def infer_relative_search_space(self, study: Any, trial: Any) -> dict:
+            return {}
+
+        def sample_relative(self, study: Any, trial: Any, search_space: Any) -> dict:
+            return {}
+
+        def sample_independent(self, study: Any, trial: Any, name: str, distribution: Any) -> Any:
+            return self.values[name]
+
+    return Fixed
+
+
+def one_trial(st: Any, objective: Callable[[Any], float]) -> None:
+    """One trial, as ``Study.optimize`` runs it (ask, the objective, tell), except that a
+    Ctrl-C (or the stop of the pool it runs in) records the trial as interrupted, with no
+    "Trial failed" warning and traceback: state FAIL (the next tune runs its point again) and
+    ``status: interrupted``. The database writes are shielded from the Ctrl-C; any other
+    exception marks the trial failed and goes on (a bug keeps its traceback)."""
+    optuna = load_optuna()
+    fail = optuna.trial.TrialState.FAIL
+    with shielded():
+        trial = st.ask()
+    try:
+        value = objective(trial)
+    except optuna.TrialPruned:
+        with shielded():
+            st.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return
+    except KeyboardInterrupt:
+        with shielded():
+            trial.set_user_attr("status", "interrupted")
+            st.tell(trial, state=fail)
+        raise
+    except BaseException:
+        with shielded():
+            st.tell(trial, state=fail)
+        raise
+    with shielded():
+        if value is None or not math.isfinite(value):  # no round was scored: nothing to compare
+            st.tell(trial, state=fail)
+        else:
+            st.tell(trial, value)
+
+
+def finished_trials(st: Any) -> list[Any]:
+    states = (load_optuna().trial.TrialState.COMPLETE, load_optuna().trial.TrialState.PRUNED)
+    return st.get_trials(deepcopy=False, states=states)
+
+
+def fail_stale(st: Any) -> int:
+    """Trials a stopped tune left running (one tune runs a folder at a time): marked failed,
+    so that their places are taken by new trials."""
+    optuna = load_optuna()
+    stale = st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    for t in stale:
+        st._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+    return len(stale)
+
+
+__all__ = ["fail_stale", "finished_trials", "fixed_sampler_class", "load_optuna", "one_trial"]
