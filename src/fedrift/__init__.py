@@ -6,11 +6,12 @@ share_cores()  # before torch is imported: concurrent fedrift processes must not
 
 from fedrift.api import RunResult, resume, run  # noqa: E402 - after share_cores()
 from fedrift.experiments.compare import compare, write_report
+from fedrift.experiments.select import select
 from fedrift.experiments.tune import tune
 from fedrift.config import Config, load_config
 from fedrift.errors import ConfigError, DataError, DivergenceError, FedriftError
 
 __version__ = "0.1.0"
 __all__ = ["Config", "ConfigError", "DataError", "DivergenceError", "FedriftError", "RunResult", "compare", "load_config",
-           "resume", "run", "tune",
+           "resume", "run", "select", "tune",
            "write_report", "__version__"]

@@ -58,6 +58,26 @@ def _parser() -> argparse.ArgumentParser:
     tun.add_argument("grid", nargs="*", metavar="key=value",
                      help="algorithms=fedavg,fedprox  space.mu=log:1e-4:1  space.train.lr=0.01,0.05  and overrides")
 
+    sel = sub.add_parser(
+        "select",
+        help="which drift remedy for this data, within a compute budget: search, confirm over seeds, recommend",
+        description="One Optuna study over (algorithm, its hyper-parameters) with successive halving over rounds, "
+        "scored on validation accuracy (the config needs partition.val_share); the best entries and FedAvg then run "
+        "again over seeds (fedrift compare in OUT/confirm) and the recommendation says the paired test gain over FedAvg "
+        "with its interval. Writes OUT/recommendation.yaml (fedrift run -c takes it), select.md, select.html; "
+        "resumable: the same command continues it.",
+    )
+    sel.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
+    sel.add_argument("--out", default=None, help="the select folder (default: runs/select-<config name>)")
+    sel.add_argument("--budget", default=None, help="wall-clock budget of the whole command: 2h, 90m, 1h30m, 3600s")
+    sel.add_argument("--budget-rounds", type=int, default=None, help="training rounds of every trial and confirmation run")
+    sel.add_argument("--jobs", type=int, default=1, help="trials and runs at once, in processes (default 1)")
+    sel.add_argument("--pruner", choices=("sha", "hyperband"), default="sha", help="successive halving (default) or Hyperband")
+    sel.add_argument("--no-report", action="store_true", help="no figures")
+    sel.add_argument("grid", nargs="*", metavar="key=value",
+                     help="algorithms=fedavg,fedprox  seeds=1,2,3  top=3  startup=2  min_rounds=3  eta=3  "
+                          "space.mu=log:1e-4:1  and overrides")
+
     rep = sub.add_parser(
         "report",
         help="tables, figures and one self-contained report.html for a folder of runs",
@@ -112,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     # compare and report take key=value tokens before and after their --options
-    tail = {"compare": "grid", "tune": "grid", "report": "options", "list": "options", "flower": "overrides"}.get(args.command)
+    tail = {"compare": "grid", "tune": "grid", "select": "grid", "report": "options", "list": "options", "flower": "overrides"}.get(args.command)
     if extra and (tail is None or any(x.startswith("-") or "=" not in x for x in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if tail:
@@ -139,12 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "tune":
             message = ("interrupted; the trials in progress were stopped and recorded as interrupted; run the same "
                        "fedrift tune command again to continue (finished trials are kept, interrupted ones run again)")
+        elif args.command == "select":
+            message = ("interrupted; the trials or runs in progress were stopped and recorded as interrupted; run the "
+                       "same fedrift select command again to continue (finished trials and runs are kept)")
         print(f"fedrift: {message or 'interrupted; metrics written so far are kept'}", file=sys.stderr)
         return 130
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    commands = {"run": _run, "compare": _compare, "tune": _tune, "report": _report, "list": _list,
+    commands = {"run": _run, "compare": _compare, "tune": _tune, "select": _select, "report": _report, "list": _list,
                 "download": _download, "partition": _partition, "flower": _flower}
     return commands[args.command](args)
 
@@ -215,6 +238,36 @@ def _tune(args: argparse.Namespace) -> int:
             overrides.append(item)
     tune(args.config, algorithms=grid["algorithms"], space=space, overrides=overrides, out=args.out,
          trials=args.trials, jobs=args.jobs, seed=args.seed, pruner=args.pruner, report=not args.no_report)
+    return 0
+
+
+SELECT_KEYS = {"top": int, "startup": int, "min_rounds": int, "eta": int}
+
+
+def _select(args: argparse.Namespace) -> int:
+    from fedrift.experiments.grid import parse_grid_tokens
+    from fedrift.experiments.select import select
+
+    grid = parse_grid_tokens(args.grid)
+    if grid["sweep"] or grid["report"] or grid["tuned"] is not None:
+        raise ConfigError("sweep./report./tuned=: not select options; allowed: algorithms=, seeds=, top=, startup=, "
+                          "min_rounds=, eta=, space.KEY=SPEC and config overrides")
+    space, overrides, options = {}, [], {}
+    for item in grid["overrides"]:
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        if key.startswith("space.") and key != "space.":
+            space[key[len("space."):]] = raw
+        elif key in SELECT_KEYS:
+            try:
+                options[key] = int(raw)
+            except ValueError:
+                raise ConfigError(f"{key}: {raw!r} is not an integer") from None
+        else:
+            overrides.append(item)
+    select(args.config, algorithms=grid["algorithms"], overrides=overrides, out=args.out, budget=args.budget,
+           budget_rounds=args.budget_rounds, seeds=grid["seeds"], jobs=args.jobs, pruner=args.pruner, space=space,
+           report=not args.no_report, **options)
     return 0
 
 
