@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedrift.errors import ConfigError
-from fedrift.overrides import parse_value
+from fedrift.overrides import parse_algorithm, parse_value
 from fedrift.plugins import load_plugins
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -298,6 +298,18 @@ def config_dict(config: "Config | Mapping[str, Any] | str | Path | None") -> dic
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))
     raise ConfigError(f"config must be a dict or a YAML path, got {type(config).__name__}")
+
+
+def entry_doc(base: Mapping[str, Any], entry: str) -> dict[str, Any]:
+    """The config of one algorithm entry of an experiment (``fedprox:mu=0.1``,
+    ``moon:mu=5:model.projection_dim=256``): ``base`` with the entry's algorithm and options;
+    the file's algorithm options are kept only when the file names the same algorithm (they
+    belong to it)."""
+    name, opts = parse_algorithm(entry)
+    doc = copy.deepcopy(dict(base))
+    if str((doc.get("algorithm") or {}).get("name", "fedavg")) != name:
+        doc["algorithm"] = {"name": name}
+    return apply_overrides(doc, [f"algorithm.name={name}", *opts])
 
 
 def load_config(

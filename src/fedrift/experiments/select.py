@@ -43,7 +43,6 @@ The folder
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -55,7 +54,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from fedrift.config import Config, apply_overrides, config_dict
+from fedrift.config import Config, apply_overrides, config_dict, entry_doc
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, DivergenceError, writing
 from fedrift.experiments.naming import safe_name
@@ -209,11 +208,8 @@ def build_select(
     prep = prepare(cfg)
     entries, left_out, names = [], {}, set()
     for entry in asked:
-        name, opts = parse_algorithm(entry)
-        doc = copy.deepcopy(base)
-        if str((doc.get("algorithm") or {}).get("name", "fedavg")) != name:
-            doc["algorithm"] = {"name": name}
-        doc = apply_overrides(doc, [f"algorithm.name={name}", *opts])
+        name = parse_algorithm(entry)[0]
+        doc = entry_doc(base, entry)
         try:
             dims = resolve_space(name, dict(space or {}))
             probe = apply_overrides(doc, [f"{d.key}={json.dumps(d.middle())}" for d in dims])
@@ -238,9 +234,12 @@ def build_select(
         names.add(folder)
         entries.append(Entry(entry, folder, dims, doc))
 
+    if len(entries) < 2:
+        raise ConfigError("algorithms: select needs FedAvg and at least one other entry that builds on this config"
+                          + (f" (left out: {'; '.join(f'{k}: {v}' for k, v in left_out.items())})" if left_out else ""))
     plan = Select(Path(out) if out is not None else Path("runs") / (
         f"select-{Path(config).stem}" if isinstance(config, (str, Path)) else "select"),
-        entries, left_out, rounds, seed, seed_list, min(top, len(entries) - 1) or 1, startup, r0, eta, pruner,
+        entries, left_out, rounds, seed, seed_list, min(top, len(entries) - 1), startup, r0, eta, pruner,
         seconds, budget_rounds)
     need = plan.confirmation_rounds + len(entries) * plan.rungs[0]
     if budget_rounds is not None and budget_rounds < need:

@@ -41,7 +41,6 @@ The tune folder
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import math
@@ -52,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from fedrift.config import Config, apply_overrides, config_dict
+from fedrift.config import Config, apply_overrides, config_dict, entry_doc
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, DivergenceError, writing
 from fedrift.experiments.naming import safe_name
@@ -142,11 +141,8 @@ def build_tune(
     extra = dict(space or {})
     studies, names = [], set()
     for entry in entries:
-        name, opts = parse_algorithm(entry)
-        doc = copy.deepcopy(base)
-        if str((doc.get("algorithm") or {}).get("name", "fedavg")) != name:
-            doc["algorithm"] = {"name": name}  # the file's options belong to its own algorithm
-        doc = apply_overrides(doc, [f"algorithm.name={name}", *opts])
+        name = parse_algorithm(entry)[0]
+        doc = entry_doc(base, entry)
         dims = resolve_space(name, extra)
         study_name = safe_name(entry.replace(":", "-"))
         if study_name in names:
