@@ -17,8 +17,8 @@ from conftest import ctrl_c_in_round
 from fedrift.api import prepare
 from fedrift.config import load_config
 from fedrift.engine.build import build_run, client_tools
-from fedrift.engine.executors.processes import _same_run
 from fedrift.engine.executors.sequential import SequentialExecutor
+from fedrift.engine.executors.worker import same_run
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.server import Server
@@ -156,9 +156,9 @@ def test_workers_keep_training_a_scheduled_run(tiny):
     are the run's at the round's lr, and keep any other tools (personalisation's) in the parent."""
     tools = client_tools(load_config(tiny(train={"rounds": 3, **STEP})))
     at2 = tools.at_round(2)
-    assert _same_run(at2, tools) and _same_run(tools, at2) and _same_run(tools.at_round(3), at2)
+    assert same_run(at2, tools) and same_run(tools, at2) and same_run(tools.at_round(3), at2)
     other = dataclasses.replace(at2, algorithm=dataclasses.replace(at2.algorithm, name="tuned"))
-    assert not _same_run(other, tools)
+    assert not same_run(other, tools)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "scaffold", "slowmo", "fedadc"])
@@ -195,7 +195,8 @@ def test_resumed_mid_schedule_equals_the_uninterrupted_run(tiny, tmp_path, execu
 
 def test_schedule_keys_in_compare_and_tune_overrides(tmp_path):
     """Lists and schedules pass through the grid's override parsing (``compare``, ``tune``)."""
-    from fedrift.grid import build_grid, parse_algorithm, parse_grid_tokens
+    from fedrift.experiments.grid import build_grid, parse_grid_tokens
+    from fedrift.overrides import parse_algorithm
 
     tokens = parse_grid_tokens(["algorithms=fedavg,fedavg:train.lr_schedule=step:train.lr_milestones=[2,3]",
                                 "train.rounds=3", "sweep.train.lr_gamma=0.5,0.25"])

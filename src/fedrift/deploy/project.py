@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from fedrift.engine.deployed_run import AGAIN, MARKER, deployed  # noqa: F401 - MARKER, deployed: their import path
 from fedrift.errors import ConfigError, writing
 
 if TYPE_CHECKING:  # imported where used: a SuperNode answering who it serves loads no torch
@@ -25,9 +26,6 @@ REPLY_KEY = "reply-seconds"  # run config: how long it waits for a round's repli
 NODE_CLIENT = "partition-id"  # node config: the fedrift client id a SuperNode serves
 NODE_ROOT = "data-root"  # node config: where that SuperNode reads the dataset (data.root)
 INSTALL = "pip install 'fedrift[flower]'"
-MARKER = "flower.json"  # in a deployed run's folder: the Flower run it was (written first, so a killed run has it)
-AGAIN = ("a deployed run keeps no checkpoints: submit the app again (flwr run APP SUPERLINK), into a new "
-         "output.dir or with output.overwrite=true; it starts from round 1")
 
 
 def require_flwr() -> Any:
@@ -87,11 +85,6 @@ def _raw(config: Any, overrides: list[str]) -> dict[str, Any]:
     else:
         doc = dict(config or {})
     return apply_overrides(doc, overrides)
-
-
-def deployed(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run a Flower ServerApp wrote."""
-    return (run_dir / MARKER).is_file()
 
 
 def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list[str] | None = None,

@@ -22,9 +22,10 @@ from fedrift.data.partition import PARTITIONS, partition_dataset
 from fedrift.data.partition_base import Partition
 from fedrift.engine import privacy
 from fedrift.engine.augment import Augment
-from fedrift.engine.executors.base import RoundTools
+from fedrift.engine.executor_choice import EXECUTORS
 from fedrift.engine.local import make_apply, make_tools, prefers_channels_last
 from fedrift.engine.outputs import auto_dir
+from fedrift.engine.round_types import RoundTools
 from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.engine.tensorboard import summary_writer_class
 from fedrift.errors import ConfigError
@@ -72,8 +73,6 @@ def resolve_options(cfg: Config) -> dict[str, Any]:
         entry = registry.get(named.name, f"{section}.name")
         extra = named.options_dict
         out[section] = validate_options(section, entry.params, extra)
-    from fedrift.engine.executors import EXECUTORS  # here: the processes executor imports this module
-
     EXECUTORS.get(cfg.engine.executor, "engine.executor")
     SAMPLERS.get(cfg.engine.sampling, "engine.sampling")
     return out

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.local import optimizer_init
+from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.errors import FedriftError
 
 

@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 from fedrift.config import EngineConfig
 from fedrift.engine import rng
-from fedrift.engine.executors.base import ClientJob, ClientOutput, Executor, RoundTools
+from fedrift.engine.executors.base import Executor
+from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.tree import all_finite
 from fedrift.errors import FedriftError
 

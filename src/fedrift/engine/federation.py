@@ -11,8 +11,8 @@ from fedrift.config import TrainConfig
 from fedrift.data.base import Dataset
 from fedrift.data.partition_base import Partition
 from fedrift.engine import batches
-from fedrift.engine.executors.base import ClientJob
 from fedrift.engine.failures import steps_done
+from fedrift.engine.round_types import ClientJob
 
 
 class Federation:

@@ -11,11 +11,10 @@ from torch.func import functional_call, grad_and_value
 from fedrift.algorithms.base import Algorithm, check_local_loss
 from fedrift.engine.optim import Transform, apply_updates
 from fedrift.engine.privacy import dp_grad_and_value
+from fedrift.engine.round_types import Params, RoundTools, StepFn
+from fedrift.engine.teacher import TeacherMemo
 from fedrift.errors import ConfigError
 from fedrift.models.norm import batch_norms, norm_mode, running_stat_names, without_stats
-
-Params = dict[str, torch.Tensor]
-StepFn = Callable[[Params, Any, dict, dict, dict], tuple[Params, Any, torch.Tensor, dict]]
 
 
 def make_apply(
@@ -207,17 +206,15 @@ def optimizer_init(optimizer: Transform, params: Params, apply: Callable[..., An
 def make_tools(
     model: nn.Module, algorithm: Algorithm, train: Any, x: torch.Tensor, y: torch.Tensor, seed: int,
     eval_batch: int | None = None, prepare: Callable[..., Any] | None = None, augment: Any = None, privacy: Any = None,
-) -> Any:
+) -> RoundTools:
     """The run's ``RoundTools``: apply, the local optimiser (the algorithm's own, else the
     train section's ``optimizer``) and the step; one place, for the loop and for worker processes.
     ``prepare``: the dataset's ``prepare`` (see :func:`make_apply`); one that reads the batch
     (``TokenCut``) is not used under ``vmap``: ``RoundTools.batch`` cuts every training batch
     before it reaches a step, the batched executor's stacked clients to their longest;
     ``augment``: the training batches' ``engine.augment.Augment`` (None: off)."""
-    from fedrift.engine.executors.base import RoundTools  # executors import this module
     from fedrift.algorithms.terms import CHUNK
     from fedrift.engine.optim import local_optimizer
-    from fedrift.engine.teacher import TeacherMemo
 
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     if running_stat_names(model) and privacy is not None and privacy.level != "none":

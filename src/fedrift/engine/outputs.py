@@ -22,11 +22,12 @@ import torch
 
 from fedrift.data.partition_base import Partition
 from fedrift.engine.checkpoint import FOLDER as CHECKPOINTS
+from fedrift.engine.deployed_run import AGAIN, MARKER, deployed
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, OutputError, describe_os_error, writing
 
 OWNED = ("config.yaml", "partition.json", "partition.bin", "metrics.jsonl", "summary.json", "final_model.pt",
-         "flower.json")  # the last: a Flower deployment's run (deploy/project.py MARKER)
+         MARKER)  # the last: a Flower deployment's run
 WHAT = "output.dir"
 ALLOWED = "; allowed: a folder this user can create and write, on a disk with free space"
 
@@ -71,8 +72,6 @@ class RunWriter:
         if out_dir.exists() and not out_dir.is_dir():
             raise ConfigError(f"output.dir: {str(out_dir)!r} is a file, not a folder")
         held = [name for name in (*OWNED, CHECKPOINTS) if (out_dir / name).exists()]
-        from fedrift.deploy.project import AGAIN, deployed
-
         if resume is not None and deployed(out_dir):
             raise ConfigError(f"--resume: {str(out_dir)!r} holds a Flower deployment's run; {AGAIN}")
         if held and not overwrite and resume is None:

@@ -33,10 +33,11 @@ from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import squared_distance
 from fedrift.config import Config
 from fedrift.engine.client import client_summary
-from fedrift.engine.executors.base import ClientJob, Executor, RoundTools
+from fedrift.engine.executors.base import Executor
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_step
 from fedrift.engine.optim import Transform, local_optimizer
+from fedrift.engine.round_types import ClientJob, RoundTools
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
 from fedrift.engine.tree import stack

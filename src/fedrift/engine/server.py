@@ -26,12 +26,12 @@ from fedrift.config import Config
 from fedrift.engine.augment import Augment
 from fedrift.engine.calibrate import calibration_metrics
 from fedrift.engine.checkpoint import Checkpointer, Snapshot, prefix_sha256
-from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.failures import Fates, fates
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_tools
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.privacy import Accountant, private_mean
+from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.sampling import SAMPLERS, cohort_size, eval_clients
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from fedrift.engine.executors.base import ClientJob, RoundTools
+from fedrift.engine.round_types import ClientJob, RoundTools
 from fedrift.engine.tree import tree_map
 
 Params = dict[str, torch.Tensor]

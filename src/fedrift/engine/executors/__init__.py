@@ -1,4 +1,5 @@
-"""Executors (registry ``EXECUTORS``): who runs the round's clients, with the same hooks.
+"""Executors (registry ``EXECUTORS``, kept in ``engine.executor_choice``; the built-in ones
+registered here): who runs the round's clients, with the same hooks.
 
 A factory takes the whole validated config and returns an object with
 ``run_round(tools, payload, jobs, round) -> list[ClientOutput]`` (outputs in job order) and
@@ -8,12 +9,12 @@ A factory takes the whole validated config and returns an object with
 from __future__ import annotations
 
 from fedrift.config import Config
+from fedrift.engine.executor_choice import (  # noqa: F401 - their import path
+    EXECUTORS, PROCESSES_MIN_RUN_SAMPLES, PROCESSES_MIN_SAMPLES, choose_executor,
+)
 from fedrift.engine.executors.batched import BatchedExecutor
 from fedrift.engine.executors.processes import ProcessesExecutor
 from fedrift.engine.executors.sequential import SequentialExecutor
-from fedrift.registry import Registry
-
-EXECUTORS: Registry = Registry("executor")
 
 
 @EXECUTORS.register("sequential", "one client after another; the reference the others are checked against")
@@ -41,46 +42,3 @@ def ray(cfg: Config):  # noqa: ANN201 - ray is an optional extra, imported on us
 @EXECUTORS.register("auto", "the default: batched on a GPU; processes for compute-bound models on CPUs; batched for small models with many clients")
 def auto(cfg: Config) -> SequentialExecutor:  # pragma: no cover - api.run resolves auto first
     raise RuntimeError("engine.executor auto is resolved by fedrift.api before executors are built")
-
-
-# samples a client must train on per round before a worker process pays for shipping its model
-PROCESSES_MIN_SAMPLES = 256
-# samples trained in the whole run (rounds x clients a round x samples a client) before the
-# workers' start-up pays back: starting two workers (each loads the data and builds the run)
-# cost about 4-5 s on this project's 2-core machine, the sequential training time of ~4,000
-# FedAvg-CNN samples; with the training split over two workers that is earned back after
-# about twice as many (a 4-round demo run, 4,000 samples: processes 7.2 s, sequential 4.8 s)
-PROCESSES_MIN_RUN_SAMPLES = 10_000
-
-
-def choose_executor(
-    device: str, cohort: int, num_params: int, has_conv: bool, cpus: int, samples_per_client: float = float("inf"),
-    rounds: int | None = None, states_on_disk: bool = False,
-) -> str:
-    """What ``engine.executor: auto`` runs (BENCHMARKS.md has the measurements behind it).
-
-    - On a GPU: ``batched``; one vectorised step for many clients keeps the device busy.
-    - On CPUs, compute-bound models (convolutions, or over a million parameters): each
-      client's step already saturates a core, so ``processes`` (one thread per worker) uses
-      the cores better than threads inside one process do, when each client trains on
-      enough samples a round (``samples_per_client``, at least 256) to pay for sending its
-      model both ways, and the run trains on enough samples in all (``rounds`` x ``cohort``
-      x ``samples_per_client``, at least 10,000) to pay for starting the workers;
-      ``sequential`` otherwise (measured on S2, 8 samples a client of the FedAvg CNN:
-      processes 2.7x slower than sequential; 4 rounds of the demo: 7.2 s against 4.8 s) and
-      on one CPU.
-    - On CPUs, small models with many clients a round: per-step overhead dominates and
-      ``batched`` amortises it over up to 256 clients at once; unless the client states are
-      kept on disk (``states_on_disk``, ``engine.client_state: disk``), a sign that memory
-      is short: a vectorised group holds its clients' states and about a dozen model-sized
-      tensors each, where ``sequential`` holds one client's (S4: 1,332 MB against 899 MB).
-    - Otherwise ``sequential``.
-    """
-    if device.startswith("cuda"):
-        return "batched"
-    if has_conv or num_params > 1_000_000:
-        run_samples = (rounds if rounds is not None else float("inf")) * cohort * samples_per_client
-        worth = (cpus > 1 and cohort > 1 and samples_per_client >= PROCESSES_MIN_SAMPLES
-                 and run_samples >= PROCESSES_MIN_RUN_SAMPLES)
-        return "processes" if worth else "sequential"
-    return "batched" if cohort >= 8 and not states_on_disk else "sequential"

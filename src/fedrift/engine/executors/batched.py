@@ -23,8 +23,8 @@ from typing import Any, Callable
 import torch
 from torch.func import vmap
 
-from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.local import make_step, optimizer_init
+from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.tree import stack
 
 

@@ -38,7 +38,6 @@ with the sequential executor, which gives the same results.
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing as mp
 import os
 import pickle
@@ -46,17 +45,20 @@ import signal
 import sys
 import threading
 import traceback
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import torch
 
-from fedrift.config import Config
-from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
+from fedrift.config import Config, load_config
+from fedrift.engine.build import client_tools
 from fedrift.engine.executors.sequential import SequentialExecutor
-from fedrift.engine.teacher import with_teacher
-from fedrift.engine.tree import tree_map
+from fedrift.engine.executors.worker import (
+    BUILD_TEACHER, available_cpus, portable, round_tools, same_run, split_jobs, teacher_rows, tools_fingerprint,
+    workers_build_teacher,
+)
+from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.errors import ConfigError
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -75,104 +77,6 @@ class WorkerTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n" + self.text
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
-def split_jobs(jobs: list[ClientJob], buckets: int) -> list[list[int]]:
-    """Job positions per worker, a pure function of the jobs: the costliest job (samples to
-    process over its schedule, then client id) goes to the least-loaded bucket (lowest index
-    on ties); each bucket lists its positions in job order."""
-    cost = [int((job.table >= 0).sum()) for job in jobs]
-    order = sorted(range(len(jobs)), key=lambda i: (-cost[i], jobs[i].client_id, i))
-    load = [0] * buckets
-    out: list[list[int]] = [[] for _ in range(buckets)]
-    for i in order:
-        b = min(range(buckets), key=lambda j: (load[j], j))
-        out[b].append(i)
-        load[b] += cost[i]
-    return [sorted(b) for b in out if b]
-
-
-# ---------------------------------------------------------------------------------------
-# Moving trees of tensors
-
-
-def _portable(tree: Any, device: torch.device | str = "cpu", memo: dict[int, Any] | None = None) -> Any:
-    """``tree`` with every tensor on ``device``. A view of a larger storage is copied (pickling
-    a view sends its whole storage); an object met twice (an upload that is the end model)
-    stays one object, so it is pickled once."""
-    memo = {} if memo is None else memo
-    if id(tree) in memo:
-        return memo[id(tree)][1]
-    if isinstance(tree, torch.Tensor):
-        out: Any = (tree.detach() if tree.requires_grad else tree).to(device)
-        if out.untyped_storage().nbytes() > out.numel() * out.element_size():
-            out = out.clone()
-    elif isinstance(tree, dict):
-        out = {k: _portable(v, device, memo) for k, v in tree.items()}
-    elif isinstance(tree, (list, tuple)):
-        out = type(tree)(_portable(v, device, memo) for v in tree)
-    elif isinstance(tree, (ClientJob, ClientOutput)):
-        out = type(tree)(**{k: _portable(v, device, memo) for k, v in vars(tree).items()})
-    else:
-        return tree
-    memo[id(tree)] = (tree, out)  # the original is kept so that its id is not reused
-    return out
-
-
-_ROUND_FIELDS = ("teacher_cache",)  # a new teacher table each round
-_LR_FIELDS = ("algorithm", "optimizer", "step", "lr")  # a round's own under a train.lr_schedule (RoundTools.at_round)
-
-
-def _same_run(a: RoundTools, b: RoundTools) -> bool:
-    """The same run's tools, whatever the round's teacher table and, under a learning-rate
-    schedule, whatever the round's lr (the schedule's own pieces at it, which the workers
-    build too: ``RoundTools.at_lr``)."""
-    scheduled = a.schedule is not None and a.schedule is b.schedule and a.schedule.owns(a)
-    skip = _ROUND_FIELDS + (_LR_FIELDS if scheduled else ())
-    return all(getattr(a, f.name) is getattr(b, f.name) for f in fields(RoundTools) if f.name not in skip)
-
-
-def _teacher_rows(tools: RoundTools, jobs: list[ClientJob]) -> tuple[torch.Tensor, dict[str, Any]] | None:
-    """The rows of the round's teacher table that these jobs read (their samples), or None."""
-    if tools.teacher_cache is None:
-        return None
-    rows = torch.unique(torch.cat([j.indices for j in jobs]))
-    return rows.cpu(), tree_map(lambda t: t[rows].cpu(), tools.teacher_cache)
-
-
-def _with_teacher_rows(tools: RoundTools, part: tuple[torch.Tensor, dict[str, Any]] | None) -> RoundTools:
-    """The worker's tools carrying the parent's teacher table on the rows its jobs read."""
-    if part is None:
-        return tools
-    rows, values = part
-    rows = rows.to(tools.x.device)
-
-    def fill(t: torch.Tensor) -> torch.Tensor:
-        table = t.new_zeros((len(tools.x), *t.shape[1:]), device=tools.x.device)
-        table[rows] = t.to(tools.x.device)
-        return table
-
-    return replace(tools, teacher_cache=tree_map(fill, values))
-
-
-def _fingerprint(tools: RoundTools) -> dict[str, Any]:
-    """What must be the same in the parent and a worker: algorithm, options, training data."""
-    x, y = tools.x, tools.y
-    rows = torch.linspace(0, max(len(x) - 1, 0), steps=min(256, len(x))).long().to(x.device)
-    h = hashlib.blake2b(digest_size=16)
-    h.update(x[rows].cpu().contiguous().numpy().tobytes())
-    h.update(y.cpu().contiguous().numpy().tobytes())
-    return {
-        "algorithm": f"{tools.algorithm.name} {tools.algorithm.hparams!r}",
-        "training data": f"x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)} {y.dtype}, {h.hexdigest()}",
-    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -221,12 +125,9 @@ def _worker_main(conn: Connection, lifeline: Connection, doc: dict[str, Any]) ->
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     torch.set_num_threads(1)
     _exit_with_parent(lifeline)
-    from fedrift.config import load_config
-    from fedrift.engine.build import client_tools  # here: the build module imports the executors' package
-
     try:
         tools = client_tools(load_config(doc))
-        ready = ("ready", os.getpid(), _fingerprint(tools))
+        ready = ("ready", os.getpid(), tools_fingerprint(tools))
     except Exception as err:
         _send(conn, ("error", None, _describe(err)))
         return
@@ -245,29 +146,27 @@ def _worker_main(conn: Connection, lifeline: Connection, doc: dict[str, Any]) ->
                 continue
             if head[0] == "set_memo":  # a resumed run: the memo of the checkpoint
                 if tools.teacher_memo is not None:
-                    tools.teacher_memo.load(_portable(head[1], device))
+                    tools.teacher_memo.load(portable(head[1], device))
                 continue
             _, round_, lr, jobs, teacher = head
             payload = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the parent is gone
         if device.type != "cpu":
-            payload, jobs = _portable(payload, device), [_portable(j, device) for j in jobs]
-        at_lr = tools.at_lr(lr)  # the parent's tools' lr: the round's under a train.lr_schedule
-        if teacher == "build":  # no pre-phase read the table: the worker makes its own rows
-            round_tools = with_teacher(at_lr, payload, jobs, True)
-        else:
-            round_tools = _with_teacher_rows(at_lr, teacher)
+            payload, jobs = portable(payload, device), [portable(j, device) for j in jobs]
+        # at the parent's tools' lr (the round's under a train.lr_schedule), with the teacher
+        # rows sent, or its own when no pre-phase read the table
+        mine = round_tools(tools, lr, payload, jobs, teacher)
         outputs: list[ClientOutput] = []
         reply: tuple | None = None
         for pos, job in enumerate(jobs):  # one at a time, to know which client failed
             try:
-                outputs.append(sequential.run_round(round_tools, payload, [job], round_)[0])
+                outputs.append(sequential.run_round(mine, payload, [job], round_)[0])
             except Exception as err:
                 reply = ("error", pos, _describe(err))
                 break
         if reply is None:
-            reply = ("ok", [_portable(o) for o in outputs])
+            reply = ("ok", [portable(o) for o in outputs])
         if not _send(conn, reply):
             return
 
@@ -332,20 +231,20 @@ class ProcessesExecutor:
         if not jobs:
             return []
         if self._tools is None:
-            self._tools, self._expect = replace(tools, teacher_cache=None), _fingerprint(tools)
-        if not _same_run(tools, self._tools):  # tools the workers do not hold (personalisation)
+            self._tools, self._expect = replace(tools, teacher_cache=None), tools_fingerprint(tools)
+        if not same_run(tools, self._tools):  # tools the workers do not hold (personalisation)
             return self._local.run_round(tools, payload, jobs, round_)
         # a teacher table the loop left to us (``builds_teacher``) is built by each worker on
         # its own clients' rows, in parallel; one the loop built (a pre-phase read it) is sent
-        teacher = "build" if self._cache and tools.algorithm.teacher is not None and tools.teacher_cache is None else None
+        teacher = BUILD_TEACHER if workers_build_teacher(tools, self._cache) else None
         buckets = split_jobs(jobs, min(self.workers, len(jobs)))
         self._start(len(buckets))
-        blob = pickle.dumps(_portable(payload), _PROTOCOL)
+        blob = pickle.dumps(portable(payload), _PROTOCOL)
         used = self._procs[: len(buckets)]
         self._busy = True
         for w, bucket in zip(used, buckets):
             mine = [jobs[i] for i in bucket]
-            head = ("round", round_, tools.lr, [_portable(j) for j in mine], teacher or _teacher_rows(tools, mine))
+            head = ("round", round_, tools.lr, [portable(j) for j in mine], teacher or teacher_rows(tools, mine))
             try:
                 w.conn.send_bytes(pickle.dumps(head, _PROTOCOL))
                 w.conn.send_bytes(blob)
@@ -367,7 +266,7 @@ class ProcessesExecutor:
         device = tools.x.device
         for w, bucket in zip(used, buckets):
             for i, o in zip(bucket, replies[w.index][1]):
-                out[i] = o if device.type == "cpu" else _portable(o, device)
+                out[i] = o if device.type == "cpu" else portable(o, device)
         return out  # type: ignore[return-value]
 
     def checkpoint_state(self) -> list[Any] | None:
@@ -442,7 +341,7 @@ class ProcessesExecutor:
                 self._raise(w, rest[1], "start-up")
             if w.index < len(self._memos) and self._memos[w.index]:
                 try:
-                    w.conn.send_bytes(pickle.dumps(("set_memo", _portable(self._memos[w.index])), _PROTOCOL))
+                    w.conn.send_bytes(pickle.dumps(("set_memo", portable(self._memos[w.index])), _PROTOCOL))
                 except OSError:
                     self._lost(w, "while being sent its teacher memo")
             found = rest[1]

@@ -40,12 +40,12 @@ import torch
 
 from fedrift.config import Config
 from fedrift.engine.build import client_tools, prepare
-from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
-from fedrift.engine.executors.processes import (
-    _fingerprint, _portable, _same_run, _teacher_rows, _with_teacher_rows, available_cpus, split_jobs,
-)
 from fedrift.engine.executors.sequential import SequentialExecutor
-from fedrift.engine.teacher import with_teacher
+from fedrift.engine.executors.worker import (
+    BUILD_TEACHER, available_cpus, portable, round_tools, same_run, split_jobs, teacher_rows, tools_fingerprint,
+    workers_build_teacher,
+)
+from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.errors import ClusterLostError, ConfigError
 
 RETRIES = 3  # actors replaced per round before the round fails
@@ -139,15 +139,11 @@ class _ClientActor:
     def ready(self) -> tuple[int, str, dict[str, Any]]:
         import ray
 
-        return os.getpid(), ray.get_runtime_context().get_node_id(), _fingerprint(self.tools)
+        return os.getpid(), ray.get_runtime_context().get_node_id(), tools_fingerprint(self.tools)
 
     def train(self, round_: int, lr: float | None, jobs: list[ClientJob], payload: dict[str, Any], teacher: Any) -> list[ClientOutput]:
-        tools = self.tools.at_lr(lr)  # the parent's tools' lr: the round's under a train.lr_schedule
-        if teacher == "build":
-            tools = with_teacher(tools, payload, jobs, True)
-        else:
-            tools = _with_teacher_rows(tools, teacher)
-        return [_portable(o) for o in self.sequential.run_round(tools, payload, jobs, round_)]
+        tools = round_tools(self.tools, lr, payload, jobs, teacher)  # at the parent's tools' lr, with the teacher rows
+        return [portable(o) for o in self.sequential.run_round(tools, payload, jobs, round_)]
 
 
 class RayExecutor:
@@ -187,21 +183,21 @@ class RayExecutor:
         if not jobs:
             return []
         if self._tools is None:
-            self._tools, self._expect = tools, _fingerprint(tools)
-        if not _same_run(tools, self._tools):  # tools the actors do not hold (personalisation)
+            self._tools, self._expect = tools, tools_fingerprint(tools)
+        if not same_run(tools, self._tools):  # tools the actors do not hold (personalisation)
             return self._local.run_round(tools, payload, jobs, round_)
         ray = self.ray
         self._round, self._device = round_, tools.x.device.type
         if self._actors:  # the head lost between rounds: put would end this process
             self._check_head(at_once=True)
         self._start()
-        teacher = "build" if self._cache and tools.algorithm.teacher is not None and tools.teacher_cache is None else None
+        teacher = BUILD_TEACHER if workers_build_teacher(tools, self._cache) else None
         buckets = split_jobs(jobs, min(len(self._actors), len(jobs)))
-        payload_ref = ray.put(_portable(payload))
+        payload_ref = ray.put(portable(payload))
         work = []
         for b, bucket in enumerate(buckets):
-            mine = [_portable(jobs[i]) for i in bucket]
-            work.append((mine, teacher or _teacher_rows(tools, mine)))
+            mine = [portable(jobs[i]) for i in bucket]
+            work.append((mine, teacher or teacher_rows(tools, mine)))
         futures = {b: self._actors[b].train.remote(round_, tools.lr, mine, payload_ref, part) for b, (mine, part) in enumerate(work)}
         results: dict[int, list[ClientOutput]] = {}
         lost = 0
@@ -224,7 +220,7 @@ class RayExecutor:
         device = tools.x.device
         for b, bucket in enumerate(buckets):
             for i, o in zip(bucket, results[b]):
-                out[i] = o if device.type == "cpu" else _portable(o, device)
+                out[i] = o if device.type == "cpu" else portable(o, device)
         return out  # type: ignore[return-value]
 
     def close(self) -> None:

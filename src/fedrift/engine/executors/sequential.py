@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from fedrift.engine.executors.base import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.client import HookError, train_client  # noqa: F401 - HookError: its old home
+from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 
 
 class SequentialExecutor:
