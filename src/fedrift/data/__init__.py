@@ -14,6 +14,8 @@ DATASETS: Registry = Registry("dataset")
 # Importing the modules registers their loaders.
 from fedrift.data import cifar, embedded, femnist, folders, mnist1d, npz, synthetic, text  # noqa: E402,F401
 from fedrift.data import domains  # noqa: E402,F401
+# The "devices" partition registers itself in PARTITIONS (data/partition.py), building on its helpers.
+from fedrift.data import devices  # noqa: E402,F401
 
 
 # The built-in datasets read from data.root; the other built-in ones are embedded (installed

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import Field
 
 from fedrift.data.base import Dataset
-from fedrift.data.partition import PARTITIONS, _labels_of, _rng
+from fedrift.data.partition import PARTITIONS, labels_of, partition_rng
 from fedrift.data.partition_base import Partition, Ragged
 from fedrift.errors import ConfigError
 from fedrift.params import params
@@ -69,9 +69,9 @@ def devices_partition(dataset: Dataset, options: DevicesParams, seed: int) -> Pa
     """Client k: ``samples`` training samples from ``classes_per_client`` distinct classes
     drawn uniformly, and ``min_local_test`` test samples of the same classes."""
     o = options
-    y_train, y_test = _labels_of(dataset.y_train), _labels_of(dataset.y_test)
+    y_train, y_test = labels_of(dataset.y_train), labels_of(dataset.y_test)
     classes = int(max(y_train.max(initial=0), y_test.max(initial=0))) + 1
-    train_rng, test_rng = _rng(seed, "devices", "train"), _rng(seed, "devices", "test")
+    train_rng, test_rng = partition_rng(seed, "devices", "train"), partition_rng(seed, "devices", "test")
     flat, start, size = _pools(y_train, train_rng, classes)
     present = np.flatnonzero(size > 0)
     c = o.classes_per_client

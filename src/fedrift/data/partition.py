@@ -110,7 +110,7 @@ class DomainParams:
 # Shared helpers
 
 
-def _rng(seed: int, name: str, purpose: str, *keys: int) -> np.random.Generator:
+def partition_rng(seed: int, name: str, purpose: str, *keys: int) -> np.random.Generator:
     """A Generator of its own per (seed, partitioner, purpose, keys); the tag is a stable CRC32."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed: {seed!r} is not allowed; allowed: an integer >= 0")
@@ -124,6 +124,11 @@ def _as_labels(labels: Any) -> np.ndarray:
     if out.ndim != 1 or (out.size and (not np.issubdtype(out.dtype, np.integer) or out.min() < 0)):
         raise ValueError("labels must be a 1-D array of non-negative integers")
     return out.astype(np.int64, copy=False)
+
+
+def labels_of(t: torch.Tensor) -> np.ndarray:
+    """A dataset's label tensor as the 1-D int64 array the partitioners draw from (checked)."""
+    return _as_labels(t.detach().cpu().numpy())
 
 
 def _check_clients(num_clients: int, n: int) -> None:
@@ -232,7 +237,7 @@ def split_iid(labels: np.ndarray, options: IidParams, seed: int) -> list[np.ndar
     """A seeded random permutation cut into num_clients near-equal parts."""
     n = _as_labels(labels).size
     _check_clients(options.num_clients, n)
-    perm = _rng(seed, "iid", "train").permutation(n)
+    perm = partition_rng(seed, "iid", "train").permutation(n)
     return [np.sort(part) for part in np.array_split(perm, options.num_clients)]
 
 
@@ -243,7 +248,7 @@ def split_dirichlet(labels: np.ndarray, options: DirichletParams, seed: int) -> 
     n, k = labels.size, options.num_clients
     _check_clients(k, n)
     _check_min_size(k, options.min_size, n)
-    rng = _rng(seed, "dirichlet", "train")
+    rng = partition_rng(seed, "dirichlet", "train")
     return _dirichlet_parts(labels, k, options.alpha, options.min_size, options.max_redraws, rng)
 
 
@@ -268,7 +273,7 @@ def split_quantity(labels: np.ndarray, options: QuantityParams, seed: int) -> li
     n, k = _as_labels(labels).size, options.num_clients
     _check_clients(k, n)
     _check_min_size(k, options.min_size, n)
-    rng = _rng(seed, "quantity", "train")
+    rng = partition_rng(seed, "quantity", "train")
     perm = rng.permutation(n)
     total = np.array([n], dtype=np.int64)
 
@@ -309,7 +314,7 @@ def split_shards(labels: np.ndarray, options: ShardsParams, seed: int) -> list[n
             f"shards, but the class sizes allow only {int(caps.sum())}; allowed: at most {most} "
             f"clients at classes_per_client {m}, or a smaller partition.classes_per_client"
         )
-    rng = _rng(seed, "shards", "train")
+    rng = partition_rng(seed, "shards", "train")
     pools = _class_pools(labels, rng)
     shards = _shard_counts(totals, caps, k * m)
     owners = _assign_shards(shards, k, m, rng)
@@ -445,7 +450,7 @@ def split_domain(
                 f"{names[d]!r} has {ix.size} training samples; allowed: fewer clients for it"
                 + ("" if options.alpha is None else " or a smaller min_size")
             )
-        rng = _rng(seed, "domain", "train", d)
+        rng = partition_rng(seed, "domain", "train", d)
         if options.alpha is None:
             parts = np.array_split(rng.permutation(ix.size), k)
         else:
@@ -510,18 +515,14 @@ def local_test_splits(
 # Registry entries
 
 
-def _labels_of(t: torch.Tensor) -> np.ndarray:
-    return _as_labels(t.detach().cpu().numpy())
-
-
 def _label_partition(name: str, split: Split) -> Callable[[Dataset, Any, int], Partition]:
     """Wrap a label-array core as ``factory(dataset, options, seed) -> Partition``."""
 
     def factory(dataset: Dataset, options: Any, seed: int) -> Partition:
-        y_train = _labels_of(dataset.y_train)
+        y_train = labels_of(dataset.y_train)
         train = split(y_train, options, seed)
-        y_test = _labels_of(dataset.y_test)
-        test = local_test_splits(y_train, train, y_test, options.min_local_test, _rng(seed, name, "test"))
+        y_test = labels_of(dataset.y_test)
+        test = local_test_splits(y_train, train, y_test, options.min_local_test, partition_rng(seed, name, "test"))
         return Partition(name=name, train=train, test=test, options=dataclasses.asdict(options))
 
     factory.__name__ = f"{name}_partition"
@@ -554,9 +555,9 @@ def natural_partition(dataset: Dataset, options: NaturalParams, seed: int) -> Pa
         )
     train, test = split_natural(dataset.train_groups, dataset.test_groups, options)
     if test is None:  # groups for training only: fall back to label-proportional splits
-        y_train, y_test = _labels_of(dataset.y_train), _labels_of(dataset.y_test)
+        y_train, y_test = labels_of(dataset.y_train), labels_of(dataset.y_test)
         least = PartitionParams().min_local_test
-        test = local_test_splits(y_train, train, y_test, least, _rng(seed, "natural", "test"))
+        test = local_test_splits(y_train, train, y_test, least, partition_rng(seed, "natural", "test"))
     return Partition(name="natural", train=train, test=test, options=dataclasses.asdict(options))
 
 
@@ -574,14 +575,14 @@ def domain_partition(dataset: Dataset, options: DomainParams, seed: int) -> Part
             f"allowed: a multi-domain dataset (digits_domains, office_caltech10)"
         )
     names = dataset.domain_names
-    y_train, y_test = _labels_of(dataset.y_train), _labels_of(dataset.y_test)
+    y_train, y_test = labels_of(dataset.y_train), labels_of(dataset.y_test)
     train = split_domain(y_train, dataset.train_domains, names, options, seed)
     per = domain_clients(options, names)
     owner = np.repeat(np.arange(len(names)), per)  # client -> domain
     test: list[np.ndarray] = [np.empty(0, np.int64)] * len(train)
     for d in np.unique(owner):
         mine = np.flatnonzero(owner == d)
-        rng = _rng(seed, "domain", "test", int(d))
+        rng = partition_rng(seed, "domain", "test", int(d))
         if dataset.test_domains is None:
             splits = local_test_splits(y_train, [train[k] for k in mine], y_test, options.min_local_test, rng)
         else:
@@ -609,7 +610,7 @@ def partition_dataset(
     part = _partition(dataset, name, options, seed, holdout)
     if val_share <= 0:
         return part
-    train, val = split_validation(_labels_of(dataset.y_train), part.train, val_share, seed)
+    train, val = split_validation(labels_of(dataset.y_train), part.train, val_share, seed)
     if not any(len(v) for v in val):
         sizes = part.sizes()
         raise ConfigError(
@@ -632,7 +633,7 @@ def _partition(dataset: Dataset, name: str, options: Any, seed: int, holdout: fl
         raise TypeError(f"partition {name!r} takes {entry.params.__name__}, got {type(options).__name__}")
     if holdout <= 0:
         return entry.factory(dataset, options, seed)
-    held = split_holdout(_labels_of(dataset.y_train), holdout, _rng(seed, "holdout", "server"))
+    held = split_holdout(labels_of(dataset.y_train), holdout, partition_rng(seed, "holdout", "server"))
     keep = np.setdiff1d(np.arange(dataset.num_train), held)
     groups = None if dataset.train_groups is None else dataset.train_groups[keep]
     domains = None if dataset.train_domains is None else dataset.train_domains[keep]
@@ -663,7 +664,7 @@ def split_validation(
             keep.append(ix)
             val.append(np.zeros(0, dtype=np.int64))
             continue
-        rng = _rng(seed, "validation", "client", k)
+        rng = partition_rng(seed, "validation", "client", k)
         own = labels[ix]
         classes, counts = np.unique(own, return_counts=True)
         alloc = _largest_remainder(counts, take)
@@ -694,8 +695,10 @@ __all__ = [
     "PartitionParams",
     "QuantityParams",
     "ShardsParams",
+    "labels_of",
     "local_test_splits",
     "partition_dataset",
+    "partition_rng",
     "split_dirichlet",
     "split_domain",
     "split_holdout",
@@ -705,5 +708,3 @@ __all__ = [
     "split_shards",
     "split_validation",
 ]
-
-from fedrift.data import devices  # noqa: E402,F401  (registers "devices": it builds on the helpers above)
