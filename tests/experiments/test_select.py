@@ -1,0 +1,439 @@
+"""fedrift select: the better entry found and confirmed (and FedAvg when it is the best), the
+budget kept (rounds and time, and refused when it cannot pay for the confirmation), a stopped
+select resumed without repeating its trials, recommendation.yaml run as it is, no test metric
+read by the search, one-line refusals, and the pieces (durations, the ranking) by hand."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+import yaml
+
+import fedrift.api
+import fedrift.experiments.compare
+from conftest import one_line_refusal, tiny_config
+from fedrift.cli import main
+from fedrift.errors import ConfigError
+from fedrift.experiments.select import (
+    STUDY, _points, _trials, build_select, candidates, parse_duration, ranking, recommend, select,
+)
+
+CRIPPLE = "train.weight_decay=3"  # measured on digits: every lr of the space stays at chance (10 % test accuracy)
+LR = {"train.lr": "log:0.03:0.3"}  # where the MLP learns digits in 6 rounds (0.64-0.93 test accuracy)
+# what the search may read of a round's row: its number and validation metrics, nothing of the test set
+SEARCH_KEYS = {"round", "val_accuracy", "calibrated_val_accuracy", "val_loss"}
+
+
+def _base(rounds: int = 6, **sections) -> dict:
+    cfg = tiny_config(Path("."), train={"rounds": rounds}, partition={"val_share": 0.2}, **sections)
+    cfg.pop("output")
+    return cfg
+
+
+def _plan(out: Path, kwargs: dict):
+    """The plan of the select that ``select(_base(), out=out, **kwargs)`` runs."""
+    return build_select(_base(), out=out, **{k: v for k, v in kwargs.items() if k not in ("report", "verbose")})
+
+
+def _quiet(**kwargs) -> dict:
+    """A small select: 6 rounds, rungs at 2 and 6, one start-up point per entry, FedAvg and
+    one other entry confirmed over 3 seeds (36 rounds kept back)."""
+    return {"seeds": [1, 2, 3], "top": 1, "startup": 1, "min_rounds": 2, "space": LR, "report": False,
+            "verbose": False, **kwargs}
+
+
+class Recording(dict):
+    """A round's row that notes every key read, and in which phase of the select."""
+
+    def __init__(self, row, reads, phase):
+        super().__init__(row)
+        self._reads, self._phase = reads, phase
+
+    def _note(self, *keys):
+        self._reads.extend((self._phase[0], k) for k in keys)
+
+    def __getitem__(self, key):
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self._note(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self._note(key)
+        return super().__contains__(key)
+
+    def pop(self, key, *default):
+        self._note(key)
+        return super().pop(key, *default)
+
+    def setdefault(self, key, default=None):
+        self._note(key)
+        return super().setdefault(key, default)
+
+    def keys(self):
+        self._note(*super().keys())
+        return super().keys()
+
+    def values(self):
+        self._note(*super().keys())
+        return super().values()
+
+    def items(self):
+        self._note(*super().keys())
+        return super().items()
+
+    def __iter__(self):
+        self._note(*super().keys())
+        return super().__iter__()
+
+    def copy(self):
+        self._note(*super().keys())
+        return dict(super().items())
+
+
+def _watched(mp: pytest.MonkeyPatch, reads: list, phase: list, run_started: list | None = None) -> None:
+    """Rows handed to ``on_round`` recorded (``reads``); ``phase`` turns to ``confirmation`` when
+    the confirmation's compare starts (select imports both at call time)."""
+    real_run, real_compare = fedrift.api.run, fedrift.experiments.compare.compare
+
+    def run(config=None, overrides=None, resume=False, on_round=None):
+        if run_started is not None:
+            run_started.append(config)
+        watched = None if on_round is None else (lambda row: on_round(Recording(row, reads, phase)))
+        return real_run(config, overrides, resume, on_round=watched)
+
+    def compare(*args, **kwargs):
+        phase[0] = "confirmation"
+        phase.append(time.time())
+        return real_compare(*args, **kwargs)
+
+    mp.setattr(fedrift.api, "run", run)
+    mp.setattr(fedrift.experiments.compare, "compare", compare)
+
+
+@pytest.fixture(scope="module")
+def better(tmp_path_factory):
+    """FedAvg crippled through its entry's options (weight decay 3: chance accuracy), FedProx
+    not: the search reads every row through :class:`Recording`."""
+    out = tmp_path_factory.mktemp("better") / "select"
+    reads, phase = [], ["search"]
+    kwargs = _quiet(algorithms=[f"fedavg:{CRIPPLE}", "fedprox"], budget_rounds=60)
+    with pytest.MonkeyPatch.context() as mp:
+        _watched(mp, reads, phase)
+        result = select(_base(), out=out, **kwargs)
+    return SimpleNamespace(out=out, result=result, reads=reads, phase=phase, kwargs=kwargs, plan=_plan(out, kwargs))
+
+
+def test_the_better_entry_is_found_and_confirmed(better):
+    result = better.result
+    picked = [t["entry"] for t in candidates(better.plan, result["trials"])]
+    assert picked == [f"fedavg:{CRIPPLE}", "fedprox"]
+    assert result["choice"] == "fedprox", result["text"]
+    assert result["verdict"] in ("significant", "ahead, not tested"), result["text"]
+    assert result["text"].startswith("fedprox beats FedAvg at" if result["verdict"] == "significant"
+                                     else "fedprox is ahead of FedAvg at"), result["text"]
+    rows = {r["algorithm"]: r for r in result["rows"]}
+    assert set(rows) == {f"fedavg:{CRIPPLE}", "fedprox"}
+    assert rows["fedprox"]["test_accuracy_at_best_val_diff_low"] > 0.2  # at chance, FedAvg is far behind
+    # candidates.yaml: the confirmed entries' values; the confirmation ran them on seeds 1-3
+    cands = yaml.safe_load((better.out / "candidates.yaml").read_text())
+    assert list(cands) == picked
+    seeds = sorted(p.name for p in (better.out / "confirm").glob("*/seed*"))
+    assert seeds == sorted(["seed1", "seed2", "seed3"] * 2)
+    page = (better.out / "select.md").read_text()
+    assert result["text"] in page and "| fedprox |" in page
+    assert (better.out / "select.html").is_file()
+
+
+def test_when_fedavg_is_best_the_verdict_is_fedavg(tmp_path):
+    result = select(_base(), out=tmp_path / "s", **_quiet(algorithms=["fedavg", f"fedprox:{CRIPPLE}"], budget_rounds=50))
+    assert [r["algorithm"] for r in result["rows"]] == ["fedavg", f"fedprox:{CRIPPLE}"]
+    assert result["choice"] == "fedavg" and result["verdict"] == "fedavg", result["text"]
+    assert "as good as any" in result["text"] and result["text"].startswith("FedAvg at lr "), result["text"]
+    rec = yaml.safe_load((tmp_path / "s" / "recommendation.yaml").read_text())
+    assert rec["algorithm"] == {"name": "fedavg"} and "weight_decay" not in rec["train"]
+    lr = yaml.safe_load((tmp_path / "s" / "candidates.yaml").read_text())["fedavg"]["overrides"]["train.lr"]
+    assert rec["train"]["lr"] == lr and 0.03 <= lr <= 0.3
+
+
+def _rounds_run(folder: Path) -> int:
+    """Rounds actually trained in the run folders under ``folder`` (their metrics lines)."""
+    return sum(len(p.read_text().splitlines()) for p in folder.glob("**/metrics.jsonl"))
+
+
+def test_the_rounds_budget_pays_for_search_and_confirmation(better):
+    budget = better.kwargs["budget_rounds"]
+    plan, trials = better.plan, better.result["trials"]
+    assert plan.confirmation_rounds == 2 * 3 * 6
+    searched = sum(t["rounds"] for t in trials)
+    assert searched + plan.confirmation_rounds <= budget, (searched, plan.confirmation_rounds)
+    assert searched >= budget - plan.confirmation_rounds - plan.rungs[0]  # and the search used what was left
+    # what ran, counted from the run folders
+    assert _rounds_run(better.out / "trials") <= searched
+    assert _rounds_run(better.out / "confirm") == plan.confirmation_rounds
+    assert {t["state"] for t in trials} <= {"complete", "pruned"}
+
+
+def test_a_budget_that_cannot_pay_for_the_confirmation_is_refused_before_anything_runs(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_base()))
+    out = tmp_path / "s"
+    # 2 entries, 3 seeds, top 1: 36 rounds of confirmation and 2 x 2 to the first rung
+    line = one_line_refusal(capsys, ["select", "-c", str(cfg), "--out", str(out), "--budget-rounds", "39",
+                                     "algorithms=fedavg,fedprox", "seeds=1,2,3", "top=1", "min_rounds=2"],
+                            "fedrift: error: --budget-rounds: 39 leaves nothing to search with", "at least 40")
+    assert line.startswith("fedrift: error: ")
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="at least 40"):
+        build_select(_base(), algorithms=["fedavg", "fedprox"], budget_rounds=39, seeds=[1, 2, 3], top=1, min_rounds=2)
+    assert build_select(_base(), algorithms=["fedavg", "fedprox"], budget_rounds=40, seeds=[1, 2, 3], top=1,
+                        min_rounds=2).confirmation_rounds == 36
+
+
+def test_a_time_budget_stops_the_search_and_confirms_or_says_no_recommendation(tmp_path):
+    out = tmp_path / "s"
+    seconds = 8.0
+    reads, phase = [], ["search"]
+    kwargs = _quiet(algorithms=["fedavg", "fedprox"], budget=f"{seconds:g}s", seeds=[1, 2])
+    start = time.time()
+    with pytest.MonkeyPatch.context() as mp:
+        _watched(mp, reads, phase)
+        try:
+            result = select(_base(), out=out, **kwargs)
+        except ConfigError as err:
+            result, refused = None, str(err)
+    ended = time.time()
+    trials = _trials(_plan(out, kwargs))
+    assert trials, "no trial ran"
+    state = json.loads((out / "select.json").read_text())
+    assert state["budget"] == {"seconds": seconds, "rounds": None}
+    if result is None:  # no time left for the confirmation, or too little for a trial of each entry
+        assert refused.startswith("--budget: ") and "\n" not in refused, refused
+        assert ("no recommendation" in refused or "nothing to confirm" in refused) and "larger" in refused, refused
+        assert phase == ["search"] and not (out / "confirm").exists() and not (out / "recommendation.yaml").exists()
+        assert state["spent"] <= seconds + 1.0
+    else:
+        assert phase[0] == "confirmation" and (out / "recommendation.yaml").is_file()
+        search_ended = phase[1]
+        # the search kept the confirmation's share (its estimate) back: it ended within the budget
+        assert search_ended - start <= seconds + 1.0, search_ended - start
+    # one round of a trial may end past the search's deadline, never a whole trial
+    assert sum(t["seconds"] for t in trials) <= seconds + 1.0
+    assert ended - start < 4 * seconds  # it stops
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() + str(p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_stopped_select_resumes_without_repeating_finished_trials(tmp_path):
+    """Ctrl-C in the 3rd trial (a start-up point); the same select again keeps the two finished
+    trials (study rows and run folders), runs the stopped point again as a new trial, and no
+    finished start-up point twice; the budget counts the trials of both."""
+    out = tmp_path / "s"
+    kwargs = _quiet(algorithms=["fedavg", "fedprox"], budget_rounds=48, seeds=[1, 2], startup=2)
+    real_run = fedrift.api.run
+    calls = []
+
+    def stopping(config=None, overrides=None, resume=False, on_round=None):
+        calls.append(config)
+
+        def stop(row):
+            if len(calls) == 3 and row["round"] == 2:
+                raise KeyboardInterrupt
+            on_round(row)
+
+        return real_run(config, overrides, resume, on_round=stop)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fedrift.api, "run", stopping)
+        with pytest.raises(KeyboardInterrupt):
+            select(_base(), out=out, **kwargs)
+    plan = _plan(out, kwargs)
+    st = optuna.load_study(study_name=STUDY, storage=plan.storage)
+    before = [(t.number, t.state.name, t.params, t.user_attrs.get("status")) for t in st.trials]
+    assert len(before) == 3 and {b[1] for b in before[:2]} <= {"COMPLETE", "PRUNED"}, before
+    assert before[2][1] == "FAIL" and before[2][3] == "interrupted", before
+    finished = [b for b in before if b[1] in ("COMPLETE", "PRUNED")]
+    assert len(finished) == 2
+    design = _points(plan, SimpleNamespace(get_trials=lambda deepcopy=False, states=None: []))  # the whole design
+    assert [b[2] for b in before] == design[:3]  # the start-up design, in turns: fedavg, fedprox, fedavg
+    kept = {b[0]: _digest(out / "trials" / f"trial{b[0]}") for b in finished}
+    assert not (out / "confirm").exists()
+
+    starts = []
+    with pytest.MonkeyPatch.context() as mp:
+        _watched(mp, [], ["search"], starts)
+        result = select(_base(), out=out, **kwargs)
+    after = {t.number: (t.state.name, t.params) for t in optuna.load_study(study_name=STUDY, storage=plan.storage).trials}
+    for number, state, params, _ in finished:  # kept as they were, and their run folders untouched
+        assert after[number] == (state, params)
+        assert _digest(out / "trials" / f"trial{number}") == kept[number]
+    new = sorted(n for n in after if n > 2)
+    assert new and new == list(range(3, 3 + len(new)))  # the numbering continues
+    search_runs = [c for c in starts if Path(c["output"]["dir"]).parent == out / "trials"]
+    assert len(search_runs) == len(new)  # only new trials ran: no finished one again
+    new_params = [after[n][1] for n in new]
+    assert new_params[0] == before[2][2]  # the stopped start-up point first, then the design's next
+    assert new_params[1] == design[3]
+    finished_points = [json.dumps(p, sort_keys=True) for s, p in after.values() if s in ("COMPLETE", "PRUNED")]
+    assert not any(finished_points.count(json.dumps(p, sort_keys=True)) > 1 for p in design)
+    # the budget counts the first select's trials too
+    trials = result["trials"]
+    assert sum(t["rounds"] for t in trials) + plan.confirmation_rounds <= kwargs["budget_rounds"]
+    assert (out / "recommendation.yaml").is_file()
+    # once more: the budget is spent and the confirmation finished; nothing runs again, the same answer
+    confirmed, starts = _digest(out / "confirm"), []
+    with pytest.MonkeyPatch.context() as mp:
+        _watched(mp, [], ["search"], starts)
+        again = select(_base(), out=out, **kwargs)
+    assert starts == [] and len(again["trials"]) == len(trials)
+    assert (again["choice"], again["text"]) == (result["choice"], result["text"])
+    assert {k: v for k, v in _digest(out / "confirm").items() if "/seed" in k} == \
+        {k: v for k, v in confirmed.items() if "/seed" in k}
+
+
+def test_recommendation_yaml_runs_under_fedrift_run(better, tmp_path, monkeypatch, capsys):
+    rec = better.out / "recommendation.yaml"
+    text = rec.read_text()
+    assert text.startswith("# fedrift select: ")
+    doc = yaml.safe_load(text)
+    values = yaml.safe_load((better.out / "candidates.yaml").read_text())[better.result["choice"]]["overrides"]
+    assert doc["algorithm"]["name"] == "fedprox" and "output" not in doc
+    assert doc["train"]["lr"] == values["train.lr"] and doc["algorithm"]["mu"] == values["algorithm.mu"]
+    assert doc["partition"] == _base()["partition"] and doc["train"]["rounds"] == 6
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["run", "-c", str(rec)]) == 0, capsys.readouterr().err
+    summaries = list(tmp_path.glob("runs/**/summary.json"))
+    assert len(summaries) == 1
+    summary = json.loads(summaries[0].read_text())
+    assert summary["status"] == "completed" and summary["algorithm"] == "fedprox" and summary["rounds"] == 6
+
+
+def test_the_search_reads_no_test_metric(better):
+    read = {k for phase, k in better.reads if phase == "search"}
+    assert "round" in read and better.phase[0] == "confirmation"  # the recording saw the search's reads
+    test_like = sorted(k for k in read if "test" in k or "local" in k or k in ("final_accuracy", "best_accuracy"))
+    assert not test_like, f"the search read {test_like}"
+    assert read <= SEARCH_KEYS, read - SEARCH_KEYS
+    assert "val_accuracy" in read
+
+
+def _cli_cfg(tmp_path, **partition) -> Path:
+    cfg = _base()
+    cfg["partition"] = {**cfg["partition"], **partition}
+    cfg["partition"] = {k: v for k, v in cfg["partition"].items() if v is not None}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("args, says", [
+    (["algorithms=fedavg,fedprox"], "select needs a budget; allowed: --budget DURATION"),
+    (["--budget", "2 hours"], "--budget: '2 hours' is not a duration; allowed: 2h, 90m"),
+    (["--budget", "0s"], "--budget: '0s' is no time"),
+    (["--budget-rounds", "500", "algorithms=fedavg,fedproto"], "algorithms: fedproto has per-client models"),
+    (["--budget-rounds", "500", "top=0"], "top: 0; allowed: an integer >= 1"),
+    (["--budget-rounds", "500", "seeds=3"], "seeds: [3]; allowed: at least 2 distinct seeds"),
+    (["--budget-rounds", "500", "output.dir=x"], "output.dir: select sets every run's output keys"),
+])
+def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys, args, says):
+    out = tmp_path / "s"
+    one_line_refusal(capsys, ["select", "-c", str(_cli_cfg(tmp_path)), "--out", str(out), *args],
+                     "fedrift: error: ", says)
+    assert not out.exists()
+
+
+def test_a_config_without_a_validation_share_is_refused(tmp_path, capsys):
+    out = tmp_path / "s"
+    one_line_refusal(capsys, ["select", "-c", str(_cli_cfg(tmp_path, val_share=None)), "--out", str(out),
+                              "--budget-rounds", "500"], "fedrift: error: partition.val_share: ", "never reads the test set")
+    assert not out.exists()
+
+
+def test_a_folder_of_another_select_is_refused(better, tmp_path, capsys):
+    cfg = _base(rounds=5)  # another config than the folder's
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    before = _digest(better.out)
+    line = one_line_refusal(capsys, ["select", "-c", str(path), "--out", str(better.out), "--budget-rounds", "200",
+                                     f"algorithms=fedavg:{CRIPPLE},fedprox", "seeds=1,2,3", "top=1", "startup=1",
+                                     "min_rounds=2", "space.train.lr=log:0.03:0.3"],
+                            f"--out: {better.out} holds a select of another config or field (differs in base, rounds)")
+    assert line.startswith("fedrift: error: ")
+    assert _digest(better.out) == before
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("2h", 7200), ("90m", 5400), ("1h30m", 5400), ("45s", 45), ("3600", 3600), ("1.5h", 5400), (" 2H ", 7200),
+    ("1h 30m", 5400), ("0.5", 0.5),
+])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["2 hours", "2hours", "h", "", "-5", "1d", "5m30", "two"])
+def test_parse_duration_refuses_what_is_no_duration(text):
+    with pytest.raises(ConfigError, match=r"^--budget: .* is not a duration; allowed: "):
+        parse_duration(text)
+
+
+def _t(trial, entry, rounds, score, status="pruned"):
+    return {"trial": trial, "entry": entry, "rounds": rounds, "score": score, "status": status}
+
+
+def test_ranking_puts_most_rounds_first_then_the_score_and_fedavg_is_always_the_reference():
+    plan = SimpleNamespace(top=2)
+    trials = [
+        _t(0, "fedavg", 6, 0.70, "completed"), _t(1, "fedprox", 2, 0.95), _t(2, "fedprox", 6, 0.80, "completed"),
+        _t(3, "fedprox", 6, 0.85, "completed"), _t(4, "moon", 6, 0.99, "diverged"), _t(5, "moon", 2, 0.60),
+        _t(6, "fedgkd", 2, 0.90), _t(7, "scaffold", 2, None), _t(8, "scaffold", 2, math.nan),
+        _t(9, "fedavg", 2, 0.99),
+    ]
+    ranked = ranking(plan, trials)
+    # per entry its best trial: the most rounds, then the score; diverged and unscored ones not at all
+    assert [(t["entry"], t["trial"]) for t in ranked] == [("fedprox", 3), ("fedavg", 0), ("fedgkd", 6), ("moon", 5)]
+    # FedAvg first though ranked second, then the top 2 others
+    assert [(t["entry"], t["trial"]) for t in candidates(plan, trials)] == [("fedavg", 0), ("fedprox", 3), ("fedgkd", 6)]
+    # FedAvg with options is the reference too, however far behind
+    crippled = [_t(0, "fedavg:train.weight_decay=3", 2, 0.10), _t(1, "fedprox", 6, 0.9, "completed"),
+                _t(2, "fedgkd", 6, 0.8, "completed"), _t(3, "moon", 6, 0.7, "completed")]
+    assert [t["entry"] for t in candidates(plan, crippled)] == ["fedavg:train.weight_decay=3", "fedprox", "fedgkd"]
+    # no FedAvg trial: no reference (select then refuses to confirm)
+    assert [t["entry"] for t in candidates(plan, crippled[1:])] == ["fedprox", "fedgkd"]
+    assert candidates(plan, []) == [] and ranking(plan, []) == []
+
+
+def _row(entry, val, mean=None, low=None, high=None, significant=False, n=3):
+    return {"algorithm": entry, "best_val_accuracy_mean": val, "test_accuracy_at_best_val_diff_mean": mean,
+            "test_accuracy_at_best_val_diff_ci95": None if mean is None else (high - low) / 2,
+            "test_accuracy_at_best_val_diff_low": low, "test_accuracy_at_best_val_diff_high": high,
+            "test_accuracy_at_best_val_diff_significant": significant, "test_accuracy_at_best_val_diff_n": n}
+
+
+def test_recommend_says_what_the_paired_gain_allows():
+    picked = [{"entry": "fedavg", "values": {"train.lr": 0.05}}, {"entry": "fedprox", "values": {"train.lr": 0.1}}]
+    ref = _row("fedavg", 0.80)
+    rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, 0.05, 0.15, significant=True, n=6)], picked)
+    assert (rec["choice"], rec["verdict"]) == ("fedprox", "significant") and "+10.0 +- 5.0 points (6 seeds)" in rec["text"]
+    rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, 0.05, 0.15)], picked)
+    assert (rec["choice"], rec["verdict"]) == ("fedprox", "ahead, not tested") and "6 needed" in rec["text"]
+    rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, -0.05, 0.25)], picked)
+    assert (rec["choice"], rec["verdict"]) == ("fedavg", "fedavg") and "as good as any" in rec["text"]
+    assert rec["text"].startswith("no candidate beats FedAvg significantly: FedAvg at lr 0.05 ")
+    rec = recommend(None, [_row("fedavg", 0.95), _row("fedprox", 0.90, -0.02, -0.05, 0.01)], picked)
+    assert (rec["choice"], rec["verdict"]) == ("fedavg", "fedavg") and "as good as any" in rec["text"]
+    assert rec["validation_order"] == ["fedavg", "fedprox"]
+    with pytest.raises(ConfigError, match="no confirmation run finished"):
+        recommend(None, [_row("fedavg", None), _row("fedprox", None)], picked)
