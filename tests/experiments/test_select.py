@@ -226,9 +226,53 @@ def test_a_time_budget_stops_the_search_and_confirms_or_says_no_recommendation(t
         search_ended = phase[1]
         # the search kept the confirmation's share (its estimate) back: it ended within the budget
         assert search_ended - start <= seconds + 1.0, search_ended - start
+        # the same command again: the budget is spent, but so is the confirmation's share: its runs are
+        # reused and the answer is the same (not "no recommendation")
+        starts = []
+        with pytest.MonkeyPatch.context() as mp:
+            _watched(mp, [], ["search"], starts)
+            again = select(_base(), out=out, **kwargs)
+        assert starts == [] and (again["choice"], again["text"]) == (result["choice"], result["text"])
     # one round of a trial may end past the search's deadline, never a whole trial
     assert sum(t["seconds"] for t in trials) <= seconds + 1.0
     assert ended - start < 4 * seconds  # it stops
+
+
+def test_the_time_of_a_stopped_select_counts_against_its_budget(tmp_path):
+    """Ctrl-C in the 2nd trial: select.json keeps the time spent so far, so that the same
+    command continues with what is left of its --budget."""
+    out = tmp_path / "s"
+    real_run = fedrift.api.run
+    calls = []
+
+    def stopping(config=None, overrides=None, resume=False, on_round=None):
+        calls.append(config)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run(config, overrides, resume, on_round=on_round)
+
+    start = time.time()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fedrift.api, "run", stopping)
+        with pytest.raises(KeyboardInterrupt):
+            select(_base(), out=out, **_quiet(algorithms=["fedavg", "fedprox"], budget="1h"))
+    elapsed = time.time() - start
+    first = _trials(_plan(out, _quiet(algorithms=["fedavg", "fedprox"], budget="1h")))[0]
+    spent = json.loads((out / "select.json").read_text())["spent"]
+    assert first["seconds"] <= spent <= elapsed, (first["seconds"], spent, elapsed)
+
+
+def test_only_the_confirmation_runs_not_finished_need_time(better):
+    """What a rerun's time check counts of the confirmation: the runs compare would not reuse."""
+    from dataclasses import replace
+
+    from fedrift.experiments.select import _to_confirm
+
+    picked = candidates(better.plan, better.result["trials"])
+    tuned = better.out / "candidates.yaml"
+    assert _to_confirm(better.plan, picked, tuned, 1) == 0.0  # all 6 finished
+    assert _to_confirm(replace(better.plan, seeds=[1, 2, 3, 4]), picked, tuned, 1) == 2 / 8  # seed 4 of each entry
+    assert _to_confirm(replace(better.plan, root=better.out / "elsewhere"), picked, tuned, 1) == 1.0
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -347,6 +391,7 @@ def _cli_cfg(tmp_path, **partition) -> Path:
     (["--budget-rounds", "500", "top=0"], "top: 0; allowed: an integer >= 1"),
     (["--budget-rounds", "500", "seeds=3"], "seeds: [3]; allowed: at least 2 distinct seeds"),
     (["--budget-rounds", "500", "output.dir=x"], "output.dir: select sets every run's output keys"),
+    (["--budget-rounds", "500", "algorithms=fedavg"], "algorithms: select needs FedAvg and at least one other entry"),
 ])
 def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys, args, says):
     out = tmp_path / "s"
@@ -377,7 +422,7 @@ def test_a_folder_of_another_select_is_refused(better, tmp_path, capsys):
 
 @pytest.mark.parametrize("text, seconds", [
     ("2h", 7200), ("90m", 5400), ("1h30m", 5400), ("45s", 45), ("3600", 3600), ("1.5h", 5400), (" 2H ", 7200),
-    ("1h 30m", 5400), ("0.5", 0.5),
+    ("1h 30m", 5400), ("2 h", 7200), ("0.5", 0.5),
 ])
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds

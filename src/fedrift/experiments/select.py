@@ -21,7 +21,8 @@ The budget
     candidates' measured seconds per round times that. The search stops starting trials when
     what is left would not also pay for the confirmation; a budget that cannot pay for the
     confirmation and one trial per entry is refused before anything runs, and a search that
-    leaves no time for it is said, with no recommendation.
+    leaves no time for it is said, with no recommendation. Time spent before a Ctrl-C counts;
+    a rerun's time check counts only the confirmation runs not finished (compare reuses them).
 
 The confirmation
     The best ``top`` entries (by their best trial: the most rounds reached, then the score)
@@ -78,8 +79,9 @@ def parse_duration(text: str) -> float:
     raw = str(text).strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", raw):
         return float(raw)
+    raw = raw.replace(" ", "")  # 2 h, 1h 30m
     parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", raw)
-    if not parts or "".join(a + b for a, b in parts) != raw.replace(" ", ""):
+    if not parts or "".join(a + b for a, b in parts) != raw:
         raise ConfigError(f"--budget: {text!r} is not a duration; allowed: 2h, 90m, 1h30m, 3600s or seconds")
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
 
@@ -421,6 +423,18 @@ def _confirmation_seconds(plan: Select, trials: Sequence[Mapping[str, Any]], job
     return sum(p * plan.rounds * runs for p in per) / max(1, min(jobs, runs * len(per)))
 
 
+def _to_confirm(plan: Select, picked: Sequence[Mapping[str, Any]], tuned: Path, jobs: int) -> float:
+    """The share of the confirmation's runs not finished in ``<out>/confirm``: a rerun of a
+    select reuses the finished ones (compare's rule), so only the others need time."""
+    from fedrift.experiments.grid import build_grid, run_state
+
+    if not (plan.root / "confirm").is_dir():
+        return 1.0
+    grid = build_grid(plan.description["base"], [t["entry"] for t in picked], plan.seeds, out=plan.root / "confirm",
+                      jobs=jobs, tuned=tuned)
+    return sum(run_state(r)[0] != "reuse" for r in grid.runs) / max(1, len(grid.runs))
+
+
 def _spent(plan: Select, trials: Sequence[Mapping[str, Any]]) -> int:
     return sum(int(t["rounds"]) for t in trials)
 
@@ -461,28 +475,30 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print) -> 
         return cap, deadline
 
     seed = plan.seed + 1 + len(before)
-    if jobs <= 1:
-        while (lim := limits(_trials(plan), 0)) is not None:
-            points = _points(plan, _open(plan, seed))
-            one_trial(_open(plan, seed, points[0] if points else None), _objective(plan, echo, False, *lim))
-            seed += 1
-    else:
-        with run_pool(jobs) as pool:
-            running: dict[Any, int] = {}  # future -> its round cap
-            queued = _points(plan, st)
-            while True:
-                trials = _trials(plan)
-                while len(running) < jobs and (lim := limits(trials, sum(running.values()))) is not None:
-                    point = queued.pop(0) if queued else None
-                    running[pool.submit(_worker, (plan, seed, point, *lim))] = lim[0] or 0
-                    seed += 1
-                if not running:
-                    break
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    running.pop(fut)
-                    fut.result()
-    plan.description["spent"] = plan.description.get("spent", 0.0) + (time.time() - started)
+    try:  # the time of a search stopped by Ctrl-C counts too
+        if jobs <= 1:
+            while (lim := limits(_trials(plan), 0)) is not None:
+                points = _points(plan, _open(plan, seed))
+                one_trial(_open(plan, seed, points[0] if points else None), _objective(plan, echo, False, *lim))
+                seed += 1
+        else:
+            with run_pool(jobs) as pool:
+                running: dict[Any, int] = {}  # future -> its round cap
+                queued = _points(plan, st)
+                while True:
+                    trials = _trials(plan)
+                    while len(running) < jobs and (lim := limits(trials, sum(running.values()))) is not None:
+                        point = queued.pop(0) if queued else None
+                        running[pool.submit(_worker, (plan, seed, point, *lim))] = lim[0] or 0
+                        seed += 1
+                    if not running:
+                        break
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        running.pop(fut)
+                        fut.result()
+    finally:
+        plan.description["spent"] = plan.description.get("spent", 0.0) + (time.time() - started)
 
 
 # ---------------------------------------------------------------------------------------
@@ -653,22 +669,24 @@ def select(
         if not picked or parse_algorithm(picked[0]["entry"])[0] != REFERENCE or len(picked) < 2:
             raise ConfigError(f"--budget: the search finished no trial of FedAvg and of another entry ({len(trials)} "
                               "trials); nothing to confirm: run the same command with a larger budget (the trials are kept)")
+        tuned = write_candidates(plan, picked)
         if plan.budget_seconds is not None:
             left = plan.budget_seconds - plan.description["spent"]
-            need = _confirmation_seconds(plan, trials, jobs)
-            if need > left:
+            need = _confirmation_seconds(plan, trials, jobs) * _to_confirm(plan, picked, tuned, jobs)
+            if need > 0 and need > left:
                 raise ConfigError(f"--budget: the search left {_clock(max(left, 0))} and the confirmation needs about "
                                   f"{_clock(need)}: no recommendation; run the same command with a larger --budget "
                                   "(the search is kept and goes on)")
         echo("select: confirming " + ", ".join(f"{t['entry']} (val {t['score']:.4f} at {t['rounds']} rounds)" for t in picked)
              + f" over seeds {','.join(map(str, plan.seeds))}")
-        tuned = write_candidates(plan, picked)
         started = time.time()
-        rows = compare(plan.description["base"], algorithms=[t["entry"] for t in picked], seeds=plan.seeds,
-                       out=plan.root / "confirm", jobs=jobs, tuned=tuned, verbose=verbose, report=report,
-                       report_options={"reference": REFERENCE, "tsne": "none"})
-        plan.description["spent"] += time.time() - started
-        save()
+        try:  # the time of a confirmation stopped by Ctrl-C counts too
+            rows = compare(plan.description["base"], algorithms=[t["entry"] for t in picked], seeds=plan.seeds,
+                           out=plan.root / "confirm", jobs=jobs, tuned=tuned, verbose=verbose, report=report,
+                           report_options={"reference": REFERENCE, "tsne": "none"})
+        finally:
+            plan.description["spent"] += time.time() - started
+            save()
         rec = recommend(plan, rows, picked)
         path = write_recommendation(plan, rec, picked)
         from fedrift.report.select_page import render_select_page
