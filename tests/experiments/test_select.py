@@ -139,8 +139,9 @@ def test_the_better_entry_is_found_and_confirmed(better):
     assert picked == [f"fedavg:{CRIPPLE}", "fedprox"]
     assert result["choice"] == "fedprox", result["text"]
     assert result["verdict"] in ("significant", "ahead, not tested"), result["text"]
-    assert result["text"].startswith("fedprox beats FedAvg at" if result["verdict"] == "significant"
-                                     else "fedprox is ahead of FedAvg at"), result["text"]
+    # the reference named with its options: it is not the plain FedAvg
+    assert result["text"].startswith(f"fedprox beats fedavg:{CRIPPLE} at lr " if result["verdict"] == "significant"
+                                     else f"fedprox is ahead of fedavg:{CRIPPLE} at lr "), result["text"]
     rows = {r["algorithm"]: r for r in result["rows"]}
     assert set(rows) == {f"fedavg:{CRIPPLE}", "fedprox"}
     assert rows["fedprox"]["test_accuracy_at_best_val_diff_low"] > 0.2  # at chance, FedAvg is far behind
@@ -477,6 +478,9 @@ def test_recommend_says_what_the_paired_gain_allows():
     rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, -0.05, 0.25)], picked)
     assert (rec["choice"], rec["verdict"]) == ("fedavg", "fedavg") and "as good as any" in rec["text"]
     assert rec["text"].startswith("no candidate beats FedAvg significantly: FedAvg at lr 0.05 ")
+    crippled = [{**picked[0], "entry": "fedavg:train.weight_decay=3"}, picked[1]]
+    rec = recommend(None, [_row("fedavg:train.weight_decay=3", 0.80), _row("fedprox", 0.90, 0.1, -0.05, 0.25)], crippled)
+    assert rec["text"].startswith("no candidate beats FedAvg significantly: fedavg:train.weight_decay=3 at lr 0.05 ")
     rec = recommend(None, [_row("fedavg", 0.95), _row("fedprox", 0.90, -0.02, -0.05, 0.01)], picked)
     assert (rec["choice"], rec["verdict"]) == ("fedavg", "fedavg") and "as good as any" in rec["text"]
     assert rec["validation_order"] == ["fedavg", "fedprox"]

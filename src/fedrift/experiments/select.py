@@ -530,7 +530,8 @@ def recommend(plan: Select, rows: Sequence[Mapping[str, Any]], picked: Sequence[
         raise ConfigError("select: no confirmation run finished; nothing to recommend")
     best = ranked[0]
     values = {t["entry"]: t["values"] for t in picked}
-    ref_text = "FedAvg at " + (_values_text(values.get(ref_entry, {})) or "its config's values")
+    ref_text = ("FedAvg" if ref_entry == REFERENCE else ref_entry) + " at " + (  # its options said, if any
+        _values_text(values.get(ref_entry, {})) or "its config's values")
     out: dict[str, Any] = {"validation_order": ranked, "reference": ref_entry}
     if best == ref_entry:
         runner = ranked[1] if len(ranked) > 1 else None
