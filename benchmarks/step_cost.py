@@ -57,7 +57,7 @@ from torch.func import vmap
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Setup
 from fedrift.engine.local import make_apply, make_step, prefers_channels_last
-from fedrift.engine.optim import adamw, sgd
+from fedrift.functional.optim import adamw, sgd
 from fedrift.models import MODELS, build_model
 
 CASES = [("logreg", (60,), None, 10), ("mlp", (60,), {"hidden": [200, 200]}, 10), ("cnn", (1, 28, 28), {}, 32)]

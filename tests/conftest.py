@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -21,6 +23,31 @@ def tiny_config(tmp_path, **sections) -> dict:
         merge = isinstance(value, dict) and "name" not in value  # a new name: new options
         cfg[key] = {**cfg.get(key, {}), **value} if merge else value
     return cfg
+
+
+TESTS = str(Path(__file__).parent)
+EVERY_TEST = {"own_cache", "one_thread"}  # the autouse session fixtures below: built in every worker
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
+def pytest_collection_modifyitems(items):
+    """Work units for ``pytest -n 2 --dist loadgroup`` (make test): a test is sent to a worker
+    alone unless it shares a built-once fixture, so that no fixture is built in both workers.
+    Tests of a module marked ``xdist_group("cluster")`` (a Ray cluster, a Flower federation:
+    many processes, with timeouts) already run one after another in one worker; a test using
+    a session fixture of its own (``grid``) goes with that fixture's other users, one using a
+    module fixture with its module. Without xdist the marks do nothing."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = [d[-1] for d in info.name2fixturedefs.values() if d] if info else []
+        ours = [d for d in defs if d.func.__code__.co_filename.startswith(TESTS) and d.argname not in EVERY_TEST]
+        shared = sorted(d.argname for d in ours if d.scope == "session")
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(f"fixture:{shared[0]}"))
+        elif any(d.scope in ("module", "package") for d in ours):
+            item.add_marker(pytest.mark.xdist_group(f"module:{item.nodeid.split('::')[0]}"))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -78,7 +78,7 @@ class TrainConfig(_Section):
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     weight_decay: Annotated[float, Field(ge=0)] = 1.0e-5
     clip_grad_norm: Annotated[float, Field(gt=0)] | None = None
-    optimizer: Literal["sgd", "adamw"] = "sgd"  # the local optimiser (engine/optim.py)
+    optimizer: Literal["sgd", "adamw"] = "sgd"  # the local optimiser (functional/optim.py)
     # the local learning rate per round (lr_at): constant (train.lr), step (times lr_gamma at
     # each of lr_milestones) or cosine (from train.lr down towards lr_min over the rounds)
     lr_schedule: Literal["constant", "step", "cosine"] = "constant"

@@ -15,7 +15,7 @@ from fedrift.algorithms.base import Setup
 from fedrift.algorithms.ccvr import (CCVR_RNG, CCVRParams, class_stats, global_stats, merge, retrain_head,
                                      virtual_features, virtual_set)
 from fedrift.engine.local import make_apply
-from fedrift.engine.rng import generator
+from fedrift.functional.rng import generator
 from fedrift.metrics.evaluate import evaluate
 from fedrift.models import MODELS, build_model
 from fedrift.experiments.tune import score_of

@@ -9,7 +9,7 @@ from fedrift.algorithms.base import ClientData, RoundInfo, Setup
 from fedrift.algorithms.elastic import sensitivity
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.engine.build import build_run, prepare
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 from fedrift.errors import ConfigError
 from linear_model import apply, rand_params
 

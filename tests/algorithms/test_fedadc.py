@@ -10,7 +10,7 @@ from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.algorithms.fedadc import self_confidence_target
 from fedrift.algorithms.terms import weighted_ce
 from fedrift.engine.local import make_apply, make_step
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, build_model
 

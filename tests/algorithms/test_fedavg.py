@@ -6,7 +6,7 @@ from fedrift.algorithms.base import RoundInfo, fedavg_aggregate
 from fedrift.data import load_dataset
 from fedrift.engine.batches import schedule
 from fedrift.models import MODELS, build_model
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 
 
 def test_aggregate_is_the_sample_weighted_average_by_hand():

@@ -4,7 +4,7 @@ import fedrift
 from fedrift.algorithms import ALGORITHMS, make
 from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.config import validate_options
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 
 SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=0.1, momentum=0.9, weight_decay=0.0, clip_grad_norm=None, seed=0)
 

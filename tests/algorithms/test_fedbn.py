@@ -29,7 +29,7 @@ from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.engine.federation import Federation
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.server import Server
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 from fedrift.models.norm import model_state
 from fedrift.experiments.tune import score_of
 

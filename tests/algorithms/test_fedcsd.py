@@ -9,7 +9,7 @@ from fedrift.algorithms import ALGORITHMS, make
 from fedrift.algorithms.base import ClientData, Setup
 from fedrift.config import validate_options
 from fedrift.engine.local import make_apply
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, build_model
 

@@ -14,7 +14,7 @@ from fedrift.algorithms.terms import weighted_ce
 from fedrift.api import prepare
 from fedrift.engine.local import make_step
 from fedrift.engine.state import ClientStateStore
-from fedrift.engine.tree import stack, weighted_sum
+from fedrift.functional.tree import stack, weighted_sum
 from fedrift.errors import ConfigError
 from fedrift.models import build_model
 

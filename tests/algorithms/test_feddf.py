@@ -14,7 +14,7 @@ from fedrift.algorithms.terms import kl_to_target
 from fedrift.api import prepare
 from fedrift.data.partition_base import Partition
 from fedrift.engine.local import make_apply
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, build_model
 

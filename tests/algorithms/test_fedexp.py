@@ -7,7 +7,7 @@ import fedrift
 from fedrift.algorithms import ALGORITHMS, make
 from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 from fedrift.errors import ConfigError
 
 SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)

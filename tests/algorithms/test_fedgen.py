@@ -11,7 +11,7 @@ from torch.func import grad, stack_module_state, vmap
 import fedrift
 from fedrift.algorithms import make
 from fedrift.algorithms.base import RoundInfo, Setup
-from fedrift.engine.optim import adam
+from fedrift.functional.optim import adam
 from fedrift.algorithms.fedgen import (
     class_weights,
     client_heads,
@@ -24,7 +24,7 @@ from fedrift.algorithms.fedgen import (
     train_generator,
 )
 from fedrift.engine.local import make_apply
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 from fedrift.models import MODELS, build_model
 
 SETUP = Setup(num_classes=3, num_clients=2, feature_dim=5, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)

@@ -8,8 +8,8 @@ from fedrift.algorithms import make
 from fedrift.algorithms.base import Algorithm, RoundInfo, Setup
 from fedrift.algorithms.fednova import normalizer
 from fedrift.engine.local import make_step
-from fedrift.engine.optim import sgd
-from fedrift.engine.tree import stack, weighted_sum
+from fedrift.functional.optim import sgd
+from fedrift.functional.tree import stack, weighted_sum
 
 ETA = 0.1
 SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=ETA, momentum=0.9, weight_decay=0.0, clip_grad_norm=None, seed=0)

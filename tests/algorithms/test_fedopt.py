@@ -8,7 +8,7 @@ from fedrift.algorithms import ALGORITHMS, make
 from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.engine.build import build_run, prepare
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 
 SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
 INFO = RoundInfo(round=1, num_clients=3, sampled=(0, 2))

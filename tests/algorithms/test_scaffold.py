@@ -9,7 +9,7 @@ from fedrift.algorithms import make
 from fedrift.algorithms.base import RoundInfo, Setup
 from fedrift.algorithms.terms import weighted_ce
 from fedrift.engine.local import make_step
-from fedrift.engine.tree import stack, weighted_sum
+from fedrift.functional.tree import stack, weighted_sum
 
 ETA = 0.1
 SETUP = Setup(num_classes=3, num_clients=4, feature_dim=4, lr=ETA, momentum=0.9, weight_decay=0.0, clip_grad_norm=None, seed=0)

@@ -3,7 +3,7 @@ import torch
 import fedrift
 from fedrift.algorithms import make
 from fedrift.algorithms.base import RoundInfo, Setup
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 
 SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0)
 

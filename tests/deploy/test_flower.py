@@ -33,6 +33,7 @@ assert importlib.util.find_spec("flwr") is not None, "the flower extra is missin
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("cluster")  # under make test: in one worker, one cluster test at a time (conftest.py)
 ALGORITHMS = ("fedavg", "fedgkd", "scaffold", "scaffold_step", "fedadam", "fedacg", "fedsam", "feddc", "fedexp", "elastic")  # the runs, by algorithm (or case)
 BATCH = 3  # deployments submitted at once
 CASES = {"scaffold_step": ("scaffold", {"lr_schedule": "step", "lr_milestones": [2], "lr_gamma": 0.5})}

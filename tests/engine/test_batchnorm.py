@@ -23,7 +23,7 @@ from fedrift.engine.build import build_run
 from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_apply, make_step, optimizer_init
-from fedrift.engine.optim import sgd
+from fedrift.functional.optim import sgd
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.server import Server
 from fedrift.models import build_model

@@ -8,7 +8,7 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.engine.sampling import SAMPLERS
-from fedrift.engine.tree import weighted_sum
+from fedrift.functional.tree import weighted_sum
 from fedrift.models import MODELS, build_model
 from fedrift.registry import Entry
 
@@ -87,7 +87,7 @@ def test_a_pre_phase_needs_both_of_its_hooks():
 
 
 def test_step_noise_is_a_pure_function_whose_rows_ignore_padding():
-    from fedrift.engine.rng import step_noise
+    from fedrift.functional.rng import step_noise
 
     a = step_noise(0, 2, 5, 3, rows=4, dim=8, device=torch.device("cpu"))
     assert torch.equal(a, step_noise(0, 2, 5, 3, rows=4, dim=8, device=torch.device("cpu")))

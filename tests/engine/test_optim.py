@@ -1,6 +1,6 @@
 import torch
 
-from fedrift.engine.optim import apply_updates, sgd
+from fedrift.functional.optim import apply_updates, sgd
 
 
 def _torch_sgd_run(params0, grads_seq, **kw):
@@ -58,7 +58,7 @@ def test_sgd_step_by_hand():
 
 
 def test_adam_is_torch_adam():
-    from fedrift.engine.optim import adam
+    from fedrift.functional.optim import adam
 
     p0 = {"w": torch.tensor([1.0, -2.0, 0.5])}
     opt = adam(0.1)
@@ -105,7 +105,7 @@ def test_an_expanded_gradient_is_fine_for_the_in_place_step():
 def test_adamw_step_by_hand():
     """One AdamW step: m = (1-b1) g, v = (1-b2) g^2, m_hat = g, v_hat = g^2, so
     p1 = p0 - lr wd p0 - lr g / (|g| + eps); the second step from those moments."""
-    from fedrift.engine.optim import adamw
+    from fedrift.functional.optim import adamw
 
     lr, wd, b1, b2, eps = 0.1, 0.01, 0.9, 0.999, 1e-8
     p0 = {"w": torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)}
@@ -130,7 +130,7 @@ def test_adamw_step_by_hand():
 def test_adamw_is_torch_adamw_and_sgd_stays_the_default():
     from types import SimpleNamespace
 
-    from fedrift.engine.optim import adamw, local_optimizer
+    from fedrift.functional.optim import adamw, local_optimizer
 
     params, grads_seq = _problem(3)
     opt = adamw(0.01, 0.05)

@@ -18,7 +18,7 @@ from fedrift.algorithms import make
 from fedrift.algorithms.base import Setup
 from fedrift.config import PrivacyConfig
 from fedrift.data.partition_base import Partition
-from fedrift.engine import rng
+from fedrift.functional import rng
 from fedrift.engine.privacy import clip_change, dp_grad_and_value, private_mean
 from fedrift.errors import ConfigError
 

@@ -31,6 +31,7 @@ from fedrift.engine.executors.ray_actors import RayExecutor
 # RAY_AUTH_MODE when it is imported.
 assert importlib.util.find_spec("ray") is not None, "the ray extra is missing: make test installs it (pip install 'fedrift[ray]')"
 
+pytestmark = pytest.mark.xdist_group("cluster")  # under make test: in one worker, one cluster test at a time (conftest.py)
 RAY = str(Path(sys.executable).with_name("ray"))
 
 

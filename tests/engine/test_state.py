@@ -11,7 +11,7 @@ from fedrift.algorithms.base import Algorithm, AlgorithmParams
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.engine.sampling import SAMPLERS
 from fedrift.engine.state import ClientStateError, ClientStateStore
-from fedrift.engine.tree import leaves, weighted_sum
+from fedrift.functional.tree import leaves, weighted_sum
 from fedrift.registry import Entry
 from algorithm_cases import NAMES, build, case
 

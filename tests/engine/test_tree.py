@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fedrift.engine.tree import stack, tree_bytes, weighted_sum
+from fedrift.functional.tree import stack, tree_bytes, weighted_sum
 
 
 def test_tree_bytes_counts_a_shared_tensor_once():
@@ -19,7 +19,7 @@ def test_weighted_sum_by_hand():
 
 
 def test_unstack_inverts_stack():
-    from fedrift.engine.tree import stack, unstack
+    from fedrift.functional.tree import stack, unstack
 
     trees = [{"w": torch.full((2, 3), float(k)), "s": {"b": torch.tensor([k, -k])}} for k in range(3)]
     back = unstack(stack(trees))
@@ -70,7 +70,7 @@ def test_weighted_sum_is_the_weighted_mean_row_by_row():
 
 def test_a_running_sum_equals_weighted_sum_of_the_stack_bit_for_bit():
     """Streamed aggregation's promise: the rows one at a time give the stacked sum exactly."""
-    from fedrift.engine.tree import RunningSum
+    from fedrift.functional.tree import RunningSum
 
     g = torch.Generator().manual_seed(1)
     rows = [{"params": {"w": torch.randn(300, 257, generator=g), "b": torch.randn(7, generator=g)},

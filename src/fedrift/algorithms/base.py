@@ -65,9 +65,9 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from fedrift.engine.optim import Transform
+from fedrift.functional.optim import Transform
 from fedrift.errors import ConfigError, FedriftError
-from fedrift.engine.tree import weighted_sum
+from fedrift.functional.tree import weighted_sum
 from fedrift.params import params
 
 Params = dict[str, torch.Tensor]

@@ -73,7 +73,7 @@ from pydantic import Field, PositiveInt
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, Apply, Calibration, Params, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.engine.rng import generator
+from fedrift.functional.rng import generator
 from fedrift.params import params
 
 CCVR_RNG = 103  # purpose tag of CCVR's server-side draws (virtual features, batch order)

@@ -39,7 +39,7 @@ from fedrift.algorithms.base import FEDAVG_SUMS, Algorithm, AlgorithmParams, Rou
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.slowmo import momentum_server
 from fedrift.algorithms.terms import squared_distance
-from fedrift.engine.tree import tree_map
+from fedrift.functional.tree import tree_map
 from fedrift.models.norm import STATS
 from fedrift.params import params
 

@@ -52,8 +52,8 @@ from fedrift.algorithms.base import FEDAVG_SUMS, Algorithm, AlgorithmParams, Rou
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.slowmo import momentum_server, server_momentum_step
 from fedrift.algorithms.terms import kl_to_target, weighted_ce
-from fedrift.engine.optim import Transform, add_decay, chain, clip_by_global_norm, scale
-from fedrift.engine.tree import leaves, tree_map
+from fedrift.functional.optim import Transform, add_decay, chain, clip_by_global_norm, scale
+from fedrift.functional.tree import leaves, tree_map
 from fedrift.errors import ConfigError
 from fedrift.params import params
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.engine.tree import detach_clone
+from fedrift.functional.tree import detach_clone
 from fedrift.errors import ConfigError
 
 BN_ENTRIES = ("weight", "bias", "running_mean", "running_var")  # a BatchNorm layer's entries in the model state

@@ -49,7 +49,7 @@ from pydantic_core import ArgsKwargs
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Setup, fedavg_aggregate
 from fedrift.algorithms.terms import class_means, weighted_ce
-from fedrift.engine.tree import tree_map
+from fedrift.functional.tree import tree_map
 from fedrift.params import params
 
 

@@ -38,7 +38,7 @@ Decisions where the spec is silent, and where the paper or its code differ:
   constant (the paper mentions cosine annealing; the spec gives a fixed Adam lr 1e-3).
 - ``val_share = 0``: no early stopping, the whole budget runs and the last model is kept.
 - ``steps = 0`` returns FedAvg's average itself, bit for bit (the proxy is never touched).
-- Server-side randomness uses the purpose tag ``SERVER_RNG = 102`` of ``engine.rng.generator``
+- Server-side randomness uses the purpose tag ``SERVER_RNG = 102`` of ``functional.rng.generator``
   (the engine's own tags are 1-3; FedGen's is 101).
 
 Cost per round on the server: ``|S_t|`` forward passes over the proxy (the teacher), up to
@@ -58,8 +58,8 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import CHUNK, kl_to_target
-from fedrift.engine.rng import generator
-from fedrift.engine.tree import unstack, weighted_sum
+from fedrift.functional.rng import generator
+from fedrift.functional.tree import unstack, weighted_sum
 from fedrift.errors import ConfigError
 from fedrift.params import params
 

@@ -34,7 +34,7 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import squared_distance
-from fedrift.engine.tree import leaves, tree_map, weighted_sum
+from fedrift.functional.tree import leaves, tree_map, weighted_sum
 from fedrift.params import params
 
 

@@ -64,7 +64,7 @@ differs:
   would also be state outside the parameters). Initial weights: PyTorch's default
   ``nn.Linear`` rule (uniform in ``+-1/sqrt(fan_in)``), drawn from (seed, ``SERVER_RNG``, 0).
 - The Adam state persists across rounds (the code keeps one optimiser for the whole run).
-- Server-side randomness uses the purpose tag ``SERVER_RNG = 101`` of ``engine.rng.generator``
+- Server-side randomness uses the purpose tag ``SERVER_RNG = 101`` of ``functional.rng.generator``
   (the engine's own tags are 1-3).
 
 Cost: the generator is ``(noise_dim + C) hidden + hidden + hidden feature_dim + feature_dim``
@@ -88,9 +88,9 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import weighted_ce
-from fedrift.engine.optim import Transform, adam, apply_updates
-from fedrift.engine.rng import generator
-from fedrift.engine.tree import unstack, weighted_sum
+from fedrift.functional.optim import Transform, adam, apply_updates
+from fedrift.functional.rng import generator
+from fedrift.functional.tree import unstack, weighted_sum
 from fedrift.params import params
 
 SERVER_RNG = 101  # purpose tag of FedGen's server-side draws (generator init, training batches)

@@ -36,7 +36,7 @@ from pydantic import Field
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.engine.tree import tree_map, weighted_sum
+from fedrift.functional.tree import tree_map, weighted_sum
 from fedrift.params import params
 
 

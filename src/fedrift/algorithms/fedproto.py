@@ -32,7 +32,7 @@ from pydantic import Field
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Setup
 from fedrift.algorithms.terms import combine_class_means, model_class_means, rows_for_labels, weighted_ce
-from fedrift.engine.tree import detach_clone
+from fedrift.functional.tree import detach_clone
 from fedrift.params import params
 
 

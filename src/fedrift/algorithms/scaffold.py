@@ -43,8 +43,8 @@ from pydantic import Field
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.engine.optim import add_decay, clip_by_global_norm, sgd
-from fedrift.engine.tree import tree_map
+from fedrift.functional.optim import add_decay, clip_by_global_norm, sgd
+from fedrift.functional.tree import tree_map
 from fedrift.params import params
 
 

@@ -35,8 +35,8 @@ from pydantic import Field
 from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import FEDAVG_SUMS, Algorithm, AlgorithmParams, RoundInfo, Setup, Tree
 from fedrift.algorithms.fedavg import ce_loss
-from fedrift.engine.optim import sgd
-from fedrift.engine.tree import tree_map
+from fedrift.functional.optim import sgd
+from fedrift.functional.tree import tree_map
 from fedrift.params import params
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedrift.engine.tree import leaves
+from fedrift.functional.tree import leaves
 
 Params = dict[str, torch.Tensor]
 

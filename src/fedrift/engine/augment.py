@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from fedrift.engine import rng
+from fedrift.functional import rng
 
 
 @dataclass(frozen=True)

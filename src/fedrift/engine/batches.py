@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from fedrift.engine import rng
+from fedrift.functional import rng
 
 
 def num_steps(n: int, batch_size: int, epochs: int, steps: int | None) -> int:

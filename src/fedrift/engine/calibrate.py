@@ -16,7 +16,7 @@ import torch
 
 from fedrift.algorithms.base import Algorithm
 from fedrift.engine.federation import Federation
-from fedrift.engine.tree import tree_bytes
+from fedrift.functional.tree import tree_bytes
 from fedrift.metrics.evaluate import LocalParts, evaluate
 
 Params = dict[str, torch.Tensor]

@@ -6,7 +6,7 @@ control, ...), every client state in the store (SCAFFOLD's controls, FedProto's 
 models, ...), the metrics so far (the history, the totals, and the length of
 ``metrics.jsonl``, cut back to it on resume), the teacher memo (the parent's and each
 ``processes`` worker's) and the round. Nothing else is needed: every random draw is a pure
-function of (seed, round, client) (``engine/rng.py``), so the next round draws the same.
+function of (seed, round, client) (``functional/rng.py``), so the next round draws the same.
 
 Files, in the run folder's ``checkpoint/``: ``state-r<round>.pt`` (``torch.save``; read back
 with ``weights_only=True``), ``clients-r<round>.bin`` (a disk store's rows, when the store is

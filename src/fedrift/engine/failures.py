@@ -1,7 +1,7 @@
 """Client failures and stragglers, as real federations have them.
 
 Who drops out and who straggles is a pure function of (seed, round, client), like every
-other draw (:mod:`fedrift.engine.rng`): a run with failures is as reproducible as one
+other draw (:mod:`fedrift.functional.rng`): a run with failures is as reproducible as one
 without, on every executor, and a client's fate does not depend on who else was sampled.
 
 - ``engine.dropout`` p: a sampled client receives the broadcast and never returns; the
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fedrift.config import EngineConfig
-from fedrift.engine import rng
+from fedrift.functional import rng
 from fedrift.engine.executors.base import Executor
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
-from fedrift.engine.tree import all_finite
+from fedrift.functional.tree import all_finite
 from fedrift.errors import FedriftError
 
 log = logging.getLogger("fedrift")

@@ -9,7 +9,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value
 
 from fedrift.algorithms.base import Algorithm, check_local_loss
-from fedrift.engine.optim import Transform, apply_updates
+from fedrift.functional.optim import Transform, apply_updates
 from fedrift.engine.privacy import dp_grad_and_value
 from fedrift.engine.round_types import Params, RoundTools, StepFn
 from fedrift.engine.teacher import TeacherMemo
@@ -214,7 +214,7 @@ def make_tools(
     before it reaches a step, the batched executor's stacked clients to their longest;
     ``augment``: the training batches' ``engine.augment.Augment`` (None: off)."""
     from fedrift.algorithms.terms import CHUNK
-    from fedrift.engine.optim import local_optimizer
+    from fedrift.functional.optim import local_optimizer
 
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     if running_stat_names(model) and privacy is not None and privacy.level != "none":

@@ -36,11 +36,11 @@ from fedrift.engine.client import client_summary
 from fedrift.engine.executors.base import Executor
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_step
-from fedrift.engine.optim import Transform, local_optimizer
+from fedrift.functional.optim import Transform, local_optimizer
 from fedrift.engine.round_types import ClientJob, RoundTools
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 from fedrift.metrics.evaluate import evaluate
 
 CHUNK = 64  # personal models trained at a time: bounded memory

@@ -32,8 +32,8 @@ from torch.func import grad_and_value, vmap
 
 from fedrift.algorithms.base import Algorithm
 from fedrift.config import Config, PrivacyConfig
-from fedrift.engine import rng
-from fedrift.engine.tree import stack, tree_map, weighted_sum
+from fedrift.functional import rng
+from fedrift.functional.tree import stack, tree_map, weighted_sum
 from fedrift.errors import ConfigError
 
 Params = dict[str, torch.Tensor]

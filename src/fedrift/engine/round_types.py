@@ -14,9 +14,9 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from fedrift.algorithms.base import Algorithm, ClientData
-from fedrift.engine.optim import Transform
-from fedrift.engine.rng import PRIVACY_SAMPLE, gaussian, step_noise
-from fedrift.engine.tree import tree_map
+from fedrift.functional.optim import Transform
+from fedrift.functional.rng import PRIVACY_SAMPLE, gaussian, step_noise
+from fedrift.functional.tree import tree_map
 
 Params = dict[str, torch.Tensor]
 # step(params, opt_state, batch, payload, ctx) -> (params, opt_state, loss, aux): engine.local.make_step

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrift.engine import rng
+from fedrift.functional import rng
 from fedrift.errors import ConfigError
 from fedrift.registry import Registry
 

@@ -35,7 +35,7 @@ from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.sampling import SAMPLERS, cohort_size, eval_clients
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
-from fedrift.engine.tree import RunningSum, all_finite, shares_memory, signature, stack, tree_bytes
+from fedrift.functional.tree import RunningSum, all_finite, shares_memory, signature, stack, tree_bytes
 from fedrift.errors import ConfigError, DivergenceError, NoClientsError
 from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import LocalParts, evaluate, evaluate_personal

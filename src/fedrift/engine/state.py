@@ -45,7 +45,7 @@ from typing import Any, BinaryIO, Callable, Literal, Mapping
 import numpy as np
 import torch
 
-from fedrift.engine.tree import detach_clone
+from fedrift.functional.tree import detach_clone
 from fedrift.errors import FedriftError
 
 Tree = dict[str, Any]

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 from fedrift.engine.round_types import ClientJob, RoundTools
-from fedrift.engine.tree import tree_map
+from fedrift.functional.tree import tree_map
 
 Params = dict[str, torch.Tensor]
 

@@ -220,7 +220,7 @@ def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Ech
 def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = None, html_path: str | Path | None = None,
                  echo: Echo = print) -> tuple[list[dict[str, Any]], Path]:
     """Tables, figures and ``report.html`` for the runs under ``root``; returns (rows, html path)."""
-    from fedrift.deploy.project import AGAIN, deployed
+    from fedrift.engine.deployed_run import AGAIN, deployed
 
     root = Path(root)
     groups, grid = load_groups(root)

@@ -25,7 +25,7 @@ from torch.func import vmap
 
 from fedrift.engine.local import make_step, optimizer_init
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
-from fedrift.engine.tree import stack
+from fedrift.functional.tree import stack
 
 
 def _select(mask: torch.Tensor, new: Any, old: Any) -> Any:

@@ -20,7 +20,7 @@ import torch
 
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.teacher import with_teacher
-from fedrift.engine.tree import tree_map
+from fedrift.functional.tree import tree_map
 
 BUILD_TEACHER = "build"  # sent instead of teacher rows: the worker builds its clients' rows itself
 

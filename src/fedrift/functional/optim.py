@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from fedrift.engine.tree import leaves, tree_map
+from fedrift.functional.tree import leaves, tree_map
 
 Params = dict[str, torch.Tensor]
 State = Any
