@@ -86,3 +86,50 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
 def test_fedrift_has_no_import_cycle():
     cycle = find_cycle(module_graph(SRC, "fedrift"))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# The layers of the README's Layout section, lowest first: a unit (a top-level module, or a
+# subpackage as a whole) imports units of its own layer or of layers below it, never above.
+LAYERS = [
+    {"errors", "version", "_omp"},
+    {"registry", "params", "overrides", "pretrained", "cache"},
+    {"plugins"},
+    {"config"},
+    {"functional", "data", "models", "metrics"},
+    {"algorithms"},
+    {"engine"},
+    {"api", "deploy", "report"},
+    {"experiments"},
+    {"cli", "fedrift"},
+]
+
+
+def unit_of(module: str) -> str:
+    """``fedrift.engine.executors.base`` -> ``engine``; ``fedrift.cli`` -> ``cli``; the package
+    itself -> ``fedrift``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    level = {u: i for i, units in enumerate(layers) for u in units}
+    out = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = unit_of(module), unit_of(target)
+            if a != b and level.get(b, len(layers)) > level.get(a, -1):
+                out.append(f"{module} ({a}) imports {target} ({b})")
+    return out
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"fedrift.config": {"fedrift.errors"}, "fedrift.algorithms.x": {"fedrift.engine.loop"},
+             "fedrift.engine.loop": {"fedrift.algorithms.x"}}
+    assert upward_imports(graph, LAYERS) == ["fedrift.algorithms.x (algorithms) imports fedrift.engine.loop (engine)"]
+
+
+def test_every_unit_has_a_layer_and_imports_only_downward():
+    graph = module_graph(SRC, "fedrift")
+    placed = {u for units in LAYERS for u in units}
+    assert {unit_of(m) for m in graph} <= placed, f"units without a layer: {sorted({unit_of(m) for m in graph} - placed)}"
+    assert upward_imports(graph, LAYERS) == []

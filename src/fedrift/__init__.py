@@ -11,7 +11,7 @@ from fedrift.experiments.tune import tune
 from fedrift.config import Config, load_config
 from fedrift.errors import ConfigError, DataError, DivergenceError, FedriftError
 
-__version__ = "0.1.0"
+from fedrift.version import __version__  # noqa: E402
 __all__ = ["Config", "ConfigError", "DataError", "DivergenceError", "FedriftError", "RunResult", "compare", "load_config",
            "resume", "run", "select", "tune",
            "write_report", "__version__"]

@@ -316,7 +316,7 @@ def _grid_rows(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None)
 def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None, rows: Sequence[dict[str, Any]],
                 at_rounds: Sequence[int], plots: Sequence[Any], opts: ReportOptions,
                 checked: Sequence[dict[str, Any]] = ()) -> str:
-    from fedrift import __version__
+    from fedrift.version import __version__
 
     title = opts.title or f"fedrift comparison: {root.resolve().name}"
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")

@@ -85,7 +85,7 @@ def _figure(root: Path, page: Mapping[str, Any]) -> Path | None:
 
 def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True) -> Path:
     """Write ``select.html``, ``select.md`` (and the figure) in ``root``; returns the page's path."""
-    from fedrift import __version__
+    from fedrift.version import __version__
 
     rec = page["recommendation"]
     budget = page["budget"]

@@ -116,7 +116,7 @@ def base_line(results: Mapping[str, Mapping[str, Any]]) -> str | None:
 
 def render_tune_page(root: Path, results: Mapping[str, Mapping[str, Any]], figures: bool = True) -> tuple[Path, str]:
     """Write ``tune.html`` (and figures) in ``root``; returns its path and the Markdown tables."""
-    from fedrift import __version__
+    from fedrift.version import __version__
     from fedrift.report.table import markdown_lines
 
     headers, cells = summary_rows(results)
