@@ -8,12 +8,18 @@ functions in the same order, so equal bit for bit here (asserted within 1e-6).
 
 Each SuperNode reads its own ``data-root`` (node config), where the other client's training
 inputs are NaN, and the server's copy has every training input NaN: a deployed run that read
-any input it should not would not equal the simulation. The three runs go to the SuperLink
-at once (a Flower deployment starts a process per message: most of the time is their start).
+any input it should not would not equal the simulation.
+
+The first four are deployed under Flower's default isolation: a ClientApp process started per
+message (torch, Flower and fedrift imported each time; a SuperNode handles one message at a
+time, so those starts are most of the time). The others go to a second federation beside it,
+whose ClientApps are forked from a warm process (``fedrift.deploy.forkexec``;
+tests/deploy/test_forkexec.py shows that both isolations give the same model).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import sys
@@ -33,9 +39,12 @@ assert importlib.util.find_spec("flwr") is not None, "the flower extra is missin
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("cluster")  # under make test: in one worker, one cluster test at a time (conftest.py)
 ALGORITHMS = ("fedavg", "fedgkd", "scaffold", "scaffold_step", "fedadam", "fedacg", "fedsam", "feddc", "fedexp", "elastic")  # the runs, by algorithm (or case)
-BATCH = 3  # deployments submitted at once
+# the runs by the ClientApps' isolation: Flower's own process per message, or forked
+ISOLATION = {"subprocess": ("fedavg", "fedgkd", "scaffold", "scaffold_step"),
+             "fork": ("fedadam", "fedacg", "fedsam", "feddc", "fedexp", "elastic")}
+WAVES = 2  # each federation's runs go in two waves: 2 + 3 ServerApps starting at once
+WAIT = 900  # seconds a deployed run may take: generous, as the machine may be busy with other tests
 CASES = {"scaffold_step": ("scaffold", {"lr_schedule": "step", "lr_milestones": [2], "lr_gamma": 0.5})}
 CLIENTS = 2
 TOL = 1e-6
@@ -86,37 +95,48 @@ def _mkdir(p: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
-    """Every algorithm deployed at once on one loopback federation, and simulated meanwhile:
-    {algorithm: (flwr ls entry, run folder, simulation result)}, and whether a SuperNode
-    with an unregistered key was refused."""
+    """Every algorithm deployed on one of two loopback federations (by ``ISOLATION``), in
+    ``WAVES`` on each, and simulated meanwhile: {algorithm: (flwr ls entry, run folder,
+    simulation result)}, whether a SuperNode with an unregistered key was refused, and each
+    federation's logs."""
     base = tmp_path_factory.mktemp("flower")
     full, devices = _roots(base / "data")
     node_config = {k: f'data-root="{root}"' for k, root in devices.items()}
-    with LoopbackFederation(base / "federation", CLIENTS, node_config) as fed:
+    with contextlib.ExitStack() as stack:
+        feds = {iso: stack.enter_context(LoopbackFederation(base / f"federation-{iso}", CLIENTS, node_config, isolation=iso))
+                for iso in ISOLATION}
         refused: list = []
-        intruder = threading.Thread(target=lambda: refused.append(fed.unregistered_node_refused()))
+        intruder = threading.Thread(target=lambda: refused.append(feds["subprocess"].unregistered_node_refused()))
         intruder.start()
         simulated = {alg: fedrift.run(_config(full, alg, base / f"simulated-{alg}")) for alg in ALGORITHMS}
         # a few runs at a time: ten ServerApps starting at once on a loaded 2-core machine start
         # slower than their task tokens last, and the SuperExec then launches more of them
         entries = {}
-        for i in range(0, len(ALGORITHMS), BATCH):
-            batch = ALGORITHMS[i:i + BATCH]
+        for wave in range(WAVES):
             runs = {}
-            for alg in batch:
-                write_app(base / f"app-{alg}", _config(base / "data" / "server", alg, base / f"deployed-{alg}"))
-                runs[alg] = fed.submit(base / f"app-{alg}")
-            entries.update({alg: fed.wait(runs[alg], base / f"deployed-{alg}" / "summary.json") for alg in batch})
+            for iso, algs in ISOLATION.items():
+                size = -(-len(algs) // WAVES)
+                for alg in algs[wave * size:(wave + 1) * size]:
+                    write_app(base / f"app-{alg}", _config(base / "data" / "server", alg, base / f"deployed-{alg}"))
+                    runs[alg] = feds[iso].submit(base / f"app-{alg}")
+            entries.update({alg: _fed(feds, alg).wait(run, base / f"deployed-{alg}" / "summary.json", timeout=WAIT)
+                            for alg, run in runs.items()})
         intruder.join()
-        logs = {name: fed.log(name) for name in ("superlink", "supernode0", "supernode1")}
+        logs = {alg: {name: _fed(feds, alg).log(name) for name in ("superlink", "supernode0", "supernode1")}
+                for alg in ALGORITHMS}
     return {alg: (entries[alg], base / f"deployed-{alg}", simulated[alg]) for alg in ALGORITHMS}, refused[0], logs
+
+
+def _fed(feds: dict, algorithm: str) -> LoopbackFederation:
+    """The federation that ``algorithm`` is deployed on."""
+    return next(feds[iso] for iso, algs in ISOLATION.items() if algorithm in algs)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_deployed_equals_simulation(deployed, algorithm):
     runs, _, logs = deployed
     entry, folder, sim = runs[algorithm]
-    assert entry["status"] == "finished:completed", (entry["status-details"], logs["superlink"][-3000:])
+    assert entry["status"] == "finished:completed", (entry["status-details"], logs[algorithm]["superlink"][-3000:])
     model = torch.load(folder / "final_model.pt")
     assert model.keys() == sim.global_state.keys()
     for key in model:
