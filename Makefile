@@ -31,8 +31,11 @@ $(STAMP): pyproject.toml constraints.txt $(PLUGIN)/pyproject.toml
 demo: $(STAMP)
 	$(BIN)/fedrift compare -c examples/demo.yaml algorithms=fedavg,fedprox,fedgkd,fedcsd,fedadc seeds=0,1 report.claims=papers --jobs 2 --out runs/demo
 
+# Two test processes (pytest-xdist), each test file whole in one of them (its module fixtures
+# built once); the Ray cluster's and the Flower federations' files count as one file, started
+# first and run one after another, never beside each other (tests/conftest.py).
 test: $(STAMP) browser
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile
 
 # The report's browser test renders report.html in Debian's headless chromium: installed
 # here when no browser is on PATH and this user may install packages (root, or sudo without

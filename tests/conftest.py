@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -25,29 +23,33 @@ def tiny_config(tmp_path, **sections) -> dict:
     return cfg
 
 
-TESTS = str(Path(__file__).parent)
-EVERY_TEST = {"own_cache", "one_thread"}  # the autouse session fixtures below: built in every worker
+# Tests that start many processes and wait on them with timeouts: a Ray cluster, Flower
+# federations (Flower's processes per message, forked ClientApps). Under `make test` they run
+# one after another in one of the two test processes, never beside each other.
+CLUSTER = ("tests/deploy/", "tests/engine/test_ray.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
-def pytest_collection_modifyitems(items):
-    """Work units for ``pytest -n 2 --dist loadgroup`` (make test): a test is sent to a worker
-    alone unless it shares a built-once fixture, so that no fixture is built in both workers.
-    Tests of a module marked ``xdist_group("cluster")`` (a Ray cluster, a Flower federation:
-    many processes, with timeouts) already run one after another in one worker; a test using
-    a session fixture of its own (``grid``) goes with that fixture's other users, one using a
-    module fixture with its module. Without xdist the marks do nothing."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        info = getattr(item, "_fixtureinfo", None)
-        defs = [d[-1] for d in info.name2fixturedefs.values() if d] if info else []
-        ours = [d for d in defs if d.func.__code__.co_filename.startswith(TESTS) and d.argname not in EVERY_TEST]
-        shared = sorted(d.argname for d in ours if d.scope == "session")
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(f"fixture:{shared[0]}"))
-        elif any(d.scope in ("module", "package") for d in ours):
-            item.add_marker(pytest.mark.xdist_group(f"module:{item.nodeid.split('::')[0]}"))
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown to a pytest without it
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n 2 --dist loadfile`` (make test): each test file whole in one test process
+    (its module fixtures built once), the ``CLUSTER`` files as one file, handed out first.
+    (pytest-xdist's ``loadgroup`` cannot do this under pytest 9.2: it renames a test by
+    ``item._nodeid``, which pytest 9.2 no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ClusterFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "cluster" if path.startswith(CLUSTER) else path
+
+        def _assign_work_unit(self, node) -> None:
+            if "cluster" in self.workqueue:  # the longest unit: started at once
+                self.workqueue.move_to_end("cluster", last=False)
+            super()._assign_work_unit(node)
+
+    return ClusterFirst(config, log)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -24,7 +24,6 @@ from fedrift.cli import main  # noqa: E402
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("cluster")  # under make test: in one worker, one cluster test at a time (conftest.py)
 CLIENTS = 3
 ROUNDS = 2
 LONGER = ROUNDS + 1  # the accept_failures run: rounds left after the stop, whichever run is ahead then

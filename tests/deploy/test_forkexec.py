@@ -25,7 +25,6 @@ from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: 
 from fedrift.deploy.project import write_app  # noqa: E402
 from test_flower import CLIENTS, _config  # noqa: E402  (the same federation config: npz blobs, 2 clients, 2 rounds)
 
-pytestmark = pytest.mark.xdist_group("cluster")  # under make test: in one worker, one cluster test at a time (conftest.py)
 ALGORITHMS = ("fedavg", "scaffold")
 ROUNDS = 2  # as test_flower's _config
 
