@@ -238,3 +238,19 @@ def test_run_prints_the_calibrated_accuracy(tmp_path, capsys):
     line = next(x for x in out.splitlines() if x.startswith("calibrated model (final_model.pt): test accuracy "))
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert line.endswith(f"{summary['calibrated_accuracy']:.4f}")
+
+
+def test_statistics_of_a_diverged_model_end_the_run_as_diverged(tiny, monkeypatch):
+    """Non-finite class statistics (a model whose features blew up) cannot be sampled from
+    (eigh fails on them): the run stops as diverged, with a message and its metrics, instead
+    of a linear-algebra traceback."""
+    import fedrift.algorithms.ccvr as ccvr_mod
+
+    acc = {"n": torch.tensor([3.0, 2.0]), "s1": torch.tensor([[1.0, 2.0], [float("inf"), 0.0]]),
+           "s2": torch.zeros(2, 2, 2)}
+    with pytest.raises(FloatingPointError, match="not finite"):
+        ccvr_mod.virtual_set(acc, 4, 0, 1)
+    real = ccvr_mod.global_stats
+    monkeypatch.setattr(ccvr_mod, "global_stats", lambda a: (lambda n, mu, s: (n, mu * float("nan"), s))(*real(a)))
+    with pytest.raises(fedrift.DivergenceError, match="round 1: the clients' class feature statistics are not finite"):
+        fedrift.run(tiny(algorithm={"name": "ccvr"}, train={"rounds": 2}))

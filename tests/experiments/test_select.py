@@ -486,3 +486,25 @@ def test_recommend_says_what_the_paired_gain_allows():
     assert rec["validation_order"] == ["fedavg", "fedprox"]
     with pytest.raises(ConfigError, match="no confirmation run finished"):
         recommend(None, [_row("fedavg", None), _row("fedprox", None)], picked)
+
+
+def test_an_entry_that_fails_fails_its_trials_and_the_search_goes_on(tmp_path, monkeypatch):
+    """An exception in one entry's runs (a bug, a library error) marks its trials failed with
+    the error, and the search, the confirmation and the recommendation go on without it."""
+    real_run = fedrift.api.run
+
+    def failing(config=None, overrides=None, resume=False, on_round=None):
+        if config["algorithm"]["name"] == "fedgkd":
+            raise RuntimeError("a bug in this entry")
+        return real_run(config, overrides, resume, on_round)
+
+    monkeypatch.setattr(fedrift.api, "run", failing)
+    out = tmp_path / "s"
+    kwargs = _quiet(algorithms=["fedavg", "fedprox", "fedgkd"], budget_rounds=60, seeds=[1, 2])
+    rec = select(_base(), out=out, **kwargs)
+    trials = _trials(_plan(out, kwargs))
+    failed = [t for t in trials if t["entry"] == "fedgkd"]
+    assert failed and all(t["state"] == "fail" and t["status"] == "error: RuntimeError: a bug in this entry"
+                          for t in failed)
+    assert any(t["entry"] == "fedprox" and t["rounds"] > 0 for t in trials)
+    assert rec["choice"] in ("fedavg", "fedprox") and (out / "recommendation.yaml").is_file()

@@ -166,7 +166,8 @@ def global_stats(acc: Tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def virtual_features(mu: torch.Tensor, sigma: torch.Tensor, m: int, rng: np.random.Generator) -> torch.Tensor:
     """``m`` draws from ``N(mu, sigma)`` (float64): ``mu + V diag(sqrt(max(lambda, 0))) z``
     with ``sigma = V diag(lambda) V^T`` and ``z`` standard normal from ``rng``."""
-    lam, vec = torch.linalg.eigh(sigma.double())
+    sigma = sigma.double()
+    lam, vec = torch.linalg.eigh((sigma + sigma.T) / 2)  # symmetric to the last bit, as eigh assumes
     root = vec * lam.clamp_min(0).sqrt()  # V diag(sqrt lambda)
     z = torch.from_numpy(rng.standard_normal((m, len(mu)))).to(root.device)
     return mu.double() + z @ root.T
@@ -175,6 +176,8 @@ def virtual_features(mu: torch.Tensor, sigma: torch.Tensor, m: int, rng: np.rand
 def virtual_set(acc: Tree, m: int, seed: int, round_: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``M`` virtual features of each class some client holds, class by class, and their labels."""
     n, mu, sigma = global_stats(acc)
+    if not (torch.isfinite(mu).all() and torch.isfinite(sigma).all()):  # eigh cannot take them: the model diverged
+        raise FloatingPointError("the clients' class feature statistics are not finite (CCVR's calibration)")
     feats, labels = [], []
     for c in torch.nonzero(n > 0).flatten().tolist():
         feats.append(virtual_features(mu[c], sigma[c], m, generator(seed, CCVR_RNG, round_, 0, c)))

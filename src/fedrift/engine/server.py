@@ -376,9 +376,12 @@ class Server:
         prefixes = getattr(self.model, "head_prefixes", ("fc",))
         params = self.state["params"]
         head = {k for k in params if k.split(".")[0] in prefixes}
-        row, self.calibrated = calibration_metrics(self.algorithm, params, self.fed, self.panel, self.tools.apply, head,
-                                                   t, self.tools.eval_batch, self.evaluated, self.local_test,
-                                                   self.tools.vmap_apply)
+        try:
+            row, self.calibrated = calibration_metrics(self.algorithm, params, self.fed, self.panel, self.tools.apply,
+                                                       head, t, self.tools.eval_batch, self.evaluated, self.local_test,
+                                                       self.tools.vmap_apply)
+        except FloatingPointError as err:  # statistics of a diverged model: the run ends as diverged
+            raise self._diverged(t, str(err)) from None
         return row
 
     def checkpoint(self, t: int) -> None:

@@ -349,6 +349,14 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
                 trial.set_user_attr("status", "diverged")
             echo(f"trial {trial.number} {shown}: diverged ({str(err).split(';')[0]})")
             raise optuna.TrialPruned("diverged") from None
+        except optuna.TrialPruned:
+            raise
+        except Exception as err:  # an entry that fails (a bug, a library error) fails its trial, not the search
+            with shielded():
+                trial.set_user_attr("status", f"error: {type(err).__name__}: {err}"[:300])
+            echo(f"trial {trial.number} {shown}: failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                 "the search goes on without it")
+            return math.nan  # told as failed: no score
         with shielded():
             trial.set_user_attr("status", "completed")
             trial.set_user_attr("seconds", time.perf_counter() - start)
@@ -370,7 +378,10 @@ def _clock(seconds: float) -> str:
 
 def _trials(plan: Select) -> list[dict[str, Any]]:
     """Every trial as plain data (entry, values, rounds reached, best validation score so far
-    at each reported round, status, seconds): what the budget, the ranking and the page read."""
+    at each reported round, status, seconds): what the budget, the ranking and the page read.
+    ``charged``: the rounds the budget counts, at least the first rung's for a trial that
+    ended, so that trials ending before any scored round (an entry that fails at once, a
+    divergence in round 1) still spend budget and a search cannot loop on them for free."""
     optuna = load_optuna()
     st = optuna.load_study(study_name=STUDY, storage=plan.storage)
     out = []
@@ -383,6 +394,8 @@ def _trials(plan: Select) -> list[dict[str, Any]]:
                     "values": t.user_attrs.get("overrides", {}), "curve": inter,
                     "rounds": max(inter) if inter else 0, "score": inter[max(inter)] if inter else None,
                     "seconds": float(t.user_attrs.get("seconds", 0.0))})
+        done = t.state.name not in ("RUNNING", "WAITING")
+        out[-1]["charged"] = max(out[-1]["rounds"], plan.rungs[0]) if done else out[-1]["rounds"]
     return out
 
 
@@ -436,7 +449,7 @@ def _to_confirm(plan: Select, picked: Sequence[Mapping[str, Any]], tuned: Path, 
 
 
 def _spent(plan: Select, trials: Sequence[Mapping[str, Any]]) -> int:
-    return sum(int(t["rounds"]) for t in trials)
+    return sum(int(t["charged"]) for t in trials)
 
 
 def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print) -> None:
@@ -460,7 +473,7 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print) -> 
         left once the confirmation's estimate is."""
         cap = deadline = None
         if plan.budget_rounds is not None:
-            done = sum(int(t["rounds"]) for t in trials if t["state"] != "running")
+            done = sum(int(t["charged"]) for t in trials if t["state"] != "running")
             left = plan.budget_rounds - plan.confirmation_rounds - done - reserved
             if left < plan.rungs[0]:
                 return None
