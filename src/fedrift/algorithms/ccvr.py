@@ -167,8 +167,16 @@ def virtual_features(mu: torch.Tensor, sigma: torch.Tensor, m: int, rng: np.rand
     """``m`` draws from ``N(mu, sigma)`` (float64): ``mu + V diag(sqrt(max(lambda, 0))) z``
     with ``sigma = V diag(lambda) V^T`` and ``z`` standard normal from ``rng``."""
     sigma = sigma.double()
-    lam, vec = torch.linalg.eigh((sigma + sigma.T) / 2)  # symmetric to the last bit, as eigh assumes
-    root = vec * lam.clamp_min(0).sqrt()  # V diag(sqrt lambda)
+    sigma = (sigma + sigma.T) / 2  # symmetric to the last bit, as eigh assumes
+    scale = float(sigma.abs().max())  # decomposed at unit scale: eigh fails on huge finite entries
+    if scale == 0.0:
+        root = torch.zeros_like(sigma)
+    else:
+        try:
+            lam, vec = torch.linalg.eigh(sigma / scale)
+        except torch.linalg.LinAlgError as err:
+            raise FloatingPointError(f"a class covariance cannot be decomposed (CCVR's calibration: {err})") from None
+        root = vec * (lam.clamp_min(0) * scale).sqrt()  # V diag(sqrt lambda)
     z = torch.from_numpy(rng.standard_normal((m, len(mu)))).to(root.device)
     return mu.double() + z @ root.T
 

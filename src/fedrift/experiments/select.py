@@ -64,6 +64,7 @@ from fedrift.experiments.space import Dim, resolve_space, startup_points
 from fedrift.experiments.studies import fail_stale, finished_trials, fixed_sampler_class, load_optuna, one_trial
 from fedrift.experiments.tuned import BEST, tune_base
 from fedrift.overrides import parse_algorithm
+from fedrift.report.table import short_names
 
 REFERENCE = "fedavg"
 STUDY = "select"
@@ -577,8 +578,8 @@ def recommend(plan: Select, rows: Sequence[Mapping[str, Any]], picked: Sequence[
 
 def _values_text(values: Mapping[str, Any]) -> str:
     """``{"train.lr": 0.0124, "algorithm.mu": 0.1}`` -> ``lr 0.0124, mu 0.1``."""
-    return ", ".join(f"{k.split('.')[-1]} {v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]} {v}"
-                     for k, v in values.items())
+    names = short_names(list(values))  # the table's rule: the last part unless two keys share it
+    return ", ".join(f"{names[k]} {v:.3g}" if isinstance(v, float) else f"{names[k]} {v}" for k, v in values.items())
 
 
 def _gain(row: Mapping[str, Any] | None) -> str:
