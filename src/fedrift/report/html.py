@@ -313,42 +313,42 @@ def _grid_rows(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None)
     return rows
 
 
+def page_head(title: str, meta: str) -> list[str]:
+    """The opening of a self-contained page (report.html, tune.html, select.html): its title,
+    the shared style, and a line of who wrote it when, with ``meta`` after."""
+    from fedrift.version import __version__
+
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    return ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">', f"<title>{_e(title)}</title>",
+            f"<style>{CSS}</style>", "</head>", "<body>", f"<h1>{_e(title)}</h1>",
+            f'<p class="meta">fedrift {_e(__version__)}, generated {_e(now)}{_e(meta)}</p>']
+
+
+def fit_table(table_id: str, headers: Sequence[Any], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A table that wraps to fit the page (cells by :func:`cell`), scrolling only if it must."""
+    return ['<div class="scroll">', f'<table id="{_e(table_id)}" class="fit">',
+            "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr></thead>", "<tbody>",
+            *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in rows),
+            "</tbody>", "</table>", "</div>"]
+
+
 def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None, rows: Sequence[dict[str, Any]],
                 at_rounds: Sequence[int], plots: Sequence[Any], opts: ReportOptions,
                 checked: Sequence[dict[str, Any]] = ()) -> str:
-    from fedrift.version import __version__
-
     title = opts.title or f"fedrift comparison: {root.resolve().name}"
-    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     headers, cells = display_table(rows, at_rounds, pm="±")
     paired_note = note(rows, pm="±")
     paper_note = published.note(rows, pm="±")
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(title)}</title>",
-        f"<style>{CSS}</style>",
-        "</head>",
-        "<body>",
-        f"<h1>{_e(title)}</h1>",
-        f'<p class="meta">fedrift {_e(__version__)}, generated {_e(now)}</p>',
+        *page_head(title, ""),
         *(f'<p class="warn" id="tuned-warning">{_e(line)}</p>' for line in ((grid or {}).get("tuned") or {}).get("warnings") or []),
         "<h2>Grid</h2>",
         '<table class="kv" id="grid"><tbody>',
         *(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in _grid_rows(root, groups, grid)),
         "</tbody></table>",
         "<h2>Results</h2>",
-        '<div class="scroll">',
-        '<table id="results" class="fit">',
-        "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr></thead>",
-        "<tbody>",
-        *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in cells),
-        "</tbody>",
-        "</table>",
-        "</div>",
+        *fit_table("results", headers, cells),
         '<p class="note">Accuracies in percent: mean ± sample standard deviation (ddof=1; 0 for one seed) over the '
         "runs that completed; diverged runs are counted, not averaged. acc@r: the last evaluation at or before round r. "
         "Rounds to target: mean over the runs that reached it (how many in brackets)"
@@ -361,12 +361,7 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
         claim_headers, claim_cells = claims.display(checked, pm="±")
         parts += [
             "<h2>Claims</h2>",
-            '<div class="scroll"><table id="claims" class="fit">',
-            "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in claim_headers) + "</tr></thead>",
-            "<tbody>",
-            *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in claim_cells),
-            "</tbody>",
-            "</table></div>",
+            *fit_table("claims", claim_headers, claim_cells),
             f'<p class="note">{_e(claims.note(checked, pm="±"))} The same table is in claims.csv and claims.md.</p>',
         ]
     if plots:
@@ -410,4 +405,4 @@ def check_report_names(opts: Any, algorithms: Sequence[str]) -> None:
     claims.resolve_claims(opts.claims, names)  # and a claim about an algorithm it lacks
 
 
-__all__ = ["ReportOptions", "build_report", "check_report_names", "make_figures", "render_html", "resolve_at_rounds", "write_tables"]
+__all__ = ["ReportOptions", "build_report", "check_report_names", "fit_table", "page_head", "make_figures", "render_html", "resolve_at_rounds", "write_tables"]

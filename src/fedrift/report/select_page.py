@@ -8,12 +8,11 @@ so far at each round, status)."""
 
 from __future__ import annotations
 
-import datetime
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from fedrift.report.html import CSS, _e, _img, cell
+from fedrift.report.html import _e, _img, fit_table, page_head
 from fedrift.report.plots import new_figure, save
 from fedrift.report.table import markdown_lines
 
@@ -85,8 +84,6 @@ def _figure(root: Path, page: Mapping[str, Any]) -> Path | None:
 
 def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True) -> Path:
     """Write ``select.html``, ``select.md`` (and the figure) in ``root``; returns the page's path."""
-    from fedrift.version import __version__
-
     rec = page["recommendation"]
     budget = page["budget"]
     spent = (f"{_duration(budget['spent_seconds'])} of " + (_duration(budget["seconds"]) if budget["seconds"] else "no time limit")
@@ -104,19 +101,12 @@ def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True
     (root / "select.md").write_text("\n".join(md))
     png = _figure(root, page) if figures else None
     parts = [
-        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>fedrift select: {_e(root.resolve().name)}</title>", f"<style>{CSS}</style>", "</head>", "<body>",
-        f"<h1>fedrift select: {_e(root.resolve().name)}</h1>",
-        f'<p class="meta">fedrift {_e(__version__)}, generated {_e(datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))}; '
-        "the search scores validation accuracy only; the test set is read by the confirmation's report</p>",
+        *page_head(f"fedrift select: {root.resolve().name}",
+                   "; the search scores validation accuracy only; the test set is read by the confirmation's report"),
         f'<p id="recommendation"><strong>{_e(rec["text"])}</strong></p>',
         f'<p class="note">recommendation.yaml holds it as a config (fedrift run -c recommendation.yaml). Budget spent: {_e(spent)}.</p>',
         "<h2>The search</h2>",
-        '<div class="scroll"><table id="rungs" class="fit">',
-        "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr></thead>", "<tbody>",
-        *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in rows),
-        "</tbody></table></div>",
+        *fit_table("rungs", headers, rows),
         f'<p class="note">{_e(RUNG_NOTE)}</p>',
     ]
     if png is not None:
@@ -133,10 +123,7 @@ def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True
         if len(lines) > 2:
             head = [c.strip() for c in lines[0].strip("|").split("|")]
             body = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
-            parts += ['<div class="scroll"><table id="confirmation" class="fit">',
-                      "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead>", "<tbody>",
-                      *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in body),
-                      "</tbody></table></div>"]
+            parts += fit_table("confirmation", head, body)
     parts += ["</body>", "</html>", ""]
     out = root / "select.html"
     out.write_text("\n".join(parts))

@@ -12,12 +12,11 @@ split, averaged over the clients. The score is the best validation accuracy over
 
 from __future__ import annotations
 
-import datetime
 import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from fedrift.report.html import CSS, _e, _img, cell
+from fedrift.report.html import _e, _img, fit_table, page_head
 from fedrift.report.plots import new_figure, save
 from fedrift.report.table import read_metrics
 
@@ -116,7 +115,6 @@ def base_line(results: Mapping[str, Mapping[str, Any]]) -> str | None:
 
 def render_tune_page(root: Path, results: Mapping[str, Mapping[str, Any]], figures: bool = True) -> tuple[Path, str]:
     """Write ``tune.html`` (and figures) in ``root``; returns its path and the Markdown tables."""
-    from fedrift.version import __version__
     from fedrift.report.table import markdown_lines
 
     headers, cells = summary_rows(results)
@@ -125,17 +123,10 @@ def render_tune_page(root: Path, results: Mapping[str, Mapping[str, Any]], figur
     md += ["", base] if base else []
     md += ["", EXPLAIN]
     parts = [
-        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>fedrift tune: {_e(root.resolve().name)}</title>", f"<style>{CSS}</style>", "</head>", "<body>",
-        f"<h1>fedrift tune: {_e(root.resolve().name)}</h1>",
-        f'<p class="meta">fedrift {_e(__version__)}, generated {_e(datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))}; '
-        "trials scored by their best validation accuracy (the test set is shown, never used to choose)</p>",
+        *page_head(f"fedrift tune: {root.resolve().name}",
+                   "; trials scored by their best validation accuracy (the test set is shown, never used to choose)"),
         "<h2>Summary</h2>",
-        '<div class="scroll"><table id="summary" class="fit">',
-        "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr></thead>", "<tbody>",
-        *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in cells),
-        "</tbody></table></div>",
+        *fit_table("summary", headers, cells),
         f'<p class="note">score: the best trial\'s best validation accuracy (metric: which one). {_e(EDGE_NOTE)}</p>',
         *([f'<p class="note" id="base">{_e(base)}</p>'] if base else []),
         *(f'<p class="warn">{_e(r["entry"])}: {_e(k)} at the {_e(side)} edge of its range {_e(r["space"].get(k, ""))}: '
