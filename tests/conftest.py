@@ -52,6 +52,13 @@ def pytest_xdist_make_scheduler(config, log):
     return ClusterFirst(config, log)
 
 
+def grid_config(tmp_path, **sections) -> dict:
+    """The tiny config (digits, MLP, 6 clients) for a grid: compare sets output.* itself."""
+    cfg = tiny_config(tmp_path, **sections)
+    cfg.pop("output")
+    return cfg
+
+
 @pytest.fixture(autouse=True, scope="session")
 def own_cache(tmp_path_factory):
     """fedrift's file cache (decoded images, text embeddings) in a folder of this session:

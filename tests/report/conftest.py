@@ -5,17 +5,10 @@ from __future__ import annotations
 import pytest
 
 import fedrift
-from conftest import tiny_config
+from conftest import grid_config
 
 ALGORITHMS = ["fedavg", "fedprox:mu=0.1"]
 SEEDS = [0, 1]
-
-
-def grid_config(tmp_path, **sections) -> dict:
-    """The tiny config (digits, MLP, 6 clients) for a grid: compare sets output.* itself."""
-    cfg = tiny_config(tmp_path, **sections)
-    cfg.pop("output")
-    return cfg
 
 
 @pytest.fixture(scope="session")

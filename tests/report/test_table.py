@@ -254,3 +254,15 @@ def test_labels_of_tuned_runs_without_compare_json(tmp_path):
     labels = sorted(g.algorithm for g in load_groups(root)[0])
     assert labels == ["fedadc:variant=heavy_ball:lr=0.03", "fedadc:variant=nesterov:lr=0.03",
                       "fedadc_plus:variant=nesterov:lr=0.1571", "fedavg:lr=0.01243", "fedgkd:lr=0.01243"]
+
+
+def test_python_api_rows(grid):
+    root, rows = grid
+    assert [r["algorithm"] for r in rows] == ["fedavg", "fedprox:mu=0.1"]
+    for r in rows:
+        assert r["runs"] == 2 and r["completed"] == 2 and r["diverged"] == 0
+        assert 0 < r["best_accuracy_mean"] <= 1 and r["best_accuracy_std"] >= 0
+        assert r["accuracy_at_2_mean"] is not None and r["bytes_down_per_round"] > 0
+        assert r["target"] == pytest.approx(0.9 * rows[0]["best_accuracy_mean"])  # default: 90% of fedavg's best
+    desc = json.loads((root / "compare.json").read_text())
+    assert desc["algorithms"] == ["fedavg", "fedprox:mu=0.1"] and desc["seeds"] == [0, 1]

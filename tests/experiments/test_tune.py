@@ -295,7 +295,7 @@ def test_the_committed_benchmark_choices_are_points_of_their_tunes_design(name):
     from fedrift.overrides import parse_algorithm
     from fedrift.experiments.tuned import read_tuned
 
-    doc = read_tuned(Path(__file__).parents[1] / "benchmarks" / "tuned" / f"{name}.yaml")
+    doc = read_tuned(Path(__file__).parents[2] / "benchmarks" / "tuned" / f"{name}.yaml")
     assert "fedavg" in doc and len(doc) >= 20
     for entry, best in doc.items():
         dims = resolve_space(parse_algorithm(entry)[0], {})
@@ -378,7 +378,7 @@ def test_an_older_best_yaml_without_a_base_still_works_and_is_said_unchecked(tin
     printed = capsys.readouterr().out
     assert "tuned fedavg: train.lr=0.1" in printed
     assert f"tuned: {old} records no base for fedavg (a best.yaml from before fedrift stored one)" in printed
-    committed = Path(__file__).parents[1] / "benchmarks" / "tuned" / "workload-a.yaml"
+    committed = Path(__file__).parents[2] / "benchmarks" / "tuned" / "workload-a.yaml"
     assert base_check(committed, [("fedavg", _cfg(tiny))]) == {"differences": {}, "unrecorded": ["fedavg"]}
 
 
