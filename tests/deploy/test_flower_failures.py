@@ -28,6 +28,7 @@ CLIENTS = 3
 ROUNDS = 2
 LONGER = ROUNDS + 1  # the accept_failures run: rounds left after the stop, whichever run is ahead then
 VICTIM = 1  # the SuperNode (and client) stopped after round 1
+WAIT = 900  # seconds a run may take: generous, as the machine may be busy with other tests
 
 
 def _config(root: Path, out: Path, rounds: int = ROUNDS, **engine) -> dict:
@@ -66,12 +67,12 @@ def failures(tmp_path_factory):
         for name, cfg in configs.items():
             write_app(base / f"app-{name}", cfg)
             ids[name] = fed.submit(base / f"app-{name}")
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + WAIT
         while min(_rows(base / "run-accept"), _rows(base / "run-stop")) < 1:  # both finished round 1
             assert time.monotonic() < deadline, "round 1 did not finish"
             time.sleep(0.2)
         fed.stop_node(VICTIM)
-        entries = {name: fed.wait(ids[name], base / f"run-{name}" / "summary.json") for name in ids}
+        entries = {name: fed.wait(ids[name], base / f"run-{name}" / "summary.json", timeout=WAIT) for name in ids}
         logs = {name: fed.run_log(ids[name]) for name in ids}
     return {name: (entries[name], base / f"run-{name}", logs[name]) for name in ids}
 

@@ -27,6 +27,7 @@ from test_flower import CLIENTS, _config  # noqa: E402  (the same federation con
 
 ALGORITHMS = ("fedavg", "scaffold")
 ROUNDS = 2  # as test_flower's _config
+WAIT = 900  # seconds a run may take: generous, as the machine may be busy with other tests
 
 
 
@@ -46,7 +47,7 @@ def forked(tmp_path_factory):
         long["train"]["rounds"] = 10_000
         fed.submit(write_app(base / "app-long", long))  # still running when the federation stops
         simulated = {alg: fedrift.run(_config(base / "data", alg, base / f"simulated-{alg}")) for alg in ALGORITHMS}
-        entries = {alg: fed.wait(runs[alg], base / f"deployed-{alg}" / "summary.json") for alg in ALGORITHMS}
+        entries = {alg: fed.wait(runs[alg], base / f"deployed-{alg}" / "summary.json", timeout=WAIT) for alg in ALGORITHMS}
         logs = {k: fed.log(f"forkexec{k}") for k in range(CLIENTS)}
         alive = all(p.poll() is None for p in fed.executors.values())
         started = fed.descendants()  # the long run's ServerApp among them
