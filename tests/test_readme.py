@@ -115,6 +115,10 @@ def test_every_readme_command(capsys, tmp_path, monkeypatch):
         elif args[0] == "tune":  # its trials are runs: fewer and shorter ones
             fast = [a for a in args if a not in ("--jobs", "2", "--trials", "6")]
             assert main([*fast, *SHORT, "--trials", "1", "--no-report"]) == 0, capsys.readouterr().err
+        elif args[0] == "select":  # a search and its confirmation: the smallest that recommends (not 2 hours)
+            fast = [a for a in args if a not in ("--jobs", "2", "--budget", "2h")]
+            assert main([*fast, *SHORT, "--budget-rounds", "10", "algorithms=fedavg,fedprox", "top=1", "seeds=1,2",
+                         "startup=1", "--no-report"]) == 0, capsys.readouterr().err
         elif args[0] == "flower":  # the app project: as written, with the config's folder on this machine
             assert main([a.replace("/srv/runs", str(tmp_path / "srv")) for a in args]) == 0, capsys.readouterr().err
         elif args[0] == "download":  # needs the network: parsed, and the name checked against the table
@@ -123,7 +127,7 @@ def test_every_readme_command(capsys, tmp_path, monkeypatch):
         else:  # list, partition, report: as written
             assert main(args) == 0, capsys.readouterr().err
         ran.add(args[0])
-    assert {"run", "compare", "report", "list", "partition", "tune", "download", "flower", "openssl"} <= ran
+    assert {"run", "compare", "report", "list", "partition", "tune", "select", "download", "flower", "openssl"} <= ran
     # the certificate the SuperNodes will dial: signed by the CA, its subjectAltName the server's name and address
     subprocess.run(["openssl", "verify", "-CAfile", "ca.crt", "server.pem"], check=True, capture_output=True)
     from cryptography import x509
