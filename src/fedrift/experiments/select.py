@@ -64,6 +64,7 @@ from fedrift.experiments.space import Dim, resolve_space, startup_points
 from fedrift.experiments.studies import fail_stale, finished_trials, fixed_sampler_class, load_optuna, one_trial
 from fedrift.experiments.tuned import BEST, tune_base
 from fedrift.overrides import parse_algorithm
+from fedrift.report.select_page import duration_text, render_select_page
 from fedrift.report.table import short_names
 
 REFERENCE = "fedavg"
@@ -336,7 +337,7 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
                 with shielded():
                     trial.set_user_attr("status", "budget")
             if rnd in rungs or prune:
-                left = "" if deadline is None else f"; {_clock(max(0.0, deadline - time.time()))} of the search's budget left"
+                left = "" if deadline is None else f"; {duration_text(max(0.0, deadline - time.time()))} of the search's budget left"
                 what = "stopped by the budget" if over else "stopped" if prune else "goes on" if rnd < plan.rounds else "done"
                 echo(f"trial {trial.number} {shown}: {rnd} rounds, val {best[0]:.4f}, {what}{left}")
             if prune:
@@ -370,11 +371,6 @@ def _worker(args: tuple[Select, int, dict[str, Any] | None, int | None, float | 
     """A pool process: one trial (a start-up point, or TPE's proposal) within its limits."""
     plan, seed, point, cap, deadline = args
     one_trial(_open(plan, seed, point), _objective(plan, print, True, cap, deadline))
-
-
-def _clock(seconds: float) -> str:
-    m = int(round(seconds / 60))
-    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m" if m else f"{int(seconds)}s"
 
 
 def _trials(plan: Select) -> list[dict[str, Any]]:
@@ -689,8 +685,8 @@ def select(
             left = plan.budget_seconds - plan.description["spent"]
             need = _confirmation_seconds(plan, trials, jobs) * _to_confirm(plan, picked, tuned, jobs)
             if need > 0 and need > left:
-                raise ConfigError(f"--budget: the search left {_clock(max(left, 0))} and the confirmation needs about "
-                                  f"{_clock(need)}: no recommendation; run the same command with a larger --budget "
+                raise ConfigError(f"--budget: the search left {duration_text(max(left, 0))} and the confirmation needs about "
+                                  f"{duration_text(need)}: no recommendation; run the same command with a larger --budget "
                                   "(the search is kept and goes on)")
         echo("select: confirming " + ", ".join(f"{t['entry']} (val {t['score']:.4f} at {t['rounds']} rounds)" for t in picked)
              + f" over seeds {','.join(map(str, plan.seeds))}")
@@ -704,8 +700,6 @@ def select(
             save()
         rec = recommend(plan, rows, picked)
         path = write_recommendation(plan, rec, picked)
-        from fedrift.report.select_page import render_select_page
-
         page = {"recommendation": rec, "trials": trials, "picked": picked, "rungs": plan.rungs,
                 "entries": [e.entry for e in plan.entries], "left_out": plan.left_out, "rounds": plan.rounds,
                 "budget": {"seconds": plan.budget_seconds, "rounds": plan.budget_rounds,

@@ -26,7 +26,8 @@ def _pct(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{100 * v:.1f}"
 
 
-def _duration(seconds: float | None) -> str:
+def duration_text(seconds: float | None) -> str:
+    """``5400`` -> ``1h30m``, ``300`` -> ``5 min``, ``40`` -> ``40 s``; None -> ``-``."""
     if seconds is None:
         return "-"
     m = int(round(seconds / 60))
@@ -86,7 +87,7 @@ def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True
     """Write ``select.html``, ``select.md`` (and the figure) in ``root``; returns the page's path."""
     rec = page["recommendation"]
     budget = page["budget"]
-    spent = (f"{_duration(budget['spent_seconds'])} of " + (_duration(budget["seconds"]) if budget["seconds"] else "no time limit")
+    spent = (f"{duration_text(budget['spent_seconds'])} of " + (duration_text(budget["seconds"]) if budget["seconds"] else "no time limit")
              + f"; {budget['spent_rounds']} rounds" + (f" of {budget['rounds']}" if budget["rounds"] else "")
              + f" (search and confirmation; the confirmation {len(page['picked'])} entries x {len(page['seeds'])} seeds "
              f"x {page['rounds']} rounds)")
@@ -130,4 +131,4 @@ def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True
     return out
 
 
-__all__ = ["render_select_page", "rung_rows"]
+__all__ = ["duration_text", "render_select_page", "rung_rows"]
