@@ -40,6 +40,36 @@ print(f"gpu_r1_full: joined {n} images into {dst}")
 PY
 nvidia-smi -L
 FEDRIFT=("$PY" -c 'import sys; from fedrift.cli import main; sys.exit(main(sys.argv[1:]))')
+if [ -n "${CHAIN:-}" ]; then
+  # CHAIN="fedcsd fedgkd_vote ...": R1 at alpha 0.1, each method tuned (the paper's lr grid, 20
+  # rounds, as benchmarks/r1_chain.sh on the CPU, into a copy of the CPU's tune so that its
+  # description is the same) and then its 3 seeds beside FedAvg's, one method after another
+  # until BUDGET; the zip sits where the config names it, so the configs equal the CPU's.
+  mkdir -p ../shared/data/cifar10-jpeg && mv /tmp/cifar10-jpeg/cifar10-jpeg.zip ../shared/data/cifar10-jpeg/ || exit 1
+  rm -rf "$OUT/r1-tune" "$OUT/r1-gpu-chain" && cp -r benchmarks/results/r1-tune "$OUT/r1-tune"
+  NONE="space.gamma=none space.beta=none"  # lr only: each key the tune's entries would search, fixed
+  done_new=""
+  for m in $CHAIN; do
+    case $m in fedcsd|fedprox|moon) k=mu;; fedgkd_vote) k=lam;; feddyn) k=alpha;; *) k="";; esac
+    [ -z "$k" ] || [[ " $NONE " == *" space.$k=none "* ]] || NONE="$NONE space.$k=none"
+    for step in tune compare; do
+      left=$((BUDGET - ($(date +%s) - START)))
+      [ "$left" -gt 30 ] || { echo "gpu_r1_full: budget spent before $step $m"; break 2; }
+      echo "== $(date -u +%T) $step $m, $left s left"
+      if [ $step = tune ]; then
+        timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" tune -c examples/workload_r1.yaml --jobs "$JOBS" train.rounds=20 \
+          space.train.lr=0.01,0.05,0.1 $NONE algorithms=fedavg,fedgkd,fedadc$done_new,$m --out "$OUT/r1-tune" || break 2
+      else
+        timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" compare -c examples/workload_r1.yaml --jobs "$JOBS" seeds="$SEEDS" \
+          algorithms=fedavg$done_new,$m tuned="$OUT/r1-tune" report.reference=fedavg report.tsne=none \
+          report.paper=fedgkd-table3-cifar10 output.progress=false --out "$OUT/r1-gpu-chain" || break 2
+      fi
+      echo "== exit $? after $(($(date +%s) - START)) s"
+    done
+    done_new=$done_new,$m
+  done
+  ALPHAS=""
+fi
 for alpha in $ALPHAS; do
   left=$((BUDGET - ($(date +%s) - START)))
   [ "$left" -gt 30 ] || { echo "gpu_r1_full: budget spent before alpha $alpha"; break; }
@@ -53,7 +83,7 @@ done
 # what comes back from the device is limited in number of files (8 came back in one call) and in
 # depth: each grid keeps results.md and travels as one archive (its report, csv, figures and run
 # folders: metrics, configs, logs; no checkpoints)
-for d in "$OUT"/r1-gpu-a*; do
+for d in "$OUT"/r1-gpu-a* "$OUT"/r1-gpu-chain "$OUT"/r1-tune; do
   [ -d "$d" ] || continue
   rm -f "$d/.fedrift.lock"
   g=$(basename "$d")
