@@ -22,7 +22,7 @@ from conftest import one_line_refusal, tiny_config
 from fedrift.cli import main
 from fedrift.errors import ConfigError
 from fedrift.experiments.select import (
-    STUDY, _points, _trials, build_select, candidates, parse_duration, ranking, recommend, select,
+    STUDY, _no_better_than_stopped, _points, _trials, build_select, candidates, parse_duration, ranking, recommend, select,
 )
 
 CRIPPLE = "train.weight_decay=3"  # measured on digits: every lr of the space stays at chance (10 % test accuracy)
@@ -429,10 +429,45 @@ def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["2 hours", "2hours", "h", "", "-5", "1d", "5m30", "two"])
+@pytest.mark.parametrize("text", ["2 hours", "2hours", "h", "", "-5", "1d", "5m30", "two", "1h1h", "30m1h"])
 def test_parse_duration_refuses_what_is_no_duration(text):
     with pytest.raises(ConfigError, match=r"^--budget: .* is not a duration; allowed: "):
         parse_duration(text)
+
+
+def test_the_design_starts_at_the_centre_of_each_entry_space(tmp_path):
+    """Every entry's first start-up point is its space's centre (the geometric middle of a log
+    range: sqrt(0.005 x 0.5) for the default learning rate, sqrt(1e-4 x 1) for FedProx's mu),
+    the second its Sobol design's first point; in turns over the entries."""
+    kwargs = _quiet(algorithms=["fedavg", "fedprox"], budget_rounds=60, startup=2, space=None)
+    design = _points(_plan(tmp_path / "s", kwargs), SimpleNamespace(get_trials=lambda deepcopy=False, states=None: []))
+    assert [p["algorithm"] for p in design] == ["fedavg", "fedprox", "fedavg", "fedprox"]
+    assert design[0] == {"algorithm": "fedavg", "fedavg/train.lr": pytest.approx(0.05)}
+    assert design[1] == {"algorithm": "fedprox", "fedprox/train.lr": pytest.approx(0.05),
+                         "fedprox/algorithm.mu": pytest.approx(0.01)}
+    assert design[2] != design[0] and 0.005 <= design[2]["fedavg/train.lr"] <= 0.5
+
+
+def test_a_trial_no_better_than_one_stopped_at_its_rung_stops(tmp_path):
+    """Rungs at 2 and 6 rounds: a trial at 0.10 after 2 rounds stops when a trial stopped at
+    that rung scored 0.10 there (a tie at chance level), goes on at 0.11; trials stopped by
+    the budget, or stopped at another rung, or still running, do not count."""
+    plan = _plan(tmp_path / "s", _quiet(algorithms=["fedavg", "fedprox"], budget_rounds=60))
+    assert plan.rungs == [2, 6]
+
+    def trial(number, steps, status="pruned"):
+        return SimpleNamespace(number=number, intermediate_values=steps, user_attrs={"status": status})
+
+    def check(others, score):
+        study = SimpleNamespace(get_trials=lambda deepcopy=False, states=None: others)
+        return _no_better_than_stopped(plan, SimpleNamespace(number=9, study=study), 2, score)
+
+    at_chance = trial(1, {1: 0.08, 2: 0.10})
+    assert check([at_chance], 0.10) and check([at_chance], 0.09)
+    assert not check([at_chance], 0.11)
+    assert not check([trial(2, {1: 0.1, 2: 0.10}, status="budget")], 0.10)
+    assert not check([trial(3, {2: 0.10, 3: 0.2, 6: 0.3})], 0.10)  # went past the rung: stopped at the next
+    assert not check([], 0.10)
 
 
 def _t(trial, entry, rounds, score, status="pruned"):

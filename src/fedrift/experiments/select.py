@@ -5,13 +5,15 @@ The search
     One Optuna study over (algorithm, its hyper-parameters) as a single conditional space: a
     categorical ``algorithm`` choice, then that entry's own space (the learning rate and its
     registry entry's, as ``fedrift tune`` searches it; parameters named ``<entry>/<key>``).
-    Every entry first runs ``startup`` points of its space's Sobol design, so each gets a
-    look; then TPE proposes (entry and values together), so the budget flows to the methods
+    Every entry first runs ``startup`` points: the centre of its space (the geometric middle
+    of a log range), then its Sobol design's first points, so each gets a look at a sensible
+    setting before an extreme one; then TPE proposes (entry and values together), so the budget flows to the methods
     that do well on this data. Trials run the config's full ``train.rounds`` under successive
     halving (asynchronous, Optuna's ``SuccessiveHalvingPruner``; ``pruner=hyperband`` for
     Hyperband): at each rung (``min_rounds`` x ``eta``^k rounds) a trial goes on only while its
     best validation accuracy so far is in the top 1/``eta`` of the trials that reached the
-    rung. Scores are validation accuracy of the global model (``calibrated_val_accuracy`` for
+    rung, and while it beats every trial already stopped at that rung (ties with a stopped
+    trial stop too: trials stuck at chance level would otherwise promote each other). Scores are validation accuracy of the global model (``calibrated_val_accuracy`` for
     CCVR, whose output is the calibrated model); the test set is not read by the search.
 
 The budget
@@ -82,10 +84,10 @@ def parse_duration(text: str) -> float:
     if re.fullmatch(r"\d+(\.\d+)?", raw):
         return float(raw)
     raw = raw.replace(" ", "")  # 2 h, 1h 30m
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", raw)
-    if not parts or "".join(a + b for a, b in parts) != raw:
+    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", raw)
+    if not raw or m is None:  # each unit at most once, in the order h, m, s
         raise ConfigError(f"--budget: {text!r} is not a duration; allowed: 2h, 90m, 1h30m, 3600s or seconds")
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    return sum(float(n or 0) * unit for n, unit in zip(m.groups(), (3600, 60, 1)))
 
 
 def score_of(row: Mapping[str, Any]) -> float | None:
@@ -283,10 +285,13 @@ def _open(plan: Select, seed: int, point: Mapping[str, Any] | None = None) -> An
 
 
 def _points(plan: Select, st: Any) -> list[dict[str, Any]]:
-    """The start-up design's points no finished trial has run: ``startup`` per entry, in turns
-    (every entry's first point, then every entry's second...)."""
+    """The start-up design's points no finished trial has run: ``startup`` per entry, the
+    space's centre first and then its Sobol design, in turns (every entry's first point, then
+    every entry's second...). The centre first, because a design's first scrambled point may
+    lie at an extreme (a learning rate of 0.25 on workload A) where every method fails alike."""
     per = [[{"algorithm": e.entry, **{e.param(k): v for k, v in p.items()}}
-            for p in startup_points(e.dims, plan.startup, plan.seed)] for e in plan.entries]
+            for p in [{d.key: d.at(0.5) for d in e.dims}, *startup_points(e.dims, plan.startup - 1, plan.seed)]]
+           for e in plan.entries]
     seen = {json.dumps(t.params, sort_keys=True) for t in finished_trials(st)}
     order = [p for k in range(plan.startup) for pts in per for p in pts[k:k + 1]]
     return [p for p in order if json.dumps(p, sort_keys=True) not in seen]
@@ -327,7 +332,7 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
                 trial.report(best[0], rnd)
                 trial.set_user_attr("rounds", rnd)
                 trial.set_user_attr("seconds", time.perf_counter() - start)
-                prune = trial.should_prune()
+                prune = trial.should_prune() or (rnd in rungs and _no_better_than_stopped(plan, trial, rnd, best[0]))
                 if prune:
                     trial.set_user_attr("status", "pruned")
             over = (cap is not None and rnd >= cap and rnd < plan.rounds) or (
@@ -365,6 +370,21 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
         return best[0] if math.isfinite(best[0]) else math.nan
 
     return objective
+
+
+def _no_better_than_stopped(plan: Select, trial: Any, rnd: int, score: float) -> bool:
+    """Whether a trial stopped by the pruner at this rung (its last round before the next rung)
+    scored at least ``score`` there: asynchronous halving promotes the top 1/eta of a rung, and
+    when many trials tie at chance level the tie itself is the cut-off, so they go on together."""
+    optuna = load_optuna()
+    later = [r for r in plan.rungs if r > rnd]
+    until = later[0] if later else plan.rounds + 1
+    for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)):
+        steps = t.intermediate_values
+        if (t.number != trial.number and t.user_attrs.get("status") == "pruned" and rnd in steps
+                and max(steps) < until and steps[rnd] >= score):
+            return True
+    return False
 
 
 def _worker(args: tuple[Select, int, dict[str, Any] | None, int | None, float | None]) -> None:
