@@ -10,11 +10,15 @@ Each SuperNode reads its own ``data-root`` (node config), where the other client
 inputs are NaN, and the server's copy has every training input NaN: a deployed run that read
 any input it should not would not equal the simulation.
 
-The first four are deployed under Flower's default isolation: a ClientApp process started per
-message (torch, Flower and fedrift imported each time; a SuperNode handles one message at a
-time, so those starts are most of the time). The others go to a second federation beside it,
-whose ClientApps are forked from a warm process (``fedrift.deploy.forkexec``;
-tests/deploy/test_forkexec.py shows that both isolations give the same model).
+Three are deployed under Flower's default isolation, a ClientApp process started per message
+(torch, Flower and fedrift imported each time; a SuperNode handles one message at a time, so
+those starts are most of the time): FedAvg, FedGKD, and SCAFFOLD under a step schedule (client
+state and a schedule). The others go to a second federation beside it, whose ClientApps are
+forked from a warm process (``fedrift.deploy.forkexec``): FedAvg again and SCAFFOLD (its
+controls kept in the devices' Flower context must cross the forked processes unchanged), so
+both isolations are seen to give the simulation's model; that federation also shows that each
+message still runs in a process of its own, and that stopping it ends every process it started,
+a ServerApp still running among them.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import re
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -39,13 +45,15 @@ assert importlib.util.find_spec("flwr") is not None, "the flower extra is missin
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
-ALGORITHMS = ("fedavg", "fedgkd", "scaffold", "scaffold_step", "fedadam", "fedacg", "fedsam", "feddc", "fedexp", "elastic")  # the runs, by algorithm (or case)
 # the runs by the ClientApps' isolation: Flower's own process per message, or forked
-ISOLATION = {"subprocess": ("fedavg", "fedgkd", "scaffold", "scaffold_step"),
-             "fork": ("fedadam", "fedacg", "fedsam", "feddc", "fedexp", "elastic")}
+ISOLATION = {"subprocess": ("fedavg", "fedgkd", "scaffold_step"),
+             "fork": ("fedavg_forked", "scaffold", "fedadam", "fedacg", "fedsam", "feddc", "fedexp", "elastic")}
+ALGORITHMS = tuple(a for algs in ISOLATION.values() for a in algs)  # the runs, by algorithm (or case)
 WAVES = 2  # each federation's runs go in two waves: 2 + 3 ServerApps starting at once
 WAIT = 900  # seconds a deployed run may take: generous, as the machine may be busy with other tests
-CASES = {"scaffold_step": ("scaffold", {"lr_schedule": "step", "lr_milestones": [2], "lr_gamma": 0.5})}
+CASES = {"scaffold_step": ("scaffold", {"lr_schedule": "step", "lr_milestones": [2], "lr_gamma": 0.5}),
+         "fedavg_forked": ("fedavg", {})}
+ROUNDS = 2  # as _config
 CLIENTS = 2
 TOL = 1e-6
 
@@ -97,8 +105,10 @@ def _mkdir(p: Path) -> Path:
 def deployed(tmp_path_factory):
     """Every algorithm deployed on one of two loopback federations (by ``ISOLATION``), in
     ``WAVES`` on each, and simulated meanwhile: {algorithm: (flwr ls entry, run folder,
-    simulation result)}, whether a SuperNode with an unregistered key was refused, and each
-    federation's logs."""
+    simulation result)}, whether a SuperNode with an unregistered key was refused, each
+    federation's logs, and of the forked one: each forkexec's log, whether the warm processes
+    were still up after the runs, and every process it had started (a run that is still going
+    when it stops among them)."""
     base = tmp_path_factory.mktemp("flower")
     full, devices = _roots(base / "data")
     node_config = {k: f'data-root="{root}"' for k, root in devices.items()}
@@ -119,12 +129,22 @@ def deployed(tmp_path_factory):
                 for alg in algs[wave * size:(wave + 1) * size]:
                     write_app(base / f"app-{alg}", _config(base / "data" / "server", alg, base / f"deployed-{alg}"))
                     runs[alg] = feds[iso].submit(base / f"app-{alg}")
+            if wave == WAVES - 1:  # still running when the federation stops
+                long = _config(base / "data" / "server", "fedavg", base / "deployed-long")
+                long["train"]["rounds"] = 10_000
+                feds["fork"].submit(write_app(base / "app-long", long))
             entries.update({alg: _fed(feds, alg).wait(run, base / f"deployed-{alg}" / "summary.json", timeout=WAIT)
                             for alg, run in runs.items()})
         intruder.join()
         logs = {alg: {name: _fed(feds, alg).log(name) for name in ("superlink", "supernode0", "supernode1")}
                 for alg in ALGORITHMS}
-    return {alg: (entries[alg], base / f"deployed-{alg}", simulated[alg]) for alg in ALGORITHMS}, refused[0], logs
+        forked = feds["fork"]
+        forkexec = {k: forked.log(f"forkexec{k}") for k in range(CLIENTS)}
+        alive = all(p.poll() is None for p in forked.executors.values())
+        started = forked.descendants()  # the long run's ServerApp among them
+        assert started
+    forks = SimpleNamespace(logs=forkexec, alive=alive, started=started)
+    return {alg: (entries[alg], base / f"deployed-{alg}", simulated[alg]) for alg in ALGORITHMS}, refused[0], logs, forks
 
 
 def _fed(feds: dict, algorithm: str) -> LoopbackFederation:
@@ -134,7 +154,7 @@ def _fed(feds: dict, algorithm: str) -> LoopbackFederation:
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_deployed_equals_simulation(deployed, algorithm):
-    runs, _, logs = deployed
+    runs, _, logs, _ = deployed
     entry, folder, sim = runs[algorithm]
     assert entry["status"] == "finished:completed", (entry["status-details"], logs[algorithm]["superlink"][-3000:])
     model = torch.load(folder / "final_model.pt")
@@ -163,7 +183,7 @@ def test_deployed_equals_simulation(deployed, algorithm):
 
 
 def test_supernode_authentication_is_on(deployed):
-    _, (refused, log), _ = deployed
+    _, (refused, log), _, _ = deployed
     assert refused, log[-2000:]
     assert "Failed to activate SuperNode" in log
 
@@ -171,11 +191,37 @@ def test_supernode_authentication_is_on(deployed):
 def test_client_state_stays_on_the_devices(deployed):
     """SCAFFOLD's controls were put in the devices' Flower context, none in the server's run
     folder; its run folder holds what fedrift run writes."""
-    runs, _, _ = deployed
+    runs, _, _, _ = deployed
     _, folder, _ = runs["scaffold"]
     assert not (folder / "client_state.bin").exists()
     assert {p.name for p in folder.iterdir()} >= {"config.yaml", "partition.json", "metrics.jsonl", "summary.json",
                                                   "final_model.pt"}
+
+
+def test_each_message_runs_in_its_own_forked_process(deployed):
+    """Per SuperNode and run on the forked federation: the discovery query, the rounds'
+    training messages; each task in a process of its own, the warm process still up after them."""
+    *_, forks = deployed
+    assert forks.alive
+    for k, log in forks.logs.items():
+        tasks = re.findall(r"fedrift forkexec: task (\d+) in process (\d+)", log)
+        assert len(tasks) >= len(ISOLATION["fork"]) * (1 + ROUNDS), log[-2000:]
+        assert len({pid for _, pid in tasks}) == len(tasks) and len({t for t, _ in tasks}) == len(tasks)
+
+
+def test_nothing_is_left_running(deployed):
+    """The forked federation's stop ends every process its processes started, not only the ones
+    it started itself: the ServerApp of a run still going (it outlived a SIGTERM before) and the
+    warm processes' children."""
+    *_, forks = deployed
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200] for pid in forks.started
+            if Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"}
+    assert not left
+
+
+def test_an_unknown_isolation_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="isolation: 'thread'; allowed: subprocess, process, fork"):
+        LoopbackFederation(tmp_path, CLIENTS, isolation="thread")
 
 
 def test_app_project(tmp_path, capsys):

@@ -2,6 +2,8 @@
 authentication, 3 SuperNodes): a SuperNode stopped mid-run with and without
 ``engine.accept_failures``, a device's config error, and what ends legibly in each case (the
 ServerApp's log lines, ``summary.json``'s status, the model so far, Flower's own status).
+The ClientApps are forked from a warm process beside each SuperNode (``fedrift.deploy.forkexec``,
+as test_flower.py's second federation): what fails here is a SuperNode, not a ClientApp start.
 The three runs go to the SuperLink at once; SuperNode 1 is stopped once both training runs
 have finished round 1. SuperNode 2 reads its ``data-root`` (node config), which an embedded
 dataset refuses: the config-error run.
@@ -62,7 +64,7 @@ def failures(tmp_path_factory):
         "stop": _config(data, base / "run-stop"),
         "config": {**_config(data, base / "run-config"), "data": {"name": "digits"}},
     }
-    with LoopbackFederation(base / "federation", CLIENTS, {2: f'data-root="{data}"'}) as fed:
+    with LoopbackFederation(base / "federation", CLIENTS, {2: f'data-root="{data}"'}, isolation="fork") as fed:
         ids = {}
         for name, cfg in configs.items():
             write_app(base / f"app-{name}", cfg)
