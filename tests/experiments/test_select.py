@@ -435,6 +435,35 @@ def test_parse_duration_refuses_what_is_no_duration(text):
         parse_duration(text)
 
 
+def test_ctrl_c_on_a_parallel_select_stops_its_trials_as_interrupted(tmp_path):
+    """A terminal's Ctrl-C on `select --jobs 2` while two trials train (the pool is compare's
+    and tune's, whose tests also send `kill -INT` to the command alone): one line on stderr
+    within seconds, exit 130, both trials in the study as interrupted (state fail: a rerun runs
+    their points again) and their runs' summaries say so; nothing else starts, no confirmation."""
+    from conftest import ctrl_c_cli
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_base(rounds=100_000)))  # trials that never end on their own
+    out = tmp_path / "select"
+
+    def both_train() -> bool:
+        return len([m for m in out.glob("trials/trial*/metrics.jsonl") if m.read_text().count("\n") >= 2]) >= 2
+
+    r = ctrl_c_cli(["select", "-c", str(cfg), "--out", str(out), "--budget-rounds", "10000000", "--jobs", "2",
+                    "algorithms=fedavg,fedprox", "seeds=1,2", "top=1", "startup=1", "min_rounds=50000",
+                    "space.train.lr=log:0.03:0.3"], both_train)
+    assert r.code == 130 and r.err.strip().splitlines() == [
+        "fedrift: interrupted; the trials or runs in progress were stopped and recorded as interrupted; run the same "
+        "fedrift select command again to continue (finished trials and runs are kept)"], r.err
+    assert r.line_s < 8.0, f"the line came {r.line_s:.1f} s after the signal (exit after {r.exit_s:.1f} s)"
+    assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"
+    runs = sorted(p.parent for p in out.glob("trials/trial*/config.yaml"))
+    assert len(runs) == 2 and [json.loads((d / "summary.json").read_text())["status"] for d in runs] == ["interrupted"] * 2
+    st = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{out / 'study.db'}")
+    assert [(t.state.name, t.user_attrs.get("status")) for t in st.trials] == [("FAIL", "interrupted")] * 2
+    assert not (out / "confirm").exists()
+
+
 def test_the_design_starts_at_the_centre_of_each_entry_space(tmp_path):
     """Every entry's first start-up point is its space's centre (the geometric middle of a log
     range: sqrt(0.005 x 0.5) for the default learning rate, sqrt(1e-4 x 1) for FedProx's mu),
