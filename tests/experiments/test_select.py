@@ -155,6 +155,18 @@ def test_the_better_entry_is_found_and_confirmed(better):
     assert (better.out / "select.html").is_file()
 
 
+def test_hyperband_on_two_processes_finds_the_better_entry_too(tmp_path):
+    """The same search as ``better``'s under Hyperband with two trials at once (process
+    workers): it picks FedProx over the crippled FedAvg, and stays within its budget."""
+    kwargs = _quiet(algorithms=[f"fedavg:{CRIPPLE}", "fedprox"], budget_rounds=60, pruner="hyperband", jobs=2)
+    result = select(_base(), out=tmp_path / "s", **kwargs)
+    assert result["choice"] == "fedprox", result["text"]
+    plan = _plan(tmp_path / "s", {k: v for k, v in kwargs.items() if k != "jobs"})
+    assert plan.pruner == "hyperband"
+    assert sum(t["rounds"] for t in result["trials"]) + plan.confirmation_rounds <= 60
+    assert {t["entry"] for t in result["trials"]} == {f"fedavg:{CRIPPLE}", "fedprox"}
+
+
 def test_when_fedavg_is_best_the_verdict_is_fedavg(tmp_path):
     result = select(_base(), out=tmp_path / "s", **_quiet(algorithms=["fedavg", f"fedprox:{CRIPPLE}"], budget_rounds=50))
     assert [r["algorithm"] for r in result["rows"]] == ["fedavg", f"fedprox:{CRIPPLE}"]
