@@ -130,6 +130,12 @@ def test_tune_finds_the_better_of_two_learning_rates_and_compare_takes_it(tiny, 
     assert "tuned fedprox: train.lr=0.1" in printed and f"tuned scaffold: not in {out}, the config's values" in printed
     run = yaml.safe_load((tmp_path / "g" / "fedprox" / "seed0" / "config.yaml").read_text())
     assert run["train"]["lr"] == 0.1
+    # an entry's own value wins over the tuned one, and the line says so
+    own = ["compare", "-c", str(cfg), "--out", str(tmp_path / "own"), "--no-report", "algorithms=fedprox:train.lr=0.3"]
+    assert main([*own, f"tuned={out}"]) == 0
+    assert "tuned fedprox:train.lr=0.3: (train.lr=0.1: the entry's own value instead)" in capsys.readouterr().out
+    run = yaml.safe_load((tmp_path / "own" / "fedprox-train.lr=0.3" / "seed0" / "config.yaml").read_text())
+    assert run["train"]["lr"] == 0.3
     assert main([*base, f"tuned={out}", "train.lr=0.2"]) == 2
     assert "train.lr: both tuned" in capsys.readouterr().err
     assert main([*base, f"tuned={tmp_path}"]) == 2

@@ -46,6 +46,7 @@ from fedrift.config import Config
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.grid import build_grid, run_grid
+from fedrift.overrides import parse_algorithm
 from fedrift.report.html import ReportOptions, build_report, check_report_names, write_tables
 
 
@@ -82,7 +83,9 @@ def compare(
     grid = build_grid(config, algorithms, seeds, sweep, overrides, out, jobs, tuned)
     check_report_names(opts, [str(a) for a in grid.description["algorithms"]])
     for entry in grid.description["algorithms"] if tuned is not None else []:
-        values = grid.description["tuned"]["overrides"].get(entry)
+        own = {o.partition("=")[0] for o in parse_algorithm(str(entry))[1]}  # the entry's options win
+        values = [v if v.partition("=")[0] not in own else f"({v}: the entry's own value instead)"
+                  for v in grid.description["tuned"]["overrides"].get(entry) or []]
         echo(f"tuned {entry}: {' '.join(values)}" if values else f"tuned {entry}: not in {tuned}, the config's values")
     for line in grid.description["tuned"]["warnings"] if tuned is not None else []:
         echo(line)
