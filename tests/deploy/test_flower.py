@@ -29,6 +29,7 @@ import json
 import re
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -118,23 +119,14 @@ def deployed(tmp_path_factory):
         refused: list = []
         intruder = threading.Thread(target=lambda: refused.append(feds["subprocess"].unregistered_node_refused()))
         intruder.start()
-        simulated = {alg: fedrift.run(_config(full, alg, base / f"simulated-{alg}")) for alg in ALGORITHMS}
-        # a few runs at a time: ten ServerApps starting at once on a loaded 2-core machine start
-        # slower than their task tokens last, and the SuperExec then launches more of them
-        entries = {}
-        for wave in range(WAVES):
-            runs = {}
-            for iso, algs in ISOLATION.items():
-                size = -(-len(algs) // WAVES)
-                for alg in algs[wave * size:(wave + 1) * size]:
-                    write_app(base / f"app-{alg}", _config(base / "data" / "server", alg, base / f"deployed-{alg}"))
-                    runs[alg] = feds[iso].submit(base / f"app-{alg}")
-            if wave == WAVES - 1:  # still running when the federation stops
-                long = _config(base / "data" / "server", "fedavg", base / "deployed-long")
-                long["train"]["rounds"] = 10_000
-                feds["fork"].submit(write_app(base / "app-long", long))
-            entries.update({alg: _fed(feds, alg).wait(run, base / f"deployed-{alg}" / "summary.json", timeout=WAIT)
-                            for alg, run in runs.items()})
+        # each federation's runs in WAVES, the two federations side by side (a thread each) while
+        # the simulations run here: a few runs at a time, as ten ServerApps starting at once on a
+        # loaded 2-core machine start slower than their task tokens last, and the SuperExec then
+        # launches more of them
+        with ThreadPoolExecutor(len(ISOLATION)) as pool:
+            waves = [pool.submit(_deploy_in_waves, feds[iso], algs, base, iso == "fork") for iso, algs in ISOLATION.items()]
+            simulated = {alg: fedrift.run(_config(full, alg, base / f"simulated-{alg}")) for alg in ALGORITHMS}
+            entries = {alg: entry for w in waves for alg, entry in w.result().items()}
         intruder.join()
         logs = {alg: {name: _fed(feds, alg).log(name) for name in ("superlink", "supernode0", "supernode1")}
                 for alg in ALGORITHMS}
@@ -145,6 +137,24 @@ def deployed(tmp_path_factory):
         assert started
     forks = SimpleNamespace(logs=forkexec, alive=alive, started=started)
     return {alg: (entries[alg], base / f"deployed-{alg}", simulated[alg]) for alg in ALGORITHMS}, refused[0], logs, forks
+
+
+def _deploy_in_waves(fed: LoopbackFederation, algs: tuple[str, ...], base: Path, long: bool) -> dict:
+    """{algorithm: flwr ls entry} of ``algs`` deployed on ``fed`` in ``WAVES``; with ``long``,
+    a run of 10,000 rounds joins the last wave, still running when the federation stops."""
+    entries, size = {}, -(-len(algs) // WAVES)
+    for wave in range(WAVES):
+        runs = {}
+        for alg in algs[wave * size:(wave + 1) * size]:
+            write_app(base / f"app-{alg}", _config(base / "data" / "server", alg, base / f"deployed-{alg}"))
+            runs[alg] = fed.submit(base / f"app-{alg}")
+        if long and wave == WAVES - 1:
+            cfg = _config(base / "data" / "server", "fedavg", base / "deployed-long")
+            cfg["train"]["rounds"] = 10_000
+            fed.submit(write_app(base / "app-long", cfg))
+        entries.update({alg: fed.wait(run, base / f"deployed-{alg}" / "summary.json", timeout=WAIT)
+                        for alg, run in runs.items()})
+    return entries
 
 
 def _fed(feds: dict, algorithm: str) -> LoopbackFederation:

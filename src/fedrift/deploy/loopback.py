@@ -18,10 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+_FLWR_CLI = threading.Lock()  # flwr's command line runs in this process (LoopbackFederation.flwr)
 CONNECTION = "fedrift-loopback"  # the SuperLink connection's name in FLWR_HOME/config.toml
 
 
@@ -182,13 +184,14 @@ class LoopbackFederation:
         from flwr.supercore.logger import console_handler
         from typer.testing import CliRunner
 
-        caught, saved, stream = io.StringIO(), sys.__stdout__, console_handler.stream
-        sys.__stdout__ = caught  # type: ignore[misc]
-        try:
-            result = CliRunner().invoke(app, list(args), env={"FLWR_HOME": self.env["FLWR_HOME"],
-                                                              "FLWR_TELEMETRY_ENABLED": "0"})
-        finally:
-            sys.__stdout__, console_handler.stream = saved, stream  # type: ignore[misc]
+        with _FLWR_CLI:  # it swaps process-wide streams: one call at a time, whatever the thread
+            caught, saved, stream = io.StringIO(), sys.__stdout__, console_handler.stream
+            sys.__stdout__ = caught  # type: ignore[misc]
+            try:
+                result = CliRunner().invoke(app, list(args), env={"FLWR_HOME": self.env["FLWR_HOME"],
+                                                                  "FLWR_TELEMETRY_ENABLED": "0"})
+            finally:
+                sys.__stdout__, console_handler.stream = saved, stream  # type: ignore[misc]
         output = caught.getvalue() or result.output
         if result.exit_code != 0:
             raise RuntimeError(f"flwr {' '.join(args)} failed ({result.exit_code}): {output}")
