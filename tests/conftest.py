@@ -27,12 +27,19 @@ def tiny_config(tmp_path, **sections) -> dict:
 # federations (Flower's processes per message, forked ClientApps). Under `make test` they run
 # one after another in one of the two test processes, never beside each other.
 CLUSTER = ("tests/deploy/", "tests/engine/test_ray.py")
+# the longest other files (`pytest --durations=0`, summed by file: 20-90 s each), handed out next,
+# longest first, so that the two test processes do not end on a long file while the other waits
+LONGEST = ("tests/engine/test_checkpoint.py", "tests/test_readme.py", "tests/engine/test_processes.py",
+           "tests/experiments/test_select.py", "tests/algorithms/test_learning.py", "tests/experiments/test_compare.py",
+           "tests/models/test_text_model.py", "tests/experiments/test_tune.py", "tests/engine/test_batchnorm.py",
+           "tests/test_plugins.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown to a pytest without it
 def pytest_xdist_make_scheduler(config, log):
     """``pytest -n 2 --dist loadfile`` (make test): each test file whole in one test process
-    (its module fixtures built once), the ``CLUSTER`` files as one file, handed out first.
+    (its module fixtures built once), the ``CLUSTER`` files as one file, handed out first, then
+    the ``LONGEST`` files in that order, then the rest.
     (pytest-xdist's ``loadgroup`` cannot do this under pytest 9.2: it renames a test by
     ``item._nodeid``, which pytest 9.2 no longer reads.)"""
     if config.getvalue("dist") != "loadfile":
@@ -45,8 +52,9 @@ def pytest_xdist_make_scheduler(config, log):
             return "cluster" if path.startswith(CLUSTER) else path
 
         def _assign_work_unit(self, node) -> None:
-            if "cluster" in self.workqueue:  # the longest unit: started at once
-                self.workqueue.move_to_end("cluster", last=False)
+            for unit in (*reversed(LONGEST), "cluster"):  # the longest unit ends first in the queue
+                if unit in self.workqueue:
+                    self.workqueue.move_to_end(unit, last=False)
             super()._assign_work_unit(node)
 
     return ClusterFirst(config, log)
