@@ -47,6 +47,8 @@ if [ -n "${CHAIN:-}" ]; then
   # until BUDGET; the zip sits where the config names it, so the configs equal the CPU's.
   mkdir -p ../shared/data/cifar10-jpeg && mv /tmp/cifar10-jpeg/cifar10-jpeg.zip ../shared/data/cifar10-jpeg/ || exit 1
   rm -rf "$OUT/r1-tune" "$OUT/r1-gpu-chain" && cp -r benchmarks/results/r1-tune "$OUT/r1-tune"
+  # a chain goes on from the runs an earlier one brought back (FROM), which compare reuses
+  FROM=${FROM:-benchmarks/results/r1-gpu-h100}; [ ! -d "$FROM" ] || cp -r "$FROM" "$OUT/r1-gpu-chain"
   NONE="space.gamma=none space.beta=none"  # lr only: each key the tune's entries would search, fixed
   done_new=""
   for m in $CHAIN; do
