@@ -2,12 +2,13 @@
 # Workload R1 on ALL of CIFAR-10 (JPEG q75 copy) on a lent GPU, in two device calls: the whole
 # zip (65 MB) does not travel beside the repository in one call, so it travels in two halves.
 #
-# Here:   prepare .gpu/cifarA (the first 2,500 train images of each class by file name) and
-#         .gpu/cifarB (the other 2,500 and all 10,000 test images), each one stored zip.
+# Here:   STEP=parts PARTS=2 bash benchmarks/gpu_r1_full.sh: ../shared's zip cut into PARTS stored
+#         zips of about equal size, .gpu/cifarA/a.zip, .gpu/cifarB/b.zip ... (PARTS=3 once the
+#         repository's tracked files pass about 20 MB: each call carries the tree, .gpu/whl, one part).
 # Device, call 1 (carry [".gpu/whl", ".gpu/cifarA"]):   STEP=stash bash benchmarks/gpu_r1_full.sh
-# Device, call 2, at once (the machine is held 30 s idle; carry [".gpu/whl", ".gpu/cifarB"]):
-#                                                       bash benchmarks/gpu_r1_full.sh
-# Call 2 joins the halves into one zip with the published layout (60,000 images), then runs
+#         (and so on for every part but the last, each call at once: the machine is held 30 s idle)
+# Device, last call (carry [".gpu/whl", ".gpu/cifar<last>"]):   bash benchmarks/gpu_r1_full.sh
+# The last call joins the parts into one zip with the published layout (60,000 images), then runs
 # `fedrift compare` for $ALGORITHMS, seeds $SEEDS, at each alpha of $ALPHAS (R1's settings, the
 # CPU tune's learning rates: tuned=benchmarks/results/r1-tune), engine.device=cuda, $JOBS
 # processes, into $OUT/r1-gpu-a<alpha>. Environment: ALGORITHMS (fedavg,fedgkd,fedadc), SEEDS
@@ -19,24 +20,49 @@ PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; OUT=${OUT:-$PWD/runs/gpu-out}; STASH
 ALGORITHMS=${ALGORITHMS:-fedavg,fedgkd,fedadc}; SEEDS=${SEEDS:-0,1,2}; ALPHAS=${ALPHAS:-0.1 0.5}
 JOBS=${JOBS:-3}; BUDGET=${BUDGET:-500}; START=$(date +%s)
 mkdir -p "$OUT" "$STASH"
-if [ "${STEP:-run}" = stash ]; then
-  cp .gpu/cifarA/a.zip "$STASH/" && ls -l "$STASH" && exit 0
+if [ "${STEP:-run}" = parts ]; then
+  rm -rf .gpu/cifar[A-Z]
+  exec "${PREP_PY:-.venv/bin/python}" - "${CIFAR_ZIP:-../shared/data/cifar10-jpeg/cifar10-jpeg.zip}" "${PARTS:-2}" <<'PY'
+import pathlib, string, sys, zipfile
+src, parts = sys.argv[1], int(sys.argv[2])
+with zipfile.ZipFile(src) as zin:
+    members = sorted((i for i in zin.infolist() if not i.is_dir()), key=lambda i: i.filename)
+    total, done, k, out = sum(i.file_size for i in members), 0, -1, None
+    for info in members:
+        if out is None or (done >= total * (k + 1) / parts and k < parts - 1):
+            if out is not None:
+                out.close()
+            k += 1
+            folder = pathlib.Path(".gpu") / f"cifar{string.ascii_uppercase[k]}"
+            folder.mkdir(parents=True, exist_ok=True)
+            out = zipfile.ZipFile(folder / f"{string.ascii_lowercase[k]}.zip", "w", zipfile.ZIP_STORED)
+        out.writestr(info, zin.read(info)); done += info.file_size
+    out.close()
+print(f"gpu_r1_full: {len(members)} images in {k + 1} parts under .gpu/")
+PY
 fi
-[ -f "$STASH/a.zip" ] || [ -f .gpu/cifarA/a.zip ] || { echo "gpu_r1_full: no first half (call 1 first)"; exit 1; }
-[ -f "$STASH/a.zip" ] || cp .gpu/cifarA/a.zip "$STASH/"
+# the parts carried in this call (.gpu/cifarA/a.zip, .gpu/cifarB/b.zip, or more parts when the
+# repository has grown: .gpu/cifarC/c.zip ...) join those stashed by earlier calls
+for z in .gpu/cifar[A-Z]/*.zip; do [ -f "$z" ] && cp "$z" "$STASH/"; done
+if [ "${STEP:-run}" = stash ]; then
+  ls -l "$STASH" && exit 0
+fi
+[ -f "$STASH/a.zip" ] || { echo "gpu_r1_full: no first part (call 1 first)"; exit 1; }
 [ "${INSTALL:-1}" = 0 ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu/whl/*.whl || exit 1
 export PYTHONPATH="$PWD/src:$SITE" PYTHONUNBUFFERED=1
 mkdir -p /tmp/cifar10-jpeg
-"$PY" - "$STASH/a.zip" .gpu/cifarB/b.zip /tmp/cifar10-jpeg/cifar10-jpeg.zip <<'PY'
+"$PY" - /tmp/cifar10-jpeg/cifar10-jpeg.zip "$STASH"/*.zip <<'PY'
 import sys, zipfile
-a, b, dst = sys.argv[1:]
+dst, *parts = sys.argv[1:]
 n = 0
 with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as z:
-    for src in (a, b):
+    for src in parts:
         with zipfile.ZipFile(src) as zin:
             for info in zin.infolist():
                 z.writestr(info, zin.read(info)); n += 1
-print(f"gpu_r1_full: joined {n} images into {dst}")
+print(f"gpu_r1_full: joined {n} images from {len(parts)} parts into {dst}")
+if n != 60000:
+    sys.exit(f"gpu_r1_full: {n} images, not 60,000: a part is missing (carry each in its own call)")
 PY
 nvidia-smi -L
 FEDRIFT=("$PY" -c 'import sys; from fedrift.cli import main; sys.exit(main(sys.argv[1:]))')
