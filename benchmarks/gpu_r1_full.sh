@@ -75,18 +75,23 @@ if [ -n "${CHAIN:-}" ]; then
   rm -rf "$OUT/r1-tune" "$OUT/r1-gpu-chain" && cp -r benchmarks/results/r1-tune "$OUT/r1-tune"
   # a chain goes on from the runs an earlier one brought back (FROM), which compare reuses
   FROM=${FROM:-benchmarks/results/r1-gpu-h100}; [ ! -d "$FROM" ] || cp -r "$FROM" "$OUT/r1-gpu-chain"
-  NONE="space.gamma=none space.beta=none"  # lr only: each key the tune's entries would search, fixed
+  NONE="space.gamma=none space.beta=none"
   done_new=""
   for m in $CHAIN; do
-    case $m in fedcsd|fedprox|moon) k=mu;; fedgkd_vote) k=lam;; feddyn) k=alpha;; *) k="";; esac
-    [ -z "$k" ] || [[ " $NONE " == *" space.$k=none "* ]] || NONE="$NONE space.$k=none"
     for step in tune compare; do
       left=$((BUDGET - ($(date +%s) - START)))
       [ "$left" -gt 30 ] || { echo "gpu_r1_full: budget spent before $step $m"; break 2; }
       echo "== $(date -u +%T) $step $m, $left s left"
       if [ $step = tune ]; then
+        # the studies the folder holds stay in the list (a tune refuses to leave one out)
+        held=$("$PY" -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["studies"]))' "$OUT/r1-tune/tune.json")
+        algs=$(echo "$held,fedavg,fedgkd,fedadc$done_new,$m" | tr , '\n' | awk 'NF && !seen[$0]++' | paste -sd,)
+        for a in ${algs//,/ }; do  # lr only: each key the tune's entries would search, fixed
+          case $a in fedcsd|fedprox|moon) k=mu;; fedgkd_vote) k=lam;; feddyn) k=alpha;; *) k="";; esac
+          [ -z "$k" ] || [[ " $NONE " == *" space.$k=none "* ]] || NONE="$NONE space.$k=none"
+        done
         timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" tune -c examples/workload_r1.yaml --jobs "$JOBS" train.rounds=20 \
-          space.train.lr=0.01,0.05,0.1 $NONE algorithms=fedavg,fedgkd,fedadc$done_new,$m --out "$OUT/r1-tune" || break 2
+          space.train.lr=0.01,0.05,0.1 $NONE algorithms="$algs" --out "$OUT/r1-tune" || break 2
       else
         timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" compare -c examples/workload_r1.yaml --jobs "$JOBS" seeds="$SEEDS" \
           algorithms=fedavg$done_new,$m tuned="$OUT/r1-tune" report.reference=fedavg report.tsne=none \
