@@ -167,6 +167,17 @@ def test_hyperband_on_two_processes_finds_the_better_entry_too(tmp_path):
     assert {t["entry"] for t in result["trials"]} == {f"fedavg:{CRIPPLE}", "fedprox"}
 
 
+def test_fedavg_at_its_centre_runs_every_round_whatever_the_rungs(better):
+    """The reference's first point (its space's centre) is not stopped at a rung: crippled
+    FedAvg at chance runs all 6 rounds, where FedProx's lead would have stopped it at 2."""
+    ref = [t for t in better.result["trials"] if t["entry"] == f"fedavg:{CRIPPLE}"]
+    centre = ref[0]  # the first start-up point
+    assert centre["values"] == {"train.lr": pytest.approx(math.sqrt(0.03 * 0.3))}
+    assert centre["rounds"] == better.plan.rounds and centre["status"] == "completed", centre
+    assert centre["score"] < 0.3  # at chance: a rung's pruner would have stopped it
+    assert all(t["rounds"] < better.plan.rounds for t in ref[1:] if t["score"] is not None and t["score"] < 0.3)
+
+
 def test_when_fedavg_is_best_the_verdict_is_fedavg(tmp_path):
     result = select(_base(), out=tmp_path / "s", **_quiet(algorithms=["fedavg", f"fedprox:{CRIPPLE}"], budget_rounds=50))
     assert [r["algorithm"] for r in result["rows"]] == ["fedavg", f"fedprox:{CRIPPLE}"]

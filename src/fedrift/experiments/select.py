@@ -13,7 +13,9 @@ The search
     Hyperband): at each rung (``min_rounds`` x ``eta``^k rounds) a trial goes on only while its
     best validation accuracy so far is in the top 1/``eta`` of the trials that reached the
     rung, and while it beats every trial already stopped at that rung (ties with a stopped
-    trial stop too: trials stuck at chance level would otherwise promote each other). Scores are validation accuracy of the global model (``calibrated_val_accuracy`` for
+    trial stop too: trials stuck at chance level would otherwise promote each other). FedAvg's
+    first point (its space's centre) is never stopped by a rung: the reference of every gain
+    runs its full rounds (one trial's worth of the budget). Scores are validation accuracy of the global model (``calibrated_val_accuracy`` for
     CCVR, whose output is the calibrated model); the test set is not read by the search.
 
 The budget
@@ -290,11 +292,16 @@ def _points(plan: Select, st: Any) -> list[dict[str, Any]]:
     every entry's second...). The centre first, because a design's first scrambled point may
     lie at an extreme (a learning rate of 0.25 on workload A) where every method fails alike."""
     per = [[{"algorithm": e.entry, **{e.param(k): v for k, v in p.items()}}
-            for p in [{d.key: d.at(0.5) for d in e.dims}, *startup_points(e.dims, plan.startup - 1, plan.seed)]]
+            for p in [_centre(e), *startup_points(e.dims, plan.startup - 1, plan.seed)]]
            for e in plan.entries]
     seen = {json.dumps(t.params, sort_keys=True) for t in finished_trials(st)}
     order = [p for k in range(plan.startup) for pts in per for p in pts[k:k + 1]]
     return [p for p in order if json.dumps(p, sort_keys=True) not in seen]
+
+
+def _centre(entry: Entry) -> dict[str, Any]:
+    """The centre of an entry's space: its first start-up point."""
+    return {d.key: d.at(0.5) for d in entry.dims}
 
 
 def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap: int | None = None,
@@ -318,6 +325,10 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
         doc["engine"] = {**(doc.get("engine") or {}), "checkpoint_every": 0,
                          **({"workers": 1} if threads_one and (doc.get("engine") or {}).get("workers") is None else {})}
         shown = f"{choice} ({_values_text(values)})"
+        # FedAvg at its space's centre runs every round, pruner or not: the reference that every
+        # gain is measured against is not judged after 3 rounds (where a method with server
+        # momentum leads by luck of the start); the budget still stops it
+        protected = parse_algorithm(choice)[0] == REFERENCE and values == _centre(entry)
         best = [-math.inf]
         rungs = set(plan.rungs)
         start = time.perf_counter()
@@ -332,7 +343,8 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
                 trial.report(best[0], rnd)
                 trial.set_user_attr("rounds", rnd)
                 trial.set_user_attr("seconds", time.perf_counter() - start)
-                prune = trial.should_prune() or (rnd in rungs and _no_better_than_stopped(plan, trial, rnd, best[0]))
+                prune = not protected and (trial.should_prune()
+                                           or (rnd in rungs and _no_better_than_stopped(plan, trial, rnd, best[0])))
                 if prune:
                     trial.set_user_attr("status", "pruned")
             over = (cap is not None and rnd >= cap and rnd < plan.rounds) or (
