@@ -7,16 +7,17 @@ The search
     registry entry's, as ``fedrift tune`` searches it; parameters named ``<entry>/<key>``).
     Every entry first runs ``startup`` points: the centre of its space (the geometric middle
     of a log range), then its Sobol design's first points, so each gets a look at a sensible
-    setting before an extreme one; then TPE proposes (entry and values together), so the budget flows to the methods
-    that do well on this data. Trials run the config's full ``train.rounds`` under successive
+    setting before an extreme one; then TPE proposes (entry and values together), so the
+    budget flows to the methods that do well on this data. Trials run the config's full ``train.rounds`` under successive
     halving (asynchronous, Optuna's ``SuccessiveHalvingPruner``; ``pruner=hyperband`` for
     Hyperband): at each rung (``min_rounds`` x ``eta``^k rounds) a trial goes on only while its
     best validation accuracy so far is in the top 1/``eta`` of the trials that reached the
     rung, and while it beats every trial already stopped at that rung (ties with a stopped
     trial stop too: trials stuck at chance level would otherwise promote each other). FedAvg's
     first point (its space's centre) is never stopped by a rung: the reference of every gain
-    runs its full rounds (one trial's worth of the budget). Scores are validation accuracy of the global model (``calibrated_val_accuracy`` for
-    CCVR, whose output is the calibrated model); the test set is not read by the search.
+    runs its full rounds (one trial's worth of the budget). Scores are validation accuracy of
+    the global model (``calibrated_val_accuracy`` for CCVR, whose output is the calibrated
+    model); the test set is not read by the search.
 
 The budget
     ``--budget 2h`` (wall clock of the whole command) and/or ``--budget-rounds N`` (training
