@@ -15,7 +15,8 @@ B="-c examples/workload_b.yaml $ENG"
 for w in ${@:-a b}; do
   echo "== $(date -u +%T) select $w"
   if [ "$w" = a ]; then
-    $F select $A --budget-rounds 1537 --jobs 2 seeds=1,2,3 --out "$R/select-a01" || exit 1
+    # select-a01: the first study, before FedAvg's protected centre point; select-a01-r2: since
+    $F select $A --budget-rounds 1537 --jobs 2 seeds=1,2,3 --out "$R/select-a01-r2" || exit 1
     echo "== $(date -u +%T) A's table best (FedCSD, tuned) at seeds 1,2,3"
     $F compare $A --jobs 2 seeds=1,2,3 tuned=benchmarks/tuned/workload-a-fidelity.yaml algorithms=fedavg,fedcsd \
       report.tsne=none report.reference=fedavg output.save_model=false --out "$R/select-a01-table-best" || exit 1

@@ -307,3 +307,38 @@ def test_records_round_trip():
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     assert (back["kd_on"], back["round"], back["flag"], back["name"], back["empty"]) == (1.0, 3, True, "x", {})
     assert type(back["round"]) is int and type(back["flag"]) is bool
+
+
+class _SlowLink(LoopbackFederation):
+    """A federation whose ``flwr run`` fails ``fails`` times, as a loaded SuperLink answering
+    after the CLI's timeout does; ``starts``: whether each failed try started the run anyway."""
+
+    def __init__(self, tmp_path, fails: int, starts: bool) -> None:
+        super().__init__(tmp_path, 2)
+        self.fails, self.starts, self.runs, self.tries = fails, starts, [], 0
+
+    def flwr_json(self, *args: str) -> dict:
+        if args[0] == "ls":
+            return {"success": True, "runs": [{"run-id": r} for r in self.runs]}
+        self.tries += 1
+        if self.tries <= self.fails:
+            if self.starts:
+                self.runs.append(str(100 + self.tries))
+            raise RuntimeError("flwr run failed: Connection to the SuperLink is unavailable")
+        self.runs.append(str(100 + self.tries))
+        return {"success": True, "run-id": self.runs[-1]}
+
+
+@pytest.mark.parametrize("fails, starts, run_id, tries", [(0, False, "101", 1), (1, True, "101", 1),
+                                                          (2, False, "103", 3)])
+def test_a_late_superlink_answer_is_not_a_lost_or_doubled_run(tmp_path, monkeypatch, fails, starts, run_id, tries):
+    monkeypatch.setattr("fedrift.deploy.loopback.time.sleep", lambda s: None)
+    fed = _SlowLink(tmp_path, fails, starts)
+    assert (fed.submit(tmp_path), fed.tries) == (run_id, tries)
+    assert fed.submit(tmp_path) == str(100 + tries + 1)  # the next run: the known one is not taken again
+
+
+def test_a_submission_failing_every_try_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr("fedrift.deploy.loopback.time.sleep", lambda s: None)
+    with pytest.raises(RuntimeError, match="unavailable .try 3 of 3"):
+        _SlowLink(tmp_path, 5, False).submit(tmp_path)

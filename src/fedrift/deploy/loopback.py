@@ -116,6 +116,7 @@ class LoopbackFederation:
         if os.environ.get("PYTHONPATH"):  # the processes run in ``folder``: its entries made absolute
             self.env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)
         self.procs: list[subprocess.Popen] = []
+        self.submitted: set[str] = set()  # the ids of the runs submitted here (submit)
         self.port = free_port()
 
     def __enter__(self) -> "LoopbackFederation":
@@ -197,17 +198,45 @@ class LoopbackFederation:
             raise RuntimeError(f"flwr {' '.join(args)} failed ({result.exit_code}): {output}")
         return output
 
+    def flwr_json(self, *args: str) -> dict[str, Any]:
+        """``flwr ARGS --format json``, parsed; a RuntimeError with Flower's message where it
+        failed (with ``--format json`` a failed command prints its error as JSON and exits 0)."""
+        out = json.loads(self.flwr(*args, "--format", "json"))
+        if out.get("success") is False:
+            raise RuntimeError(f"flwr {' '.join(args)} failed: {out.get('error-message', out)}")
+        return out
+
     def nodes_online(self) -> int:
-        out = json.loads(self.flwr("supernode", "list", CONNECTION, "--format", "json"))
+        out = self.flwr_json("supernode", "list", CONNECTION)
         return sum(1 for n in out.get("nodes", []) if n.get("status") == "online")
 
-    def submit(self, app: Path) -> str:
-        """``flwr run app``: the run's id."""
-        return str(json.loads(self.flwr("run", str(app), CONNECTION, "--format", "json"))["run-id"])
+    def submit(self, app: Path, tries: int = 3) -> str:
+        """``flwr run app``: the run's id. On a loaded machine the SuperLink may answer later
+        than the CLI waits (30 s) though it started the run: after a failed ``flwr run`` a run
+        that ``flwr ls`` shows and this federation did not know of is the one; with none, the
+        submission is tried again, up to ``tries`` times."""
+        for attempt in range(1, tries + 1):
+            try:
+                run_id = str(self.flwr_json("run", str(app), CONNECTION)["run-id"])
+            except RuntimeError as err:
+                time.sleep(1)
+                new = self.run_ids() - self.submitted
+                if len(new) != 1 and (new or attempt == tries):
+                    raise RuntimeError(f"{err} (try {attempt} of {tries}; runs it did not know of: {sorted(new)})") from None
+                if not new:
+                    continue
+                run_id = new.pop()
+            self.submitted.add(run_id)
+            return run_id
+        raise AssertionError("unreachable")
+
+    def run_ids(self) -> set[str]:
+        """The ids of every run the SuperLink knows of (``flwr ls``)."""
+        return {str(r["run-id"]) for r in self.flwr_json("ls", CONNECTION)["runs"]}
 
     def status(self, run_id: str) -> dict[str, Any]:
         """The run's entry of ``flwr ls``."""
-        return json.loads(self.flwr("ls", CONNECTION, "--run-id", run_id, "--format", "json"))["runs"][0]
+        return self.flwr_json("ls", CONNECTION, "--run-id", run_id)["runs"][0]
 
     def wait(self, run_id: str, done: Path | None = None, timeout: float = 300) -> dict[str, Any]:
         """Wait for run ``run_id`` to finish: its ``flwr ls`` entry. ``done``: a file whose
