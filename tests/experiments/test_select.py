@@ -369,6 +369,17 @@ def test_a_stopped_select_resumes_without_repeating_finished_trials(tmp_path):
     assert (again["choice"], again["text"]) == (result["choice"], result["text"])
     assert {k: v for k, v in _digest(out / "confirm").items() if "/seed" in k} == \
         {k: v for k, v in confirmed.items() if "/seed" in k}
+    # a third seed (the budget raised by its rounds): accepted as the same select; the search as
+    # it was, the confirmed runs untouched, and only the new seed's runs
+    more, starts = {**kwargs, "seeds": [1, 2, 3], "budget_rounds": kwargs["budget_rounds"] + 2 * 6}, []
+    with pytest.MonkeyPatch.context() as mp:
+        _watched(mp, [], ["search"], starts)
+        grown = select(_base(), out=out, **more)
+    assert len(grown["trials"]) == len(trials)
+    assert sorted(Path(c["output"]["dir"]).name for c in starts) == ["seed3", "seed3"]
+    now = _digest(out / "confirm")
+    assert all(now[k] == v for k, v in confirmed.items() if "/seed" in k)
+    assert sorted((r["algorithm"], r["completed"] + r["diverged"]) for r in grown["rows"]) == [("fedavg", 3), ("fedprox", 3)]
 
 
 def test_recommendation_yaml_runs_under_fedrift_run(better, tmp_path, monkeypatch, capsys):

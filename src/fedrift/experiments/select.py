@@ -37,7 +37,9 @@ The confirmation
     accuracy (at the best validation round) over FedAvg and the interval; when that gain is
     not significant by the project's rule (exact sign-flip p < 0.05 and the t interval
     excluding 0, so at least 6 seeds), it says so plainly, and when the interval does not
-    exclude 0 the answer is FedAvg at its own setting.
+    exclude 0 the answer is FedAvg at its own setting. The same command with more ``seeds``
+    (or another ``top``) keeps the search and reuses the confirmation runs that finished: three
+    seeds cannot make a gain significant, six can.
 
 The folder
     ``study.db`` (the study), ``select.json`` (what was asked, the budget spent), ``trials/``,
@@ -73,6 +75,7 @@ from fedrift.report.select_page import duration_text, render_select_page
 from fedrift.report.table import short_names
 
 REFERENCE = "fedavg"
+CONFIRMATION = ("seeds", "top")  # what a rerun of the same select may change
 STUDY = "select"
 STUDY_DB = "study.db"
 STATE = "select.json"
@@ -689,8 +692,10 @@ def select(
         state_path = plan.root / STATE
         if state_path.is_file():
             stored = json.loads(state_path.read_text())
-            asked = {k: v for k, v in plan.description.items() if k not in ("spent", "started")}
-            was = {k: v for k, v in stored.items() if k not in ("spent", "started", "budget")}
+            # the search's identity; seeds= and top= shape only the confirmation: a rerun may
+            # change them (more seeds: the runs already confirmed are reused)
+            asked = {k: v for k, v in plan.description.items() if k not in ("spent", "started", *CONFIRMATION)}
+            was = {k: v for k, v in stored.items() if k not in ("spent", "started", "budget", *CONFIRMATION)}
             if json.loads(json.dumps(asked, default=str)) != was:
                 diff = [k for k in sorted(set(asked) | set(was)) if json.dumps(asked.get(k), default=str, sort_keys=True)
                         != json.dumps(was.get(k), default=str, sort_keys=True)]
