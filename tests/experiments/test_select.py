@@ -267,10 +267,12 @@ def test_the_time_of_a_stopped_select_counts_against_its_budget(tmp_path):
     command continues with what is left of its --budget."""
     out = tmp_path / "s"
     real_run = fedrift.api.run
-    calls = []
+    calls, recorded = [], []
 
     def stopping(config=None, overrides=None, resume=False, on_round=None):
         calls.append(config)
+        if len(calls) == 3:  # what select.json says while the search runs: a kill now keeps it
+            recorded.append(json.loads((out / "select.json").read_text())["spent"])
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real_run(config, overrides, resume, on_round=on_round)
@@ -311,10 +313,12 @@ def test_a_stopped_select_resumes_without_repeating_finished_trials(tmp_path):
     out = tmp_path / "s"
     kwargs = _quiet(algorithms=["fedavg", "fedprox"], budget_rounds=48, seeds=[1, 2], startup=2)
     real_run = fedrift.api.run
-    calls = []
+    calls, recorded = [], []
 
     def stopping(config=None, overrides=None, resume=False, on_round=None):
         calls.append(config)
+        if len(calls) == 3:  # what select.json says while the search runs: a kill now keeps it
+            recorded.append(json.loads((out / "select.json").read_text())["spent"])
 
         def stop(row):
             if len(calls) == 3 and row["round"] == 2:
@@ -332,6 +336,7 @@ def test_a_stopped_select_resumes_without_repeating_finished_trials(tmp_path):
     before = [(t.number, t.state.name, t.params, t.user_attrs.get("status")) for t in st.trials]
     assert len(before) == 3 and {b[1] for b in before[:2]} <= {"COMPLETE", "PRUNED"}, before
     assert before[2][1] == "FAIL" and before[2][3] == "interrupted", before
+    assert recorded[0] > 0  # the two finished trials' time, recorded before the search ended
     finished = [b for b in before if b[1] in ("COMPLETE", "PRUNED")]
     assert len(finished) == 2
     design = _points(plan, SimpleNamespace(get_trials=lambda deepcopy=False, states=None: []))  # the whole design

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -485,8 +486,11 @@ def _spent(plan: Select, trials: Sequence[Mapping[str, Any]]) -> int:
     return sum(int(t["charged"]) for t in trials)
 
 
-def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print) -> None:
-    """Run trials while the budget, less what the confirmation will need, lasts."""
+def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print,
+           progress: Callable[[float], None] | None = None) -> None:
+    """Run trials while the budget, less what the confirmation will need, lasts; ``progress``
+    is told the seconds spent so far after each trial (select records them: a search killed
+    outright, by SIGKILL or a machine lost, still has its time counted)."""
     optuna = load_optuna()
     started = time.time()
     plan.description["started"] = started
@@ -527,6 +531,8 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print) -> 
                 points = _points(plan, _open(plan, seed))
                 one_trial(_open(plan, seed, points[0] if points else None), _objective(plan, echo, False, *lim))
                 seed += 1
+                if progress is not None:
+                    progress(time.time() - started)
         else:
             with run_pool(jobs) as pool:
                 running: dict[Any, int] = {}  # future -> its round cap
@@ -543,6 +549,8 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print) -> 
                     for fut in finished:
                         running.pop(fut)
                         fut.result()
+                    if progress is not None:
+                        progress(time.time() - started)
     finally:
         plan.description["spent"] = plan.description.get("spent", 0.0) + (time.time() - started)
 
@@ -703,14 +711,17 @@ def select(
                                   f"{', '.join(diff)}); allowed: the same command again, or another folder")
             plan.description["spent"] = float(stored.get("spent", 0.0))
 
-        def save() -> None:
+        def save(running: float = 0.0) -> None:  # running: seconds of a search still going
             doc = {k: v for k, v in plan.description.items() if k != "started"}
+            doc["spent"] = doc.get("spent", 0.0) + running
             doc["budget"] = {"seconds": plan.budget_seconds, "rounds": plan.budget_rounds}
-            state_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+            tmp = state_path.with_name(state_path.name + ".tmp")  # whole, whenever the process ends
+            tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+            os.replace(tmp, state_path)
 
         save()
         try:
-            search(plan, jobs, echo)
+            search(plan, jobs, echo, save)
         finally:
             save()
         trials = _trials(plan)
