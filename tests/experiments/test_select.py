@@ -564,8 +564,9 @@ def test_ranking_puts_most_rounds_first_then_the_score_and_fedavg_is_always_the_
     assert candidates(plan, []) == [] and ranking(plan, []) == []
 
 
-def _row(entry, val, mean=None, low=None, high=None, significant=False, n=3):
+def _row(entry, val, mean=None, low=None, high=None, significant=False, n=3, p=None):
     return {"algorithm": entry, "best_val_accuracy_mean": val, "test_accuracy_at_best_val_diff_mean": mean,
+            "test_accuracy_at_best_val_diff_p": p,
             "test_accuracy_at_best_val_diff_ci95": None if mean is None else (high - low) / 2,
             "test_accuracy_at_best_val_diff_low": low, "test_accuracy_at_best_val_diff_high": high,
             "test_accuracy_at_best_val_diff_significant": significant, "test_accuracy_at_best_val_diff_n": n}
@@ -578,6 +579,10 @@ def test_recommend_says_what_the_paired_gain_allows():
     assert (rec["choice"], rec["verdict"]) == ("fedprox", "significant") and "+10.0 +- 5.0 points (6 seeds)" in rec["text"]
     rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, 0.05, 0.15)], picked)
     assert (rec["choice"], rec["verdict"]) == ("fedprox", "ahead, not tested") and "6 needed" in rec["text"]
+    # six seeds, the interval above 0, five of six gains positive: tested, and not significant
+    rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, 0.05, 0.15, n=6, p=0.21875)], picked)
+    assert (rec["choice"], rec["verdict"]) == ("fedprox", "ahead, not significant"), rec["text"]
+    assert "sign-flip test does not pass (p = 0.219 over 6 seeds" in rec["text"] and "needed" not in rec["text"]
     rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, -0.05, 0.25)], picked)
     assert (rec["choice"], rec["verdict"]) == ("fedavg", "fedavg") and "as good as any" in rec["text"]
     assert rec["text"].startswith("no candidate beats FedAvg significantly: FedAvg at lr 0.05 ")

@@ -37,7 +37,8 @@ The confirmation
     accuracy (at the best validation round) over FedAvg and the interval; when that gain is
     not significant by the project's rule (exact sign-flip p < 0.05 and the t interval
     excluding 0, so at least 6 seeds), it says so plainly, and when the interval does not
-    exclude 0 the answer is FedAvg at its own setting. The same command with more ``seeds``
+    exclude 0 the answer is FedAvg at its own setting (where it does, the candidate is
+    recommended as "ahead, not tested" below 6 seeds, "ahead, not significant" from 6). The same command with more ``seeds``
     (or another ``top``) keeps the search and reuses the confirmation runs that finished: three
     seeds cannot make a gain significant, six can.
 
@@ -77,6 +78,7 @@ from fedrift.report.table import short_names
 
 REFERENCE = "fedavg"
 CONFIRMATION = ("seeds", "top")  # what a rerun of the same select may change
+SIGN_FLIP_SEEDS = 6  # the fewest paired seeds whose exact sign-flip test can give p < 0.05 (2^(1-n))
 STUDY = "select"
 STUDY_DB = "study.db"
 STATE = "select.json"
@@ -604,11 +606,18 @@ def recommend(plan: Select, rows: Sequence[Mapping[str, Any]], picked: Sequence[
         out.update(choice=best, verdict="significant",
                    text=f"{best} beats {ref_text}: {_gain(r)} on test accuracy (significant: sign-flip p < 0.05 and "
                         f"the interval excludes 0, {n} seeds)")
-    elif excludes:
+    elif excludes and n < SIGN_FLIP_SEEDS:
         out.update(choice=best, verdict="ahead, not tested",
                    text=f"{best} is ahead of {ref_text}: {_gain(r)} on test accuracy, the interval excludes 0, but "
-                        f"not significant: {n} seeds cannot pass the sign-flip test (6 needed); run seeds= with 6 "
-                        "or more to test it")
+                        f"not significant: {n} seeds cannot pass the sign-flip test ({SIGN_FLIP_SEEDS} needed); run "
+                        f"seeds= with {SIGN_FLIP_SEEDS} or more to test it")
+    elif excludes:
+        p = r.get("test_accuracy_at_best_val_diff_p")
+        p = "-" if p is None else f"{p:.3g}"
+        out.update(choice=best, verdict="ahead, not significant",
+                   text=f"{best} is ahead of {ref_text}: {_gain(r)} on test accuracy, the interval excludes 0, but "
+                        f"the sign-flip test does not pass (p = {p} over {n} seeds; significant: p < 0.05): "
+                        "its gain is not consistent across seeds")
     else:
         out.update(choice=ref_entry, verdict="fedavg",
                    text=f"no candidate beats FedAvg significantly: {ref_text} is as good as any on this data "
