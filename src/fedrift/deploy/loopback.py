@@ -215,20 +215,22 @@ class LoopbackFederation:
         than the CLI waits (30 s) though it started the run: after a failed ``flwr run`` a run
         that ``flwr ls`` shows and this federation did not know of is the one; with none, the
         submission is tried again, up to ``tries`` times."""
-        for attempt in range(1, tries + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 run_id = str(self.flwr_json("run", str(app), CONNECTION)["run-id"])
+                break
             except RuntimeError as err:
                 time.sleep(1)
                 new = self.run_ids() - self.submitted
-                if len(new) != 1 and (new or attempt == tries):
+                if len(new) > 1 or (not new and attempt == tries):
                     raise RuntimeError(f"{err} (try {attempt} of {tries}; runs it did not know of: {sorted(new)})") from None
-                if not new:
-                    continue
-                run_id = new.pop()
-            self.submitted.add(run_id)
-            return run_id
-        raise AssertionError("unreachable")
+                if new:
+                    run_id = new.pop()
+                    break
+        self.submitted.add(run_id)
+        return run_id
 
     def run_ids(self) -> set[str]:
         """The ids of every run the SuperLink knows of (``flwr ls``)."""
