@@ -186,6 +186,41 @@ def test_an_actor_killed_mid_round_changes_nothing(cluster, tiny, monkeypatch, s
         assert torch.equal(ref.global_state[k], got.global_state[k]), k
 
 
+def test_the_next_run_takes_the_last_runs_actors_and_idle_ones_are_killed(cluster, tiny, monkeypatch):
+    """A run on the cluster leaves its actors for the next run of this driver, which rebuilds
+    its own tools in them (the same processes; results equal sequential, another algorithm's
+    too); actors no run takes within KEEP_SECONDS are killed."""
+    import ray
+
+    from fedrift.engine.executors import ray_actors
+
+    pids = []
+    record = RayExecutor.close
+
+    def recording_close(self):
+        pids.append(sorted(self.actor_pids()))
+        record(self)
+
+    monkeypatch.setattr(RayExecutor, "close", recording_close)
+    for name in ("fedavg", "scaffold"):  # another algorithm: the tools are rebuilt, not reused
+        ref = _run(tiny, name, "sequential")
+        got = _run(tiny, name, "ray", ray_address=cluster, workers=2)
+        for k in ref.global_state:
+            assert torch.equal(ref.global_state[k], got.global_state[k]), (name, k)
+    assert pids[0] == pids[1]  # the second run trained in the first run's actor processes
+    gcs, kept = next(iter(ray_actors._KEPT.items()))
+    assert len(kept) == 2
+    monkeypatch.setattr(ray_actors, "KEEP_SECONDS", 0.5)
+    with ray_actors._KEPT_LOCK:
+        actors, ray_actors._KEPT[gcs] = [a for a, _ in kept], []
+    ray_actors._keep(ray, gcs, actors)  # kept again, now for 0.5 s
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(_running(p) for p in pids[1]):
+        time.sleep(0.2)
+    assert not any(_running(p) for p in pids[1]), "the kept actors still run after KEEP_SECONDS"
+    assert not ray_actors._KEPT[gcs]
+
+
 def test_a_plugin_algorithm_model_and_dataset_on_the_cluster(cluster, tiny):
     """The example plugin (installed, as `make test` does): actors on both nodes import it from
     the run's config before they rebuild the run, and equal one-thread sequential."""

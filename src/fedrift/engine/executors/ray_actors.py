@@ -9,6 +9,12 @@ function of the jobs) with the sequential executor's code and returns their outp
 come back in job order. So results equal one-thread ``sequential`` bit for bit, as
 ``processes`` does, client state and pre-phases included (both stay with the server).
 
+Actors outlive their run for ``KEEP_SECONDS`` when the cluster is not the run's own (an
+``engine.ray_address``): the next run of this driver on that cluster takes them and rebuilds
+its tools in them, which costs milliseconds where a new actor's process costs seconds (Python,
+torch and fedrift imported: about 3 s of a core each here). Unused for ``KEEP_SECONDS``, they
+are killed, so that an idle driver does not hold a shared cluster's CPUs.
+
 An actor that dies mid-round (its node lost, its process killed) is replaced by a new actor
 and its clients are trained again there: their work is a pure function of the payload and
 their jobs, so the round's result does not change. Up to ``RETRIES`` replacements a round.
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -56,6 +63,9 @@ TOKEN_SOURCES = "RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/
 # even while the driver does nothing with Ray (the server evaluating): an hour, so that the check
 # at the next round start says what happened first. Read once, by ray.init; a user's value stays.
 GCS_WAIT = ("RAY_gcs_rpc_server_reconnect_timeout_s", "3600")
+KEEP_SECONDS = 30.0  # how long a finished run's actors wait for the next run of this driver (0: killed at once)
+_KEPT: dict[str, list[tuple[Any, object]]] = {}  # a cluster's GCS address -> (actor, its stay's token)
+_KEPT_LOCK = threading.Lock()
 
 
 def require_ray() -> Any:
@@ -133,8 +143,17 @@ class _ClientActor:
 
     def __init__(self, prepared: Any) -> None:
         torch.set_num_threads(1)
-        self.tools = client_tools(prepared)
+        self.tools: RoundTools | None = client_tools(prepared)
         self.sequential = SequentialExecutor()
+
+    def rebuild(self, prepared: Any) -> tuple[int, str, dict[str, Any]]:
+        """Another run's tools in this process (kept from an earlier run of the driver)."""
+        self.tools = client_tools(prepared)
+        return self.ready()
+
+    def release(self) -> None:
+        """Drop the finished run's tools (its data) while the actor waits for another run."""
+        self.tools = None
 
     def ready(self) -> tuple[int, str, dict[str, Any]]:
         import ray
@@ -226,15 +245,16 @@ class RayExecutor:
     def close(self) -> None:
         if self._lost:  # asking a lost cluster to kill its actors would wait for its head
             self._actors = []
+            with _KEPT_LOCK:
+                _KEPT.pop(self._gcs, None)
             if self.ray.is_initialized():
                 self.ray.shutdown()  # a later run in this process may join another cluster
             self._started_ray = False
             return
-        for actor in self._actors:
-            try:
-                self.ray.kill(actor)
-            except Exception:  # already gone with its node
-                pass
+        if self._actors and not self._started_ray and self.ray.is_initialized() and KEEP_SECONDS > 0:
+            _keep(self.ray, self._gcs, self._actors)  # for the next run on this cluster
+        else:
+            _kill(self.ray, self._actors)
         self._actors = []
         if self._started_ray and self.ray.is_initialized():
             self.ray.shutdown()
@@ -276,6 +296,8 @@ class RayExecutor:
     def _start(self) -> None:
         ray = self.ray
         if not ray.is_initialized():
+            with _KEPT_LOCK:
+                _KEPT.clear()  # actors of an earlier connection: gone with it
             address = self.cfg.engine.ray_address
             if address:
                 _check_reachable(address)
@@ -303,23 +325,79 @@ class RayExecutor:
             self._prepared = prepare(self.cfg)
         self._prepared_ref = ray.put(self._prepared)
         n = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self._actors = self._new_actors(n)
+        self._actors = self._kept_actors(n)
+        self._actors += self._new_actors(n - len(self._actors))
+
+    def _kept_actors(self, n: int) -> list[Any]:
+        """Up to ``n`` actors an earlier run of this driver left on this cluster, rebuilt for
+        this run; one that died meanwhile is dropped (``_new_actors`` makes up the number)."""
+        with _KEPT_LOCK:
+            kept = _KEPT.get(self._gcs, [])
+            taken, kept[:] = [a for a, _ in kept[:n]], kept[n:]
+        alive = []
+        for actor in taken:
+            ready = actor.rebuild.remote(self._prepared_ref)
+            self._wait([ready])
+            try:
+                self._admit(self.ray.get(ready))
+            except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnavailableError):
+                continue
+            alive.append(actor)
+        return alive
 
     def _new_actors(self, n: int) -> list[Any]:
+        if n <= 0:
+            return []
         ray = self.ray
         self._check_head(at_once=True)  # making an actor without a head would wait for it
         cls = ray.remote(num_cpus=1, max_restarts=0)(_ClientActor)
         actors = [cls.remote(self._prepared_ref) for _ in range(n)]
         ready = [a.ready.remote() for a in actors]
         self._wait(ready)
-        for pid, node, found in ray.get(ready):
-            self.nodes.add(node)
-            for what, value in self._expect.items():
-                if found[what] != value:
-                    raise ConfigError(f"engine.executor: ray actors rebuilt a different {what} ({found[what]}) "
-                                      f"than this run's ({value}); allowed: sequential or batched")
+        for answer in ray.get(ready):
+            self._admit(answer)
         return actors
+
+    def _admit(self, answer: tuple[int, str, dict[str, Any]]) -> None:
+        """An actor's ``ready`` answer: its node noted, its tools checked against the run's."""
+        _, node, found = answer
+        self.nodes.add(node)
+        for what, value in self._expect.items():
+            if found[what] != value:
+                raise ConfigError(f"engine.executor: ray actors rebuilt a different {what} ({found[what]}) "
+                                  f"than this run's ({value}); allowed: sequential or batched")
 
     def actor_pids(self) -> list[int]:
         """The actors' process ids (for tests that kill one)."""
         return [pid for pid, _, _ in self.ray.get([a.ready.remote() for a in self._actors])]
+
+
+def _kill(ray: Any, actors: list[Any]) -> None:
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception:  # already gone with its node
+            pass
+
+
+def _keep(ray: Any, gcs: str, actors: list[Any]) -> None:
+    """Keep a finished run's actors for the next run on the cluster at ``gcs``, their tools
+    dropped; killed after ``KEEP_SECONDS`` unless a run has taken them by then (a run that
+    takes and leaves them again starts their wait anew: each stay has a token of its own)."""
+    token = object()
+    for actor in actors:
+        actor.release.remote()
+    with _KEPT_LOCK:
+        _KEPT.setdefault(gcs, []).extend((actor, token) for actor in actors)
+
+    def expire() -> None:
+        with _KEPT_LOCK:
+            kept = _KEPT.get(gcs, [])
+            stale = [a for a, t in kept if t is token]
+            kept[:] = [(a, t) for a, t in kept if t is not token]
+        if stale and ray.is_initialized():
+            _kill(ray, stale)
+
+    timer = threading.Timer(KEEP_SECONDS, expire)
+    timer.daemon = True
+    timer.start()
