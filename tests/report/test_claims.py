@@ -43,6 +43,11 @@ def test_claims_name_settings_and_papers_expand_to_the_grids_algorithms():
                      ("slowmo > fedavg", "FedADC"),
                      # FedADC+ against the FedADC of the same variant only; FedGKD+ is not FedGKD
                      ("fedadc_plus:variant=nesterov > fedadc:variant=nesterov", "FedADC")]
+    # a newer remedy's paper (FedDC's tables: FedAvg, FedProx, SCAFFOLD, FedDyn), its entry clipped
+    newer = ["fedavg", "scaffold", "feddc:train.clip_grad_norm=10", "fedlc", "ccvr"]
+    assert [(c.text, c.source) for c in resolve_claims(["papers"], newer)] == [
+        ("fedlc > fedavg", "FedLC"), ("feddc:train.clip_grad_norm=10 > fedavg", "FedDC"),
+        ("feddc:train.clip_grad_norm=10 > scaffold", "FedDC")]
     # labels with more options (a folder's tuned learning rates): the pair sharing the variant
     tuned = ["fedadc:variant=nesterov:lr=0.03", "fedadc:variant=heavy_ball:lr=0.02", "fedadc_plus:variant=nesterov:lr=0.1571"]
     assert [c.text for c in resolve_claims(["fedadc_plus>fedadc"], tuned)] == [
