@@ -55,3 +55,54 @@ def test_inference_chunks_follow_the_model_unless_configured():
     assert make_tools(mlp, alg, TrainConfig(), x, y, 0).eval_batch == 1024
     assert make_tools(cnn, alg, TrainConfig(), x, y, 0, eval_batch=500).eval_batch == 500
     assert make_tools(cnn, alg, TrainConfig(), x, y, 0).vmap_apply is not None
+
+
+CRASH = """
+import torch
+from fedrift.engine.local import make_apply
+from fedrift.models import build_model
+from fedrift.models.resnet import ResNetParams
+
+torch.set_num_threads(2)
+model = build_model("resnet8", ResNetParams(width=4), (1, 28, 28), 10, seed=0)
+apply = make_apply(model, {}, channels_last=True)
+params = {k: v.detach().clone() for k, v in model.named_parameters()}
+for bs in (3, 7, 17) * 10:  # the batch sizes that corrupted the heap here
+    x = torch.randn(bs, 1, 28, 28)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    loss = torch.nn.functional.cross_entropy(apply(leaves, x), torch.arange(bs) % 10)
+    torch.autograd.grad(loss, list(leaves.values()))
+print("trained")
+"""
+
+
+def test_a_resnet_trains_with_two_threads_without_corrupting_the_heap():
+    """ResNet-8's strided 1x1 shortcut convolutions, differentiated with two threads: the
+    channels-last kernels crashed torch 2.13 here (glibc: "corrupted size vs. prev_size"), so
+    ``apply`` keeps the default layout for such calls. In a child process: a crash fails the
+    test, not the test process."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CRASH], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "trained" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+def test_inference_and_one_thread_keep_the_channels_last_layout(monkeypatch):
+    """The kernels ``apply`` hands the model: channels-last for inference at any thread count
+    and for training at one thread; the default layout for training at two threads."""
+    model = build_model("cnn", None, (1, 28, 28), 10, seed=0)
+    apply = make_apply(model, {}, channels_last=True)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    conv = next(k for k, v in params.items() if v.dim() == 4 and v.shape[1] > 1)  # 1 channel in: both layouts
+    laid = lambda: apply._inputs(params, torch.zeros(1))[0][conv].is_contiguous(memory_format=torch.channels_last)  # noqa: E731
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert laid()
+        torch.set_num_threads(2)
+        assert not laid()
+        with torch.no_grad():
+            assert laid()
+    finally:
+        torch.set_num_threads(threads)

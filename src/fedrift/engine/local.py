@@ -33,7 +33,11 @@ def make_apply(
     convolutions in that layout, on this CPU about 1.15x faster to train and 2-3x faster to
     infer for the FedAvg CNN and ResNet-8 (BENCHMARKS.md). Same function, other float rounding.
     Not under ``vmap``, which cannot express the layout: the batched executor's step uses a
-    plain ``apply``.
+    plain ``apply``. Not for a call that may be differentiated (grad mode on) while torch uses
+    more than one thread: torch 2.13's CPU backward of a strided 1x1 convolution (ResNet
+    shortcuts) with a channels-last kernel then corrupts the heap for some batch sizes (3, 7,
+    17 on this machine; a crash, found with ``engine.threads=2``); one thread (the executors'
+    workers, ``processes``, ``ray``) and inference keep the faster layout.
 
     A model with BatchNorm (``models/norm.py``): ``params`` is the whole model state, its
     running statistics included, and the call runs in eval mode with them; the local step
@@ -56,7 +60,7 @@ class ModelApply:
         self.buffers = {k: v for k, v in buffers.items() if k not in carried}  # fixed: not model state
 
     def _inputs(self, params: Params, x: torch.Tensor) -> tuple[Params, torch.Tensor]:
-        if self.channels_last:
+        if self.channels_last and (not torch.is_grad_enabled() or torch.get_num_threads() == 1):
             params = {k: v.clone(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in params.items()}
         if self.prepare is not None and not x.is_floating_point():
             x = self.prepare(x)
