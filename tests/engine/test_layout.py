@@ -76,11 +76,12 @@ print("trained")
 """
 
 
-def test_a_resnet_trains_with_two_threads_without_corrupting_the_heap():
-    """ResNet-8's strided 1x1 shortcut convolutions, differentiated with two threads: the
-    channels-last kernels crashed torch 2.13 here (glibc: "corrupted size vs. prev_size"), so
-    ``apply`` keeps the default layout for such calls. In a child process: a crash fails the
-    test, not the test process."""
+def test_a_narrow_resnet_trains_with_two_threads_without_corrupting_the_heap():
+    """ResNet-8 of width 4: strided 1x1 shortcut convolutions of 4 and 8 input channels,
+    differentiated with two threads. Channels-last kernels crashed torch 2.13 here (oneDNN's
+    backward writes past its workspace: glibc's "corrupted size vs. prev_size"), so ``apply``
+    trains such a model in the default layout. In a child process: a crash fails the test,
+    not the test process."""
     import subprocess
     import sys
 
@@ -88,21 +89,27 @@ def test_a_resnet_trains_with_two_threads_without_corrupting_the_heap():
     assert done.returncode == 0 and "trained" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
-def test_inference_and_one_thread_keep_the_channels_last_layout(monkeypatch):
-    """The kernels ``apply`` hands the model: channels-last for inference at any thread count
-    and for training at one thread; the default layout for training at two threads."""
-    model = build_model("cnn", None, (1, 28, 28), 10, seed=0)
-    apply = make_apply(model, {}, channels_last=True)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    conv = next(k for k, v in params.items() if v.dim() == 4 and v.shape[1] > 1)  # 1 channel in: both layouts
-    laid = lambda: apply._inputs(params, torch.zeros(1))[0][conv].is_contiguous(memory_format=torch.channels_last)  # noqa: E731
-    threads = torch.get_num_threads()
+@pytest.mark.parametrize("threads", [1, 2])
+def test_training_lays_out_kernels_only_without_narrow_1x1_kernels(threads):
+    """The kernels ``apply`` hands the model, at one thread and at two: channels-last for
+    inference always; for training only in a model without a 1x1 kernel of fewer than 16
+    input channels (the FedAvg CNN and ResNet-8 of width 16: yes; of width 8: no)."""
+    from fedrift.models.resnet import ResNetParams
+
+    def laid(model, grad: bool) -> bool:
+        apply = make_apply(model, {}, channels_last=True)
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        conv = next(k for k, v in params.items() if v.dim() == 4 and v.shape[1] > 1)  # 1 channel in: both layouts
+        with torch.set_grad_enabled(grad):
+            return apply._inputs(params, torch.zeros(1))[0][conv].is_contiguous(memory_format=torch.channels_last)
+
+    cnn = build_model("cnn", None, (1, 28, 28), 10, seed=0)
+    wide = build_model("resnet8", ResNetParams(width=16), (3, 16, 16), 10, seed=0)
+    narrow = build_model("resnet8", ResNetParams(width=8), (3, 16, 16), 10, seed=0)
+    saved = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        assert laid()
-        torch.set_num_threads(2)
-        assert not laid()
-        with torch.no_grad():
-            assert laid()
-    finally:
         torch.set_num_threads(threads)
+        assert laid(cnn, True) and laid(wide, True) and not laid(narrow, True)
+        assert laid(cnn, False) and laid(wide, False) and laid(narrow, False)
+    finally:
+        torch.set_num_threads(saved)

@@ -17,6 +17,9 @@ from fedrift.errors import ConfigError
 from fedrift.models.norm import batch_norms, norm_mode, running_stat_names, without_stats
 
 
+ONEDNN_IC_BLOCK = 16  # oneDNN's widest f32 input-channel block on x86 (AVX-512): narrower 1x1 kernels train unlaid
+
+
 def make_apply(
     model: nn.Module, buffers: dict[str, torch.Tensor], channels_last: bool = False, prepare: Callable[..., Any] | None = None
 ) -> "ModelApply":
@@ -33,11 +36,13 @@ def make_apply(
     convolutions in that layout, on this CPU about 1.15x faster to train and 2-3x faster to
     infer for the FedAvg CNN and ResNet-8 (BENCHMARKS.md). Same function, other float rounding.
     Not under ``vmap``, which cannot express the layout: the batched executor's step uses a
-    plain ``apply``. Not for a call that may be differentiated (grad mode on) while torch uses
-    more than one thread: torch 2.13's CPU backward of a strided 1x1 convolution (ResNet
-    shortcuts) with a channels-last kernel then corrupts the heap for some batch sizes (3, 7,
-    17 on this machine; a crash, found with ``engine.threads=2``); one thread (the executors'
-    workers, ``processes``, ``ray``) and inference keep the faster layout.
+    plain ``apply``. Not for a call that may be differentiated (grad mode on) in a model with a
+    1x1 kernel of fewer than 16 input channels (a narrow ResNet's strided shortcut): oneDNN's
+    channels-last backward of a strided 1x1 convolution with fewer input channels than its
+    block writes past its workspace (uxlfoundation/oneDNN issue 6035; the block is 16 with
+    AVX-512, 8 with AVX2). Here, with torch 2.13, ResNet-8 of width 4 or 8 then crashed with
+    two threads (glibc: "corrupted size vs. prev_size"); that issue reports wrong gradients or
+    a crash at one thread too on AVX2 machines. Inference keeps the layout (a forward pass).
 
     A model with BatchNorm (``models/norm.py``): ``params`` is the whole model state, its
     running statistics included, and the call runs in eval mode with them; the local step
@@ -54,13 +59,16 @@ class ModelApply:
     def __init__(self, model: nn.Module, buffers: dict[str, torch.Tensor], channels_last: bool = False,
                  prepare: Callable[..., Any] | None = None) -> None:
         self.model, self.channels_last, self.prepare = model, channels_last, prepare
+        # no 1x1 kernel narrower than oneDNN's widest input-channel block (make_apply's docstring)
+        self.laid_out_training = not any(p.dim() == 4 and p.shape[-2:] == (1, 1) and p.shape[1] < ONEDNN_IC_BLOCK
+                                         for p in model.parameters())
         self.stat_keys = running_stat_names(model)
         self.norms = [m for _, m in batch_norms(model)]
         carried = set(self.stat_keys)
         self.buffers = {k: v for k, v in buffers.items() if k not in carried}  # fixed: not model state
 
     def _inputs(self, params: Params, x: torch.Tensor) -> tuple[Params, torch.Tensor]:
-        if self.channels_last and (not torch.is_grad_enabled() or torch.get_num_threads() == 1):
+        if self.channels_last and (self.laid_out_training or not torch.is_grad_enabled()):
             params = {k: v.clone(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in params.items()}
         if self.prepare is not None and not x.is_floating_point():
             x = self.prepare(x)
