@@ -230,6 +230,28 @@ def test_checkpoint_and_resume_carry_statistics_exactly(tiny, tmp_path):
     assert [strip(r) for r in resumed.history] == [strip(r) for r in ref.history]
 
 
+def test_the_cnn_with_batchnorm_keeps_every_layers_statistics_and_executors_agree(tiny, tmp_path):
+    """``cnn`` with ``norm: batch`` (FedBN's model on workload D): BatchNorm after both
+    convolutions, carried like ResNet-8's; processes equals sequential bit for bit, batched to
+    float rounding; FedBN keeps both layers on the clients. The default CNN has none."""
+    cnn = {"name": "cnn", "hidden": 16, "norm": "batch"}
+    runs = {ex: fedrift.run(_bn(tiny, tmp_path, ex, cnn)) for ex in ("sequential", "processes", "batched")}
+    seq = runs["sequential"]
+    stats = _stats(seq.global_state)
+    assert sorted(stats) == sorted(f"{n}.{s}" for n in ("norm1", "norm2") for s in ("running_mean", "running_var"))
+    assert stats["norm2.running_mean"].shape == (64,)
+    assert not torch.equal(stats["norm2.running_var"], torch.ones(64))
+    for key, value in seq.global_state.items():
+        assert torch.equal(value, runs["processes"].global_state[key]), key
+    _close(seq.global_state, runs["batched"].global_state)
+    fedbn = fedrift.run(_bn(tiny, tmp_path / "fedbn", model=cnn, algorithm={"name": "fedbn"}))
+    for key in stats:  # the server's are the initial statistics: every client keeps its own
+        initial = torch.zeros(32 if "norm1" in key else 64) if key.endswith("mean") else torch.ones(32 if "norm1" in key else 64)
+        assert torch.equal(fedbn.global_state[key], initial), key
+    plain = fedrift.run(_bn(tiny, tmp_path / "plain", model={"name": "cnn", "hidden": 16}))
+    assert not _stats(plain.global_state) and not any("norm" in k for k in plain.global_state)
+
+
 def test_norm_group_is_the_default_and_unchanged(tiny, tmp_path):
     """``norm`` left out is ``group``: the same run, bit for bit, as ``norm: group`` spelled out,
     with no statistics in the model state."""
