@@ -13,7 +13,8 @@ A01="fedacg fedadam fedlc feddecorr fedsam feddc fedexp elastic fedyogi fedasam 
 # FedDC with its authors' gradient clipping at norm 10 (unclipped, it collapses on A: the probes)
 DC=feddc:train.clip_grad_norm=10
 NEW="fedacg fedadam fedlc feddecorr fedsam $DC fedexp elastic fedyogi fedasam ccvr fedadagrad"
-BN="model.name=resnet8:model.norm=batch"  # FedBN needs BatchNorm; the FedAvg CNN has none
+R8="model.name=resnet8:model.norm=batch"  # FedBN needs BatchNorm: ResNet-8's (learns too slowly on D: a record)
+BN="model.norm=batch"  # and the FedAvg CNN's (BatchNorm after both convolutions): FedBN's row
 
 commit() {  # commit "message" paths...: retried, the other chain may hold git's lock
   local msg=$1; shift
@@ -74,10 +75,11 @@ for stage in ${@:-probes a01 d b a05}; do
       --out $R/workload-a-new && commit "A alpha 0.1, 3 seeds of $DC" $R/workload-a-new ;;
   d)
     # D's budget (BENCHMARKS.md "D"): 8 rounds a trial, 15 rounds a run; 8 trials as A and B now.
-    # FedAvg on the CNN and on ResNet-8 with BatchNorm: the references of the CNN rows and of FedBN's.
+    # FedAvg on the CNN, and with BatchNorm (ResNet-8's, then the CNN's): the references of the
+    # CNN rows and of FedBN's.
     grow d "-c examples/workload_d.yaml engine.threads=1 --jobs 2 train.rounds=8 --trials 8" \
       "-c examples/workload_d.yaml engine.threads=1 --jobs 2 train.rounds=15 seeds=0,1,2 report.at_rounds=5,10,15 report.tsne=none report.reference=fedavg output.save_model=false" \
-      - "" fedavg fedavg:$BN fedbn:$BN $NEW ;;
+      - "" fedavg fedavg:$R8 fedbn:$R8 fedavg:$BN fedbn:$BN $NEW ;;
   b)
     grow b "-c examples/workload_b.yaml engine.executor=sequential engine.threads=1 --jobs 2 train.rounds=30 --trials 8" \
       "-c examples/workload_b.yaml engine.executor=sequential engine.threads=1 --jobs 2 seeds=0,1,2 output.save_model=false report.at_rounds=10,20,50,100 report.tsne=none report.reference=fedavg report.claims=papers" \
