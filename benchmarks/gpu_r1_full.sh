@@ -103,6 +103,53 @@ if [ -n "${CHAIN:-}" ]; then
   done
   ALPHAS=""
 fi
+if [ -n "${R2_ROUNDS:-}" ]; then
+  # R2_ROUNDS=100: workload R2 (FedADC Table I, s = 2, C = 0.2: 100 clients of 500 images, 20 a
+  # round, examples/papers/fedadc-table1-cifar10-c0.2.yaml as written, its rounds cut to
+  # at most R2_ROUNDS, as many as the budget fits). First a 3-round probe of FedAvg under each of $R2_EXECUTORS (one process alone
+  # on the GPU: s/round of rounds 2-3, into $OUT/r2-probe.md); the faster one runs the
+  # comparison of $R2_ALGORITHMS: seed 0 of each first (so that a cut budget still pairs one
+  # seed), then $SEEDS, $JOBS processes at once, into $OUT/r2-gpu.
+  mkdir -p ../shared/data/cifar10-jpeg && mv /tmp/cifar10-jpeg/cifar10-jpeg.zip ../shared/data/cifar10-jpeg/ || exit 1
+  R2=examples/papers/fedadc-table1-cifar10-c0.2.yaml
+  R2_ALGORITHMS=${R2_ALGORITHMS:-fedavg,fedadc}; R2_EXECUTORS=${R2_EXECUTORS:-batched sequential}
+  echo "| executor | s/round (rounds 2-3, FedAvg alone, evaluation excluded) | wall s (data load included) |" >"$OUT/r2-probe.md"
+  echo "|---|---|---|" >>"$OUT/r2-probe.md"
+  best=""; best_s=""
+  for ex in $R2_EXECUTORS; do
+    t0=$(date +%s)
+    timeout -k 5 "${PROBE_TIMEOUT:-150}" "${FEDRIFT[@]}" run -c "$R2" algorithm.name=fedavg train.rounds=3 engine.executor="$ex" \
+      output.dir="/tmp/r2-probe-$ex" output.overwrite=true output.progress=false >"/tmp/r2-probe-$ex.log" 2>&1 \
+      || { echo "gpu_r1_full: probe $ex failed:"; tail -n 15 "/tmp/r2-probe-$ex.log"; continue; }
+    # s/round without evaluation (the table's) and with it (round 3's wall time: what a run costs)
+    read -r spr wall3 < <("$PY" -c 'import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(f"{statistics.mean(r['seconds'] for r in rows if r['round'] >= 2):.3f}", f"{rows[2]['wall_seconds'] - rows[1]['wall_seconds']:.3f}")' "/tmp/r2-probe-$ex/metrics.jsonl")
+    echo "| $ex | $spr | $(($(date +%s) - t0)) |" | tee -a "$OUT/r2-probe.md"
+    if [ -z "$best" ] || "$PY" -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$spr" "$best_s"; then
+      best=$ex; best_s=$spr; best_wall=$wall3
+    fi
+  done
+  [ -n "$best" ] || { echo "gpu_r1_full: no executor ran R2"; exit 1; }
+  # the rounds that fit what is left: every run's rounds one after another at the probe's cost
+  # with evaluation, sped up by 1.25 for running $JOBS at once (3 at once gave 1.25x in R1)
+  left=$((BUDGET - ($(date +%s) - START)))
+  nruns=$(( $(echo "$R2_ALGORITHMS" | tr , '\n' | wc -l) * $(echo "$SEEDS" | tr , '\n' | wc -l) ))
+  fit=$("$PY" -c 'import sys; left, n, t, cap = map(float, sys.argv[1:]); print(int(max(10, min(cap, 1.25 * (left - 60) / (n * t)))))' \
+    "$left" "$nruns" "$best_wall" "$R2_ROUNDS")
+  echo "gpu_r1_full: R2 under $best ($best_wall s a round with evaluation), $nruns runs, $left s left: $fit rounds"
+  R2_ROUNDS=$fit
+  for seeds in 0 "$SEEDS"; do
+    left=$((BUDGET - ($(date +%s) - START)))
+    [ "$left" -gt 30 ] || { echo "gpu_r1_full: budget spent before R2 seeds $seeds"; break; }
+    echo "== $(date -u +%T) R2 seeds $seeds, $best, $left s left"
+    timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" compare -c "$R2" --jobs "$JOBS" seeds="$seeds" \
+      algorithms="$R2_ALGORITHMS" train.rounds="$R2_ROUNDS" engine.executor="$best" report.reference=fedavg \
+      report.tsne=none report.paper=fedadc-table1-cifar10 output.progress=false --out "$OUT/r2-gpu"
+    echo "== exit $? after $(($(date +%s) - START)) s"
+  done
+  ALPHAS=""
+fi
 for alpha in $ALPHAS; do
   left=$((BUDGET - ($(date +%s) - START)))
   [ "$left" -gt 30 ] || { echo "gpu_r1_full: budget spent before alpha $alpha"; break; }
@@ -116,7 +163,7 @@ done
 # what comes back from the device is limited in number of files (8 came back in one call) and in
 # depth: each grid keeps results.md and travels as one archive (its report, csv, figures and run
 # folders: metrics, configs, logs; no checkpoints)
-for d in "$OUT"/r1-gpu-a* "$OUT"/r1-gpu-chain "$OUT"/r1-tune; do
+for d in "$OUT"/r1-gpu-a* "$OUT"/r1-gpu-chain "$OUT"/r1-tune "$OUT"/r2-gpu; do
   [ -d "$d" ] || continue
   rm -f "$d/.fedrift.lock"
   g=$(basename "$d")
