@@ -14,6 +14,13 @@
 # processes, into $OUT/r1-gpu-a<alpha>. Environment: ALGORITHMS (fedavg,fedgkd,fedadc), SEEDS
 # (0,1,2), ALPHAS (0.1 0.5), JOBS (3), DEVICE (cuda), INSTALL (1: .gpu/whl into $SITE), BUDGET (500 s for the compares; SIGINT at the end of it,
 # so that finished runs and the report stay), PY (python3), SITE (/tmp/site).
+# R2 instead (FedADC Table I at s = 2, C = 0.2; the block below says what it runs): R2_ROUNDS (the
+# most rounds), R2_ALGORITHMS (fedavg,fedadc), R2_EXECUTORS (the probe's: batched sequential),
+# R2_FIXED (1: exactly R2_ROUNDS, else what the budget fits), R2_REFERENCE (fedavg), PROBE_TIMEOUT.
+# WHL (.gpu/whl): the wheels to install; R2 needs no optuna, so .gpu/whlmin (pydantic and its four
+# dependencies, 2.7 MB) leaves room for a part. Since the tree reached 45 MB (2026-11-26 evening):
+# PARTS=4 and the last part cut in two (d.zip, e.zip: any names join), 5 calls, the last carrying
+# .gpu/whlmin and e; the 4 stash calls cost about 60 s of device time together.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; OUT=${OUT:-$PWD/runs/gpu-out}; STASH=/tmp/r1-halves
@@ -48,7 +55,7 @@ if [ "${STEP:-run}" = stash ]; then
   ls -l "$STASH" && exit 0
 fi
 [ -f "$STASH/a.zip" ] || { echo "gpu_r1_full: no first part (call 1 first)"; exit 1; }
-[ "${INSTALL:-1}" = 0 ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu/whl/*.whl || exit 1
+[ "${INSTALL:-1}" = 0 ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${WHL:-.gpu/whl}"/*.whl || exit 1
 export PYTHONPATH="$PWD/src:$SITE" PYTHONUNBUFFERED=1
 mkdir -p /tmp/cifar10-jpeg
 "$PY" - /tmp/cifar10-jpeg/cifar10-jpeg.zip "$STASH"/*.zip <<'PY'
@@ -124,7 +131,7 @@ if [ -n "${R2_ROUNDS:-}" ]; then
     # s/round without evaluation (the table's) and with it (round 3's wall time: what a run costs)
     read -r spr wall3 < <("$PY" -c 'import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print(f"{statistics.mean(r['seconds'] for r in rows if r['round'] >= 2):.3f}", f"{rows[2]['wall_seconds'] - rows[1]['wall_seconds']:.3f}")' "/tmp/r2-probe-$ex/metrics.jsonl")
+print("%.3f" % statistics.mean(r["seconds"] for r in rows if r["round"] >= 2), "%.3f" % (rows[2]["wall_seconds"] - rows[1]["wall_seconds"]))' "/tmp/r2-probe-$ex/metrics.jsonl")
     echo "| $ex | $spr | $(($(date +%s) - t0)) |" | tee -a "$OUT/r2-probe.md"
     if [ -z "$best" ] || "$PY" -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$spr" "$best_s"; then
       best=$ex; best_s=$spr; best_wall=$wall3
@@ -138,13 +145,14 @@ print(f"{statistics.mean(r['seconds'] for r in rows if r['round'] >= 2):.3f}", f
   fit=$("$PY" -c 'import sys; left, n, t, cap = map(float, sys.argv[1:]); print(int(max(10, min(cap, 1.25 * (left - 60) / (n * t)))))' \
     "$left" "$nruns" "$best_wall" "$R2_ROUNDS")
   echo "gpu_r1_full: R2 under $best ($best_wall s a round with evaluation), $nruns runs, $left s left: $fit rounds"
+  [ -z "${R2_FIXED:-}" ] || fit=$R2_ROUNDS  # R2_FIXED=1: exactly R2_ROUNDS (to pair with an earlier call's runs)
   R2_ROUNDS=$fit
   for seeds in 0 "$SEEDS"; do
     left=$((BUDGET - ($(date +%s) - START)))
     [ "$left" -gt 30 ] || { echo "gpu_r1_full: budget spent before R2 seeds $seeds"; break; }
     echo "== $(date -u +%T) R2 seeds $seeds, $best, $left s left"
     timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" compare -c "$R2" --jobs "$JOBS" seeds="$seeds" \
-      algorithms="$R2_ALGORITHMS" train.rounds="$R2_ROUNDS" engine.executor="$best" report.reference=fedavg \
+      algorithms="$R2_ALGORITHMS" train.rounds="$R2_ROUNDS" engine.executor="$best" report.reference="${R2_REFERENCE:-fedavg}" \
       report.tsne=none report.paper=fedadc-table1-cifar10 output.progress=false --out "$OUT/r2-gpu"
     echo "== exit $? after $(($(date +%s) - START)) s"
   done
