@@ -74,15 +74,24 @@ PY
 nvidia-smi -L
 FEDRIFT=("$PY" -c 'import sys; from fedrift.cli import main; sys.exit(main(sys.argv[1:]))')
 if [ -n "${CHAIN:-}" ]; then
-  # CHAIN="fedcsd fedgkd_vote ...": R1 at alpha 0.1, each method tuned (the paper's lr grid, 20
-  # rounds, as benchmarks/r1_chain.sh on the CPU, into a copy of the CPU's tune so that its
-  # description is the same) and then its 3 seeds beside FedAvg's, one method after another
-  # until BUDGET; the zip sits where the config names it, so the configs equal the CPU's.
+  # CHAIN="fedcsd fedgkd_vote ...": each method tuned on the learning rate alone (GRID, TUNE_ROUNDS
+  # rounds; its other keys at their defaults: the device time does not buy a second dimension)
+  # and then its $SEEDS seeds beside FedAvg's, one method after another until BUDGET. R1 by
+  # default (alpha 0.1, the paper's grid, 20 rounds, as benchmarks/r1_chain.sh on the CPU, into a
+  # copy of the CPU's tune TUNE_FROM so that its description is the same). Another workload:
+  # CFG (its config), TUNE_FROM (none: a new tune folder), BASE_ALGS (the studies every tune
+  # call lists: fedavg,fedgkd,fedadc), GRID, TUNE_ROUNDS, MORE (overrides for the tune and the
+  # compare alike, e.g. a validation split), COMPARE_MORE (the compare's alone, e.g. its
+  # rounds), PAPER, CHAIN_OUT; R2's: the command in BENCHMARKS.md, section R2. The zip sits where
+  # the config names it, so the configs equal the CPU's.
+  CFG=${CFG:-examples/workload_r1.yaml}; GRID=${GRID:-0.01,0.05,0.1}; TUNE_ROUNDS=${TUNE_ROUNDS:-20}
+  BASE_ALGS=${BASE_ALGS:-fedavg,fedgkd,fedadc}; PAPER=${PAPER:-fedgkd-table3-cifar10}
+  CHAIN_OUT=${CHAIN_OUT:-r1-gpu-chain}; TUNE_FROM=${TUNE_FROM-benchmarks/results/r1-tune}; MORE=${MORE:-}
+  COMPARE_MORE=${COMPARE_MORE:-}; TUNE_DIR="$OUT/$(basename "${TUNE_FROM:-$CHAIN_OUT-tune}")"
   mkdir -p ../shared/data/cifar10-jpeg && mv /tmp/cifar10-jpeg/cifar10-jpeg.zip ../shared/data/cifar10-jpeg/ || exit 1
-  rm -rf "$OUT/r1-tune" "$OUT/r1-gpu-chain" && cp -r benchmarks/results/r1-tune "$OUT/r1-tune"
+  rm -rf "$TUNE_DIR" "${OUT:?}/$CHAIN_OUT"; [ -z "$TUNE_FROM" ] || cp -r "$TUNE_FROM" "$TUNE_DIR"
   # a chain goes on from the runs an earlier one brought back (FROM), which compare reuses
-  FROM=${FROM:-benchmarks/results/r1-gpu-h100}; [ ! -d "$FROM" ] || cp -r "$FROM" "$OUT/r1-gpu-chain"
-  NONE="space.gamma=none space.beta=none"
+  FROM=${FROM-benchmarks/results/r1-gpu-h100}; [ -z "$FROM" ] || [ ! -d "$FROM" ] || cp -r "$FROM" "$OUT/$CHAIN_OUT"
   done_new=""
   for m in $CHAIN; do
     for step in tune compare; do
@@ -91,18 +100,21 @@ if [ -n "${CHAIN:-}" ]; then
       echo "== $(date -u +%T) $step $m, $left s left"
       if [ $step = tune ]; then
         # the studies the folder holds stay in the list (a tune refuses to leave one out)
-        held=$("$PY" -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["studies"]))' "$OUT/r1-tune/tune.json")
-        algs=$(echo "$held,fedavg,fedgkd,fedadc$done_new,$m" | tr , '\n' | awk 'NF && !seen[$0]++' | paste -sd,)
-        for a in ${algs//,/ }; do  # lr only: each key the tune's entries would search, fixed
-          case $a in fedcsd|fedprox|moon) k=mu;; fedgkd_vote) k=lam;; feddyn) k=alpha;; *) k="";; esac
-          [ -z "$k" ] || [[ " $NONE " == *" space.$k=none "* ]] || NONE="$NONE space.$k=none"
-        done
-        timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" tune -c examples/workload_r1.yaml --jobs "$JOBS" train.rounds=20 \
-          space.train.lr=0.01,0.05,0.1 $NONE algorithms="$algs" --out "$OUT/r1-tune" || break 2
+        held=""; [ ! -f "$TUNE_DIR/tune.json" ] || held=$("$PY" -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["studies"]))' "$TUNE_DIR/tune.json")
+        algs=$(echo "$held,$BASE_ALGS$done_new,$m" | tr , '\n' | awk 'NF && !seen[$0]++' | paste -sd,)
+        # lr only: every key the listed entries' spaces would search, fixed (space.KEY=none)
+        # shellcheck disable=SC2046
+        NONE=$("$PY" -c 'import sys; from fedrift.algorithms import ALGORITHMS
+keys = {k for e in sys.argv[1].split(",") for k in (ALGORITHMS.get(e.split(":")[0]).space or {})}
+print(" ".join(f"space.{k}=none" for k in sorted(keys)))' "$algs") || break 2
+        # shellcheck disable=SC2086
+        timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" tune -c "$CFG" --jobs "$JOBS" train.rounds="$TUNE_ROUNDS" $MORE \
+          space.train.lr="$GRID" $NONE algorithms="$algs" --out "$TUNE_DIR" || break 2
       else
-        timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" compare -c examples/workload_r1.yaml --jobs "$JOBS" seeds="$SEEDS" \
-          algorithms=fedavg$done_new,$m tuned="$OUT/r1-tune" report.reference=fedavg report.tsne=none \
-          report.paper=fedgkd-table3-cifar10 output.progress=false --out "$OUT/r1-gpu-chain" || break 2
+        # shellcheck disable=SC2086
+        timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" compare -c "$CFG" --jobs "$JOBS" seeds="$SEEDS" $MORE $COMPARE_MORE \
+          algorithms=fedavg$done_new,$m tuned="$TUNE_DIR" report.reference=fedavg report.tsne=none \
+          report.paper="$PAPER" output.progress=false --out "$OUT/$CHAIN_OUT" || break 2
       fi
       echo "== exit $? after $(($(date +%s) - START)) s"
     done
@@ -171,7 +183,7 @@ done
 # what comes back from the device is limited in number of files (8 came back in one call) and in
 # depth: each grid keeps results.md and travels as one archive (its report, csv, figures and run
 # folders: metrics, configs, logs; no checkpoints)
-for d in "$OUT"/r1-gpu-a* "$OUT"/r1-gpu-chain "$OUT"/r1-tune "$OUT"/r2-gpu; do
+for d in "$OUT"/r1-gpu-a* "$OUT"/*-chain "$OUT"/*-tune "$OUT"/r2-gpu; do
   [ -d "$d" ] || continue
   rm -f "$d/.fedrift.lock"
   g=$(basename "$d")
