@@ -93,3 +93,25 @@ def test_report_html_is_self_contained(grid):
     # the t-SNE's panels are the default's, and the caption says which and why
     assert ("Panels (report.tsne&#x27;s default): fedavg (the reference) and fedprox:mu=0.1, the setting with the highest "
             "mean best accuracy") in text
+
+
+def test_the_partition_plot_reads_any_run_that_kept_its_index_arrays(grid, tmp_path, recwarn):
+    """A committed results folder keeps seed 0's ``partition.bin`` alone (.gitignore): the plot
+    comes from a run that has both files, and with none it is left out without a warning."""
+    import shutil
+
+    import fedrift
+
+    root = tmp_path / "cmp"
+    shutil.copytree(grid[0], root)
+    shutil.rmtree(root / "figures")
+    (root / "fedavg" / "seed0" / "partition.bin").unlink()  # the first run the plot would read
+    fedrift.write_report(root, verbose=False, tsne="none")
+    assert (root / "figures" / "partition-1.png").is_file()
+    assert not [w for w in recwarn if "partition plot" in str(w.message)]
+    for run in root.glob("*/seed*"):
+        (run / "partition.bin").unlink(missing_ok=True)
+    shutil.rmtree(root / "figures")
+    fedrift.write_report(root, verbose=False, tsne="none")
+    assert not (root / "figures" / "partition-1.png").exists() and (root / "report.html").is_file()
+    assert not [w for w in recwarn if "partition plot" in str(w.message)]

@@ -217,7 +217,9 @@ def partition_plots(groups: Sequence[Group], folder: Path, warn: Any = print) ->
     seen: dict[str, Run] = {}
     for g in groups:
         for r in g.runs:
-            if (r.dir / "partition.json").is_file() and r.config:
+            # both files: a committed run folder may keep the header alone (benchmarks/results keeps
+            # seed 0's index arrays; the config and seed rebuild the others)
+            if (r.dir / "partition.json").is_file() and (r.dir / "partition.bin").is_file() and r.config:
                 key = json.dumps([r.config.get("data"), r.config.get("partition")], sort_keys=True, default=str)
                 seen.setdefault(key, r)
                 break
