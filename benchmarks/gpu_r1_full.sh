@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
-# Workload R1 on ALL of CIFAR-10 (JPEG q75 copy) on a lent GPU, in two device calls: the whole
-# zip (65 MB) does not travel beside the repository in one call, so it travels in two halves.
+# Workloads R1 and R2 on ALL of CIFAR-10 (JPEG q75 copy) on a lent GPU. The zip (65 MB) does not
+# travel beside the repository (45 MB by 2026-11-26 evening; 64 MB travel in a call), so it
+# travels in parts, one a call, stashed in the machine's /tmp (kept while it is held).
 #
-# Here:   STEP=parts PARTS=2 bash benchmarks/gpu_r1_full.sh: ../shared's zip cut into PARTS stored
-#         zips of about equal size, .gpu/cifarA/a.zip, .gpu/cifarB/b.zip ... (PARTS=3 once the
-#         repository's tracked files pass about 20 MB: each call carries the tree, .gpu/whl, one part).
-# Device, call 1 (carry [".gpu/whl", ".gpu/cifarA"]):   STEP=stash bash benchmarks/gpu_r1_full.sh
-#         (and so on for every part but the last, each call at once: the machine is held 30 s idle)
-# Device, last call (carry [".gpu/whl", ".gpu/cifar<last>"]):   bash benchmarks/gpu_r1_full.sh
+# Here:   STEP=parts bash benchmarks/gpu_r1_full.sh: ../shared's zip cut into stored zips, each as
+#         large as a call leaves room for beside the tree (what git would send: tracked and
+#         untracked-not-ignored files), the last one beside $WHL too: .gpu/cifarA/a.zip,
+#         .gpu/cifarB/b.zip ...; it prints the calls to make. TRAVEL_LIMIT (64000000 bytes: the
+#         limit the device tool enforced, in bytes, not MiB), MARGIN (2000000: room for the tree
+#         to grow before the calls).
+# Device, a call for each part but the last (carry [".gpu/cifarA"] ...):  STEP=stash bash benchmarks/gpu_r1_full.sh
+#         (each call at once after the last: the machine is held 30 s idle; about 15 s of device time each)
+# Device, last call (carry [WHL, ".gpu/cifar<last>"]):   bash benchmarks/gpu_r1_full.sh
 # The last call joins the parts into one zip with the published layout (60,000 images), then runs
-# `fedrift compare` for $ALGORITHMS, seeds $SEEDS, at each alpha of $ALPHAS (R1's settings, the
+# one of three things. By default `fedrift compare` for $ALGORITHMS, seeds $SEEDS, at each alpha of $ALPHAS (R1's settings, the
 # CPU tune's learning rates: tuned=benchmarks/results/r1-tune), engine.device=cuda, $JOBS
 # processes, into $OUT/r1-gpu-a<alpha>. Environment: ALGORITHMS (fedavg,fedgkd,fedadc), SEEDS
-# (0,1,2), ALPHAS (0.1 0.5), JOBS (3), DEVICE (cuda), INSTALL (1: .gpu/whl into $SITE), BUDGET (500 s for the compares; SIGINT at the end of it,
+# (0,1,2), ALPHAS (0.1 0.5), JOBS (3), DEVICE (cuda), INSTALL (1: $WHL into $SITE), BUDGET (500 s for the compares; SIGINT at the end of it,
 # so that finished runs and the report stay), PY (python3), SITE (/tmp/site).
-# R2 instead (FedADC Table I at s = 2, C = 0.2; the block below says what it runs): R2_ROUNDS (the
+# CHAIN="...": a tune-and-compare chain (the block below says what it runs; R1 by default, any
+# workload by CFG and the rest).
+# R2_ROUNDS=N: FedADC Table I at s = 2, C = 0.2 without tuning (the block below): R2_ROUNDS (the
 # most rounds), R2_ALGORITHMS (fedavg,fedadc), R2_EXECUTORS (the probe's: batched sequential),
 # R2_FIXED (1: exactly R2_ROUNDS, else what the budget fits), R2_REFERENCE (fedavg), PROBE_TIMEOUT.
-# WHL (.gpu/whl): the wheels to install; R2 needs no optuna, so .gpu/whlmin (pydantic and its four
-# dependencies, 2.7 MB) leaves room for a part. Since the tree reached 45 MB (2026-11-26 evening):
-# PARTS=4 and the last part cut in two (d.zip, e.zip: any names join), 5 calls, the last carrying
-# .gpu/whlmin and e; the 4 stash calls cost about 60 s of device time together.
+# WHL (.gpu/whl, from gpu_prepare.sh): the wheels to install. A tune needs optuna (the whole
+# folder, 8 MB); R2_ROUNDS and the alphas do not: .gpu/whlmin, pydantic and its four
+# dependencies (2.7 MB: `mkdir -p .gpu/whlmin && cp .gpu/whl/{pydantic,pydantic_core,annotated_types,typing_extensions,typing_inspection}-*.whl .gpu/whlmin`),
+# leaves room for a larger last part. Name the same WHL to STEP=parts and to the last call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; OUT=${OUT:-$PWD/runs/gpu-out}; STASH=/tmp/r1-halves
@@ -29,23 +35,39 @@ JOBS=${JOBS:-3}; BUDGET=${BUDGET:-500}; START=$(date +%s)
 mkdir -p "$OUT" "$STASH"
 if [ "${STEP:-run}" = parts ]; then
   rm -rf .gpu/cifar[A-Z]
-  exec "${PREP_PY:-.venv/bin/python}" - "${CIFAR_ZIP:-../shared/data/cifar10-jpeg/cifar10-jpeg.zip}" "${PARTS:-2}" <<'PY'
-import pathlib, string, sys, zipfile
-src, parts = sys.argv[1], int(sys.argv[2])
+  exec "${PREP_PY:-.venv/bin/python}" - "${CIFAR_ZIP:-../shared/data/cifar10-jpeg/cifar10-jpeg.zip}" "${WHL:-.gpu/whl}" \
+    "${TRAVEL_LIMIT:-64000000}" "${MARGIN:-2000000}" <<'PY'
+import pathlib, string, subprocess, sys, zipfile
+src, whl, limit, margin = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True).stdout
+tree = sum(p.stat().st_size for n in names.split(b"\0") if n and (p := pathlib.Path(n.decode())).is_file())
+wheels = sum(p.stat().st_size for p in whl.glob("*.whl"))
+room, last_room = limit - margin - tree, limit - margin - tree - wheels
+if last_room < 1_000_000:
+    sys.exit(f"gpu_r1_full: the tree ({tree / 1e6:.1f} MB) and {whl} ({wheels / 1e6:.1f} MB) leave no room for a part")
+cost = lambda i: i.file_size + 100 + 2 * len(i.filename)  # a stored member: its bytes, its two headers
 with zipfile.ZipFile(src) as zin:
     members = sorted((i for i in zin.infolist() if not i.is_dir()), key=lambda i: i.filename)
-    total, done, k, out = sum(i.file_size for i in members), 0, -1, None
-    for info in members:
-        if out is None or (done >= total * (k + 1) / parts and k < parts - 1):
-            if out is not None:
-                out.close()
-            k += 1
-            folder = pathlib.Path(".gpu") / f"cifar{string.ascii_uppercase[k]}"
-            folder.mkdir(parents=True, exist_ok=True)
-            out = zipfile.ZipFile(folder / f"{string.ascii_lowercase[k]}.zip", "w", zipfile.ZIP_STORED)
-        out.writestr(info, zin.read(info)); done += info.file_size
-    out.close()
-print(f"gpu_r1_full: {len(members)} images in {k + 1} parts under .gpu/")
+    cut, size = len(members), 0  # the last part: members from the end while they fit beside the wheels
+    while cut and size + cost(members[cut - 1]) <= last_room:
+        cut -= 1; size += cost(members[cut])
+    groups, group, size = [], [], 0
+    for info in members[:cut]:
+        if group and size + cost(info) > room:
+            groups.append(group); group, size = [], 0
+        group.append(info); size += cost(info)
+    groups += [g for g in (group, members[cut:]) if g]
+    for k, group in enumerate(groups):
+        folder = pathlib.Path(".gpu") / f"cifar{string.ascii_uppercase[k]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(folder / f"{string.ascii_lowercase[k]}.zip", "w", zipfile.ZIP_STORED) as out:
+            for info in group:
+                out.writestr(info, zin.read(info))
+print(f"gpu_r1_full: {len(members)} images in {len(groups)} parts under .gpu/ (tree {tree / 1e6:.1f} MB, "
+      f"{whl} {wheels / 1e6:.1f} MB); the calls:")
+for k in range(len(groups) - 1):
+    print(f'  carry [".gpu/cifar{string.ascii_uppercase[k]}"]: STEP=stash bash benchmarks/gpu_r1_full.sh')
+print(f'  carry ["{whl}", ".gpu/cifar{string.ascii_uppercase[len(groups) - 1]}"]: WHL={whl} ... bash benchmarks/gpu_r1_full.sh')
 PY
 fi
 # the parts carried in this call (.gpu/cifarA/a.zip, .gpu/cifarB/b.zip, or more parts when the
