@@ -398,3 +398,29 @@ def test_batchnorm_matches_torch_and_masks_padding():
     assert torch.allclose(masked[0], mine.running_mean, atol=1e-6)
     assert torch.allclose(masked[1], mine.running_var, atol=1e-6)
     assert not mine.training and mine.sample_mask is None  # norm_mode puts the module back
+
+
+def test_models_built_in_threads_at_once_get_their_seeds_weights():
+    """Initial weights come from torch's global generator, seeded per build: builds in several
+    threads of one process (a deployment's ``write_app`` beside a simulation, as the Flower
+    tests do) must not draw from each other's seeding."""
+    import threading
+
+    from fedrift.models import MODELS, build_model
+
+    params = MODELS.get("mlp").params(hidden=[64, 64])
+    ref = build_model("mlp", params, (32,), 4, seed=0).state_dict()
+    bad: list[str] = []
+
+    def build() -> None:
+        for _ in range(30):
+            got = build_model("mlp", params, (32,), 4, seed=0).state_dict()
+            bad.extend(k for k in ref if not torch.equal(ref[k], got[k]))
+            build_model("mlp", params, (32,), 4, seed=1)  # another seed between, as another run's
+
+    threads = [threading.Thread(target=build) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad, f"{len(bad)} tensors drawn from another build's seeding"

@@ -9,6 +9,7 @@ left as it was. Models that take only some input shapes register a shape check w
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import torch
@@ -91,7 +92,8 @@ def build_model(
     ``options`` is an instance of the entry's params class (None: its defaults). The
     initial weights are a pure function of ``seed``: they are drawn inside
     ``torch.random.fork_rng`` from a freshly seeded CPU generator, so the caller's global
-    RNG state is the same after the call as before.
+    RNG state is the same after the call as before, one build at a time in the process (so
+    builds in several threads at once each get their seed's weights).
     """
     entry = MODELS.get(name, "model.name")
     shape = tuple(int(s) for s in input_shape)
@@ -99,12 +101,18 @@ def build_model(
         raise ConfigError(f"model: num_classes must be at least 1 (got {num_classes})")
     if options is None and entry.params is not None:
         options = entry.params()
-    with torch.random.fork_rng(devices=[]):
+    # one build at a time in this process: the generator is global, and a build in another
+    # thread between the seeding and the draws would take some of them (a Flower deployment's
+    # app written beside a simulation changed the simulation's initial weights)
+    with _SEEDED_BUILD, torch.random.fork_rng(devices=[]):
         # The CPU generator only: torch.manual_seed would also reseed (and so change) the
         # caller's CUDA generators, which fork_rng(devices=[]) does not restore.
         torch.default_generator.manual_seed(int(seed))
         model = entry.factory(options, shape, int(num_classes))
     return model
+
+
+_SEEDED_BUILD = threading.RLock()  # re-entrant: a factory may build a sub-model through build_model
 
 
 __all__ = [
