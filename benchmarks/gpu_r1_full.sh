@@ -95,6 +95,11 @@ if n != 60000:
 PY
 nvidia-smi -L
 FEDRIFT=("$PY" -c 'import sys; from fedrift.cli import main; sys.exit(main(sys.argv[1:]))')
+# the joined zip where the configs name it (../shared/data/cifar10-jpeg), so that a run's config
+# equals the CPU's (the chain and R2; the alphas pass data.root=/tmp/cifar10-jpeg instead)
+place_zip() {
+  mkdir -p ../shared/data/cifar10-jpeg && mv /tmp/cifar10-jpeg/cifar10-jpeg.zip ../shared/data/cifar10-jpeg/ || exit 1
+}
 if [ -n "${CHAIN:-}" ]; then
   # CHAIN="fedcsd fedgkd_vote ...": each method tuned on the learning rate alone (GRID, TUNE_ROUNDS
   # rounds; its other keys at their defaults: the device time does not buy a second dimension)
@@ -110,7 +115,7 @@ if [ -n "${CHAIN:-}" ]; then
   BASE_ALGS=${BASE_ALGS:-fedavg,fedgkd,fedadc}; PAPER=${PAPER:-fedgkd-table3-cifar10}
   CHAIN_OUT=${CHAIN_OUT:-r1-gpu-chain}; TUNE_FROM=${TUNE_FROM-benchmarks/results/r1-tune}; MORE=${MORE:-}
   COMPARE_MORE=${COMPARE_MORE:-}; TUNE_DIR="$OUT/$(basename "${TUNE_FROM:-$CHAIN_OUT-tune}")"
-  mkdir -p ../shared/data/cifar10-jpeg && mv /tmp/cifar10-jpeg/cifar10-jpeg.zip ../shared/data/cifar10-jpeg/ || exit 1
+  place_zip
   rm -rf "$TUNE_DIR" "${OUT:?}/$CHAIN_OUT"; [ -z "$TUNE_FROM" ] || cp -r "$TUNE_FROM" "$TUNE_DIR"
   # a chain goes on from the runs an earlier one brought back (FROM), which compare reuses
   FROM=${FROM-benchmarks/results/r1-gpu-h100}; [ -z "$FROM" ] || [ ! -d "$FROM" ] || cp -r "$FROM" "$OUT/$CHAIN_OUT"
@@ -151,7 +156,7 @@ if [ -n "${R2_ROUNDS:-}" ]; then
   # on the GPU: s/round of rounds 2-3, into $OUT/r2-probe.md); the faster one runs the
   # comparison of $R2_ALGORITHMS: seed 0 of each first (so that a cut budget still pairs one
   # seed), then $SEEDS, $JOBS processes at once, into $OUT/r2-gpu.
-  mkdir -p ../shared/data/cifar10-jpeg && mv /tmp/cifar10-jpeg/cifar10-jpeg.zip ../shared/data/cifar10-jpeg/ || exit 1
+  place_zip
   R2=examples/papers/fedadc-table1-cifar10-c0.2.yaml
   R2_ALGORITHMS=${R2_ALGORITHMS:-fedavg,fedadc}; R2_EXECUTORS=${R2_EXECUTORS:-batched sequential}
   echo "| executor | s/round (rounds 2-3, FedAvg alone, evaluation excluded) | wall s (data load included) |" >"$OUT/r2-probe.md"
