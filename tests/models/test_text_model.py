@@ -42,6 +42,16 @@ def test_padding_changes_nothing_but_rounding(model):
         torch.testing.assert_close(alone, model(IDS, mode="features")[1:2], rtol=1e-5, atol=1e-5)
 
 
+def test_the_encoders_first_load_in_a_process_leaves_the_seeded_head_alone(model):
+    """The encoder is read from disk inside the first build's seeded region: were its
+    construction to draw from torch's generator, the head of a process's first text model
+    would differ from every later one's (same seed, different weights)."""
+    pretrained._encoder.cache_clear()  # the next build loads the encoder again, as a process's first
+    first = build_model("text", None, (7,), 5, seed=0).state_dict()
+    for key, value in model.state_dict().items():
+        assert torch.equal(first[key], value), key
+
+
 def test_frozen_encoder_is_buffers_and_its_embeddings_are_what_it_computes(model, tmp_path, monkeypatch):
     frozen = build_model("text", TextModelParams(freeze_encoder=True, projection_dim=16), (7,), 5, seed=0)
     names = [k for k, _ in frozen.named_parameters()]
