@@ -93,3 +93,25 @@ def test_the_presets_use_the_papers_own_settings():
         assert adc["algorithm"]["aggregation"] == "uniform" and adc["train"]["clients_per_round"] == cohort
         assert (adc["partition"]["num_clients"], adc["train"]["rounds"], adc["train"]["local_epochs"]) == (100, 500, 2)
         assert match(PUBLISHED["fedadc-table1-cifar10"], adc) == (0 if c == "0.2" else 1)
+
+
+@pytest.mark.parametrize("name, paper, classes", [("workload_r1", "fedgkd-table3-cifar10", 10),
+                                                  ("workload_r3", "fedgkd-table3-tinyimagenet", 200)])
+def test_the_real_image_workloads_are_settings_of_their_tables_and_validate(name, paper, classes, tmp_path):
+    """R1 and R3 (BENCHMARKS.md R): a setting of the paper's table (its alpha), and the runs
+    their chain (benchmarks/r1_chain.sh) starts build, the data swapped for a stand-in."""
+    path = REPO / "examples" / f"{name}.yaml"
+    doc = read_yaml(path)
+    assert match(PUBLISHED[paper], doc) is not None
+    data = stand_in(tmp_path / "data", classes, 4000 // classes)
+    built = build_grid(path, algorithms=["fedavg", "fedgkd", "fedadc", "fedcsd", "fedprox:mu=0.01"], seeds=[0],
+                       overrides=["data.name=npz", f"data.root={data}"], out=tmp_path / "all")
+    assert len(built.runs) == 5
+
+
+def test_r3_is_r1_on_tiny_imagenet_for_30_rounds():
+    r1, r3 = (read_yaml(REPO / f"examples/workload_{w}.yaml") for w in ("r1", "r3"))
+    assert r3["data"] == {"name": "tinyimagenet", "root": "data/tinyimagenet", "size": 32}
+    assert r3["train"] == {**r1["train"], "rounds": 30}
+    assert {k: v for k, v in r3.items() if k not in ("data", "train", "eval")} == \
+        {k: v for k, v in r1.items() if k not in ("data", "train", "eval")}
