@@ -10,12 +10,12 @@
 then the cost of inference (evaluation, teacher tables) per sample for the convolutional
 models, by memory layout and chunk size.
 
-``--papers``: instead, the papers' models (issue 12): ResNet-8 and ResNet-18 on 3x32x32
-batches (SGD) and the MiniLM text model on 32-token batches (AdamW, encoder trained), plain
-against fedrift's sequential step, timed in **CPU seconds** of this one-thread process
-(``time.process_time``), so that the figures hold on a machine shared with other jobs: a
-step's CPU time does not count the time the process waited for a core. Samples per CPU
-second x the cores is the compute limit of the throughput table (BENCHMARKS.md).
+``--papers``: instead, the papers' models (issue 12): ResNet-8, ResNet-18 and ResNet-50
+(FedGKD's Tiny-ImageNet model) on 3x32x32 batches (SGD) and the MiniLM text model on 32-token
+batches (AdamW, encoder trained), plain against fedrift's sequential step, timed in **CPU
+seconds** of this one-thread process (``time.process_time``), so that the figures hold on a
+machine shared with other jobs: a step's CPU time does not count the time the process waited
+for a core. Samples per CPU second x the cores is the compute limit of the throughput table (BENCHMARKS.md).
 
 ``--cifar``: workload R1's step (issue 30 item 3): ResNet-8 (GroupNorm, 16 channels a group)
 on real CIFAR-10 batches of 64 (the JPEG q75 copy, read from its zip through
@@ -127,7 +127,8 @@ def inference() -> None:
             print(f"| {name} | {layout} | " + " | ".join(f"{1000 * v:.3f}" for v in row) + " |", flush=True)
 
 
-PAPERS = [("resnet8", (3, 32, 32), "sgd"), ("resnet18", (3, 32, 32), "sgd"), ("text", (32,), "adamw")]
+PAPERS = [("resnet8", (3, 32, 32), "sgd"), ("resnet18", (3, 32, 32), "sgd"), ("resnet50", (3, 32, 32), "sgd"),
+          ("text", (32,), "adamw")]
 
 
 def papers(batch: int = 32, reps: int = 5) -> None:
