@@ -99,6 +99,11 @@ def test_the_caveat_names_the_jpeg_copy_and_other_data():
     assert data_caveat(t, {"data": CIFAR10_JPEG}).startswith("CIFAR-10 (JPEG q75 copy) vs published CIFAR-10")
     assert "the runs' data is digits, not the paper's CIFAR-10" in data_caveat(t, {"data": {"name": "digits"}})
     assert "not the paper's CIFAR-100" in data_caveat(PUBLISHED["fedcsd-table1-cifar100"], {"data": CIFAR10_JPEG})
+    tiny = PUBLISHED["fedgkd-table3-tinyimagenet"]
+    assert data_caveat(tiny, {"data": {"name": "tinyimagenet", "root": "data/tinyimagenet", "size": 64}}) is None
+    assert data_caveat(tiny, {"data": {"name": "tinyimagenet"}}) is None  # the loader's default: 64
+    assert data_caveat(tiny, {"data": {"name": "tinyimagenet", "size": 32}}).startswith(
+        "Tiny-ImageNet at 32x32 (its 64x64 images downsampled) vs published Tiny-ImageNet")
 
 
 def test_report_paper_renders_the_published_columns_beside_the_measured_ones(runs, capsys):

@@ -280,6 +280,10 @@ def data_caveat(table: PublishedTable, config: Mapping[str, Any]) -> str | None:
     data = dict(config.get("data") or {})
     name, root = str(data.get("name", "")), str(data.get("root") or "")
     if name == table.data_name:
+        size = data.get("size")
+        if name == "tinyimagenet" and size is not None and int(size) != 64:  # the 64x64 files, downsampled
+            return (f"Tiny-ImageNet at {int(size)}x{int(size)} (its 64x64 images downsampled) vs published "
+                    f"{table.dataset}: compare gaps and orderings, not levels")
         return None
     if name == "imagefolder" and table.data_name == "cifar10" and "cifar10" in re.sub(r"[^a-z0-9]", "", root.lower()):
         return f"CIFAR-10 (JPEG q75 copy) vs published {table.dataset}: the pixels differ, compare gaps and orderings, not levels"
