@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 
 import pytest
 
@@ -47,7 +48,14 @@ def test_claims_name_settings_and_papers_expand_to_the_grids_algorithms():
     newer = ["fedavg", "scaffold", "feddc:train.clip_grad_norm=10", "fedlc", "ccvr"]
     assert [(c.text, c.source) for c in resolve_claims(["papers"], newer)] == [
         ("fedlc > fedavg", "FedLC"), ("feddc:train.clip_grad_norm=10 > fedavg", "FedDC"),
-        ("feddc:train.clip_grad_norm=10 > scaffold", "FedDC")]
+        ("feddc:train.clip_grad_norm=10 > scaffold", "FedDC"),
+        ("ccvr > fedavg (calibrated_accuracy vs final_accuracy)", "CCVR")]  # its gain: the calibrated model's
+    # FedBN against FedAvg on each of their BatchNorm models (workload D's two), each on its own
+    d = ["fedavg", "fedavg:model.name=resnet8:model.norm=batch", "fedbn:model.name=resnet8:model.norm=batch",
+         "fedavg:model.norm=batch", "fedbn:model.norm=batch"]
+    assert [c.text for c in resolve_claims(["papers"], d)] == [
+        "fedbn:model.name=resnet8:model.norm=batch > fedavg:model.name=resnet8:model.norm=batch (on final_local_accuracy)",
+        "fedbn:model.norm=batch > fedavg:model.norm=batch (on final_local_accuracy)"]
     # labels with more options (a folder's tuned learning rates): the pair sharing the variant
     tuned = ["fedadc:variant=nesterov:lr=0.03", "fedadc:variant=heavy_ball:lr=0.02", "fedadc_plus:variant=nesterov:lr=0.1571"]
     assert [c.text for c in resolve_claims(["fedadc_plus>fedadc"], tuned)] == [
@@ -121,3 +129,28 @@ def test_the_report_command_prints_and_writes_claims_and_refuses_a_bad_one(grid,
     assert main([*args, "report.claims=moon>fedavg"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "report.claims: 'moon' in 'moon>fedavg' is not an algorithm of the grid" in err[0]
+
+
+def test_a_claim_on_named_keys_pairs_them_by_hand(tmp_path):
+    """CCVR's claim: its calibrated model against FedAvg's final one, seed by seed, in the final
+    column (+3, +1, +2 points: mean +2), judged there; FedBN's: own-split accuracies."""
+    root = tmp_path / "runs"
+    for seed, (f, cal, own, theirs) in enumerate([(0.90, 0.93, 0.95, 0.90), (0.80, 0.81, 0.85, 0.84), (0.85, 0.87, 0.9, 0.9)]):
+        write_run(root, "avg", seed, {"name": "fedavg"}, 0.1, f + 0.01, f, at_val=f)
+        write_run(root, "ccvr", seed, {"name": "ccvr"}, 0.1, f + 0.01, f, at_val=f, calibrated_accuracy=cal)
+        write_run(root, "bn", seed, {"name": "fedbn"}, 0.1, f, f - 0.1, at_val=f - 0.1, final_local_accuracy=own)
+        (root / "avg" / f"seed{seed}" / "summary.json").write_text(json.dumps(
+            {**json.loads((root / "avg" / f"seed{seed}" / "summary.json").read_text()), "final_local_accuracy": theirs}))
+    groups, _ = load_groups(root)
+    rows = check_claims(resolve_claims(["papers"], [g.algorithm for g in groups]), groups)
+    by = {r["claim"]: r for r in rows}
+    cal = by["ccvr > fedavg (calibrated_accuracy vs final_accuracy)"]
+    assert cal["metric"] == "final_accuracy" and cal["final_accuracy_diff_n"] == 3
+    assert cal["final_accuracy_diff_mean"] == pytest.approx(0.02) and cal["verdict"] == "3 seeds: ahead, too few to test"
+    assert "best_accuracy_diff_mean" not in cal  # only the named keys: its trained model is FedAvg's
+    bn = by["fedbn > fedavg (on final_local_accuracy)"]  # +5, +1, 0 points, though its global model is 10 behind
+    assert bn["final_accuracy_diff_mean"] == pytest.approx(0.02) and bn["metric"] == "final_accuracy"
+    md = to_markdown(rows)
+    assert "| ccvr > fedavg (calibrated_accuracy vs final_accuracy) | +2.0 +- 2.5 | 3 | 0.25 |" in md
+    assert "names its summary keys in brackets" in md
+    assert "names its summary keys" not in to_markdown([r for r in rows if not r["named"]])

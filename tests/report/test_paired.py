@@ -18,7 +18,7 @@ from fedrift.report.table import load_groups, summarize, to_csv, to_markdown
 T_975_2 = 4.302653  # Student t, 0.975 quantile, 2 degrees of freedom (tables)
 
 
-def write_run(root, name, seed, algorithm, alpha, best, final, at_val=None, status="completed"):
+def write_run(root, name, seed, algorithm, alpha, best, final, at_val=None, status="completed", **more):
     d = root / name / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {"seed": seed, "data": {"name": "digits"}, "partition": {"name": "dirichlet", "alpha": alpha},
@@ -28,6 +28,7 @@ def write_run(root, name, seed, algorithm, alpha, best, final, at_val=None, stat
     summary = {"status": status, "best_accuracy": best, "final_accuracy": final, "rounds": 4, "seed": seed}
     if at_val is not None:
         summary.update(best_val_accuracy=at_val, best_val_round=3, test_accuracy_at_best_val=at_val)
+    summary.update(more)  # other summary keys (calibrated_accuracy, final_local_accuracy)
     (d / "summary.json").write_text(json.dumps(summary))
 
 

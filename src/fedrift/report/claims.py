@@ -3,14 +3,17 @@
 A claim is ``A>B`` (A better) or ``A>=B`` (A no worse); A and B are labels of the grid, or
 algorithm names, which stand for every setting of that algorithm (``fedadc`` is both
 ``fedadc:variant=nesterov`` and ``fedadc:variant=heavy_ball``; two such lists pair the
-settings sharing the most options when some share any). ``papers`` adds the papers'
-orderings (:data:`PAPERS`: the seed papers' and the newer remedies') among the algorithms the
-grid has. Each claim is checked
-per swept values with the paired differences of :mod:`fedrift.report.paired` (A - B on the
-seeds where both completed), on the test accuracy at best validation when the runs have a
-validation split, else on the best accuracy, and judged by the tables' ``*``: significant
-when the exact sign-flip test gives p < 0.05 and the 95% t interval excludes 0, which takes
-at least ``MIN_SEEDS`` (6) paired seeds (the rule and why: :mod:`fedrift.report.paired`):
+settings most like each of A's: sharing the most options, then with the fewest others).
+``papers`` adds the papers' orderings (:data:`PAPERS`: the seed papers' and the newer
+remedies') among the algorithms the grid has, each name standing for all its settings. Each
+claim is checked per swept values with the paired differences of :mod:`fedrift.report.paired`
+(A - B on the seeds where both completed), on the test accuracy at best validation when the
+runs have a validation split, else on the best accuracy (a paper's claim whose gain is another
+model's names its two summary keys, shown and judged in the ``final`` column: CCVR's calibrated
+model against FedAvg's final one, FedBN's clients' own models against FedAvg's global model on
+the clients' own test splits), and judged by the tables' ``*``: significant when the exact
+sign-flip test gives p < 0.05 and the 95% t interval excludes 0, which takes at least
+``MIN_SEEDS`` (6) paired seeds (the rule and why: :mod:`fedrift.report.paired`):
 
 - ``holds``: significant, A ahead (``>=``: ``holds (ahead)``; also ``holds (not behind)``,
   a mean >= 0 that is not significant, with enough seeds to have tested it);
@@ -32,8 +35,8 @@ from fedrift.report.paired import METRICS, MIN_SEEDS, differences, fmt_diff, rul
 from fedrift.report.table import markdown_lines, text_lines
 from fedrift.report.table import to_csv as table_csv
 
-# (better, op, worse, whose claim): the orderings the papers report
-PAPERS = (
+# (better, op, worse, whose claim[, (A's summary key, B's)]): the orderings the papers report
+PAPERS: tuple[tuple[Any, ...], ...] = (
     ("fedgkd", ">", "fedavg", "FedGKD"),
     ("fedgkd", ">", "fedprox", "FedGKD"),
     ("fedgkd_vote", ">=", "fedgkd", "FedGKD"),
@@ -43,9 +46,8 @@ PAPERS = (
     ("slowmo", ">", "fedavg", "FedADC"),
     ("fedadc_plus", ">", "fedadc", "FedADC"),
     # the newer remedies (issue 35), each paper's gain over FedAvg (FedDC's also over the
-    # baselines of its tables). Not CCVR's (its gain is the calibrated model's, which claims do
-    # not read) nor FedBN's (its paper's number is each client's model on its own domain,
-    # ``local_accuracy``, where claims read the test accuracy at best validation).
+    # baselines of its tables); CCVR's is its calibrated model's, FedBN's each client's model on
+    # its own domain against FedAvg's global model there
     ("fedadam", ">", "fedavg", "FedOpt"),
     ("fedyogi", ">", "fedavg", "FedOpt"),
     ("fedadagrad", ">", "fedavg", "FedOpt"),
@@ -60,7 +62,10 @@ PAPERS = (
     ("feddc", ">", "scaffold", "FedDC"),
     ("feddc", ">", "feddyn", "FedDC"),
     ("elastic", ">", "fedavg", "Elastic"),
+    ("ccvr", ">", "fedavg", "CCVR", ("calibrated_accuracy", "final_accuracy")),
+    ("fedbn", ">", "fedavg", "FedBN", ("final_local_accuracy", "final_local_accuracy")),
 )
+NAMED_COLUMN = "final_accuracy"  # where a claim on named keys is shown and judged
 ALLOWED = "A>B or A>=B with A and B algorithms of the grid (e.g. fedgkd>fedavg), or papers"
 
 
@@ -70,10 +75,15 @@ class Claim:
     op: str  # ">" or ">="
     worse: str
     source: str = ""  # whose claim: a paper's name, "" for the user's
+    keys: tuple[str, str] | None = None  # (A's summary key, B's); None: the table's metrics
 
     @property
     def text(self) -> str:
-        return f"{self.better} {self.op} {self.worse}"
+        base = f"{self.better} {self.op} {self.worse}"
+        if self.keys is None:
+            return base
+        a, b = self.keys
+        return f"{base} (on {a})" if a == b else f"{base} ({a} vs {b})"
 
 
 def _parse(spec: str) -> tuple[str, str, str]:
@@ -89,15 +99,24 @@ def _settings(name: str, labels: Sequence[str]) -> list[str]:
 
 
 def _pairs(xs: Sequence[str], ys: Sequence[str]) -> list[tuple[str, str]]:
-    """Every (x, y) of two settings' lists; where some share options (FedADC+ Nesterov and
-    FedADC Nesterov, whatever else their labels say), those sharing the most only."""
-    pairs = [(x, y) for x in xs for y in ys if x != y]
+    """Each x with the ys most like it: sharing the most options with it (FedADC+ Nesterov and
+    FedADC Nesterov, whatever else their labels say; FedBN and FedAvg on the same BatchNorm
+    model), then with the fewest others (FedACG with plain FedAvg, not FedAvg with BatchNorm)."""
 
-    def shared(x: str, y: str) -> int:
-        return len(set(x.split(":")[1:]) & set(y.split(":")[1:]))
+    def likeness(x: str, y: str) -> tuple[int, int]:
+        mine, theirs = set(x.split(":")[1:]), set(y.split(":")[1:])
+        return len(mine & theirs), -len(theirs - mine)
 
-    most = max((shared(x, y) for x, y in pairs), default=0)
-    return [(x, y) for x, y in pairs if shared(x, y) == most]
+    out = []
+    for x in xs:
+        ys_x = [y for y in ys if y != x]
+        best = max((likeness(x, y) for y in ys_x), default=None)
+        out += [(x, y) for y in ys_x if likeness(x, y) == best]
+    return out
+
+
+def _of_algorithm(name: str, labels: Sequence[str]) -> list[str]:
+    return [label for label in labels if label.split(":", 1)[0] == name]
 
 
 def resolve_claims(specs: Sequence[str] | None, labels: Sequence[str]) -> list[Claim]:
@@ -107,8 +126,8 @@ def resolve_claims(specs: Sequence[str] | None, labels: Sequence[str]) -> list[C
     out: list[Claim] = []
     for spec in specs or []:
         if spec.strip().lower() == "papers":
-            out += [Claim(x, op, y, src) for a, op, b, src in PAPERS
-                    for x, y in _pairs(_settings(a, labels), _settings(b, labels))]
+            out += [Claim(x, op, y, src, keys[0] if keys else None) for a, op, b, src, *keys in PAPERS
+                    for x, y in _pairs(_of_algorithm(a, labels), _of_algorithm(b, labels))]
             continue
         a, op, b = _parse(spec)
         sides = [_settings(a, labels), _settings(b, labels)]
@@ -148,9 +167,14 @@ def check_claims(claims: Sequence[Claim], groups: Sequence[Any]) -> list[dict[st
         here = {g.algorithm: g for g in groups if g.sweep == sweep}
         for c in claims:
             if c.better in here and c.worse in here:
-                diff = differences(here[c.better], here[c.worse], keys)
-                rows.append({"claim": c.text, "source": c.source, **sweep, **diff, "metric": judged,
-                             "verdict": verdict(c.op, diff, judged)})
+                if c.keys is None:
+                    diff, metric = differences(here[c.better], here[c.worse], keys), judged
+                else:  # named keys: under the final column's names
+                    named = differences(here[c.better], here[c.worse], [c.keys[0]], [c.keys[1]])
+                    diff = {NAMED_COLUMN + k[len(c.keys[0]):]: v for k, v in named.items()}
+                    metric = NAMED_COLUMN
+                rows.append({"claim": c.text, "source": c.source, **sweep, **diff, "metric": metric,
+                             "named": c.keys is not None, "verdict": verdict(c.op, diff, metric)})
     return rows
 
 
@@ -182,10 +206,13 @@ NOTE = ("Claims: A - B in percentage points, paired per seed, {pm} the half-widt
 
 def note(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> str:
     """The note under the claims table: its columns and the ``*`` rule the verdicts follow."""
-    metric = rows[0]["metric"] if rows else "test_accuracy_at_best_val"
+    table = [r for r in rows if not r.get("named")]
+    metric = table[0]["metric"] if table else "test_accuracy_at_best_val"
     judged = [r.get(f"{r['metric']}_diff_n") or 0 for r in rows]
+    named = ("A claim that names its summary keys in brackets is on those, in the final column, and judged "
+             "there. " if len(table) < len(rows) else "")
     return NOTE.format(pm=pm, metric="the test accuracy at best validation" if metric == "test_accuracy_at_best_val"
-                       else "the best accuracy") + rule(max(judged, default=0))
+                       else "the best accuracy") + named + rule(max(judged, default=0))
 
 
 def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -137,16 +137,17 @@ def add_paired(groups: Sequence[Any], rows: Sequence[dict[str, Any]], reference:
         row.update(differences(g, ref, present))
 
 
-def differences(g: Any, ref: Any, keys: Sequence[str]) -> dict[str, Any]:
+def differences(g: Any, ref: Any, keys: Sequence[str], ref_keys: Sequence[str] | None = None) -> dict[str, Any]:
     """Setting ``g`` against setting ``ref`` on the seeds at which both completed, per summary
     key: ``KEY_diff_mean``, ``_ci95``, ``_n``, ``_low``, ``_high``, ``_p`` and ``_significant``
-    (module docstring)."""
+    (module docstring). ``ref_keys``: ``ref``'s key for each of ``keys`` where it is another
+    (CCVR's calibrated model against FedAvg's final one)."""
     theirs = {r.seed: r for r in ref.done() if r.seed is not None}
     pairs = [(r, theirs[r.seed]) for r in g.done() if r.seed in theirs]
     out: dict[str, Any] = {}
-    for key in keys:
-        diffs = [a.summary[key] - b.summary[key] for a, b in pairs
-                 if _number(a.summary.get(key)) and _number(b.summary.get(key))]
+    for key, other in zip(keys, ref_keys or keys):
+        diffs = [a.summary[key] - b.summary[other] for a, b in pairs
+                 if _number(a.summary.get(key)) and _number(b.summary.get(other))]
         mean, half = interval(diffs)
         low, high = (mean - half, mean + half) if mean is not None and half is not None else (None, None)
         out[f"{key}_diff_mean"], out[f"{key}_diff_ci95"], out[f"{key}_diff_n"] = mean, half, len(diffs)
