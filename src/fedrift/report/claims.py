@@ -95,7 +95,8 @@ def _parse(spec: str) -> tuple[str, str, str]:
 
 
 def _settings(name: str, labels: Sequence[str]) -> list[str]:
-    return [name] if name in labels else [label for label in labels if label.split(":", 1)[0] == name]
+    """A user's name: the label itself when the grid has it, else every setting of that algorithm."""
+    return [name] if name in labels else _of_algorithm(name, labels)
 
 
 def _pairs(xs: Sequence[str], ys: Sequence[str]) -> list[tuple[str, str]]:
@@ -116,6 +117,7 @@ def _pairs(xs: Sequence[str], ys: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def _of_algorithm(name: str, labels: Sequence[str]) -> list[str]:
+    """Every setting of algorithm ``name`` (the papers' claims name algorithms)."""
     return [label for label in labels if label.split(":", 1)[0] == name]
 
 
