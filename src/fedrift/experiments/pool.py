@@ -155,6 +155,7 @@ def run_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     except BaseException:
         with shielded():
             procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+            manager = getattr(pool, "_executor_manager_thread", None)  # and its thread
             for fut in pool.futures:  # here, not in shutdown(cancel_futures=True): that one's waiters never hear of it
                 fut.cancel()  # those not handed to a worker yet
             pool.shutdown(wait=False, cancel_futures=True)
@@ -166,6 +167,10 @@ def run_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
             if wait([f for f in pool.futures if not f.done()], timeout=GRACE_SECONDS).not_done:
                 for process in procs:
                     process.terminate()
+            if manager is not None:
+                # its end closes its wakeup pipe; at exit, Python 3.11 writes to that pipe without
+                # a lock, and a close at the same moment prints "Bad file descriptor" (fixed in 3.12)
+                manager.join(GRACE_SECONDS)
         raise
     pool.shutdown(wait=True)
 
