@@ -162,6 +162,19 @@ def test_ray_cluster_equals_sequential_bit_for_bit(cluster, tiny, name, seen_nod
     assert len(seen_nodes["nodes"]) == 2  # the two actors ran on both nodes
 
 
+def _kill_once_busy(pid: int) -> None:
+    """SIGKILL to ``pid`` once it has spent 20 ms of CPU from now: inside its training, on a
+    machine of any speed (a fixed delay can come after a fast machine's round)."""
+    def cpu() -> int:  # utime + stime, in clock ticks
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    start, tick, deadline = cpu(), os.sysconf("SC_CLK_TCK"), time.monotonic() + 60
+    while cpu() - start < max(2, tick // 50) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.kill(pid, signal.SIGKILL)
+
+
 def test_an_actor_killed_mid_round_changes_nothing(cluster, tiny, monkeypatch, seen_nodes):
     """Round 2: one actor's process gets SIGKILL while it trains; its clients train again on a
     new actor and the final model is the sequential run's."""
@@ -169,12 +182,11 @@ def test_an_actor_killed_mid_round_changes_nothing(cluster, tiny, monkeypatch, s
 
     def killing_round(self, tools, payload, jobs, round_):
         if round_ == 2:
-            victim = self.actor_pids()[0]
-            threading.Timer(0.3, os.kill, (victim, signal.SIGKILL)).start()
+            threading.Thread(target=_kill_once_busy, args=(self.actor_pids()[0],), daemon=True).start()
         return run_round(self, tools, payload, jobs, round_)
 
     monkeypatch.setattr(RayExecutor, "run_round", killing_round)
-    slow = {"local_steps": 800}  # about a second of training per client: the kill lands mid-round
+    slow = {"local_steps": 800}  # about a second of training per client on a slow machine
     ref = fedrift.run(tiny(train={"rounds": 2, "clients_per_round": 3, **slow},
                            engine={"executor": "sequential", "threads": 1}))
     cfg = tiny(train={"rounds": 2, "clients_per_round": 3, **slow},
