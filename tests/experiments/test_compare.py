@@ -327,6 +327,10 @@ def test_changed_config_reruns_and_says_why(tmp_path, capsys):
     # how a run executes does not make it another run
     assert main([*base, "engine.executor=batched", "engine.threads=1", "eval.batch_size=64"]) == 0
     assert "0 to run" in capsys.readouterr().out and _mtimes(run) == stamp
+    # a clone of committed results keeps no models (benchmarks/results/.gitignore): still reused
+    (run / "final_model.pt").unlink()
+    assert main([*base, "engine.executor=batched"]) == 0
+    assert "0 to run" in capsys.readouterr().out and not (run / "final_model.pt").exists()
     assert main([*base, "train.rounds=3"]) == 0
     out = capsys.readouterr().out
     assert "config changed (train.rounds: 2 -> 3), rerun" in out and "1 to run" in out

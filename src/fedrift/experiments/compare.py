@@ -15,8 +15,9 @@ Folders
     that a rerun and ``fedrift report <out>`` know it.
 
 Resumption
-    A run is finished when its ``summary.json`` says ``completed`` (with ``final_model.pt``
-    when the run saves one) or ``diverged`` (kept and reported as diverged, not rerun), and
+    A run is finished when its ``summary.json`` says ``completed`` (its ``final_model.pt``
+    need not be kept: a clone of committed results reuses them) or ``diverged`` (kept and
+    reported as diverged, not rerun), and
     its ``config.yaml`` agrees with the run's resolved config on every key both know and on
     every key the grid sets. How a run executes (``output.*``, ``engine.executor``,
     ``engine.workers``, ``engine.threads``, ``engine.max_parallel_clients``,
