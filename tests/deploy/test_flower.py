@@ -10,10 +10,11 @@ Each SuperNode reads its own ``data-root`` (node config), where the other client
 inputs are NaN, and the server's copy has every training input NaN: a deployed run that read
 any input it should not would not equal the simulation.
 
-Two are deployed under Flower's default isolation, a ClientApp process started per message
+One is deployed under Flower's default isolation, a ClientApp process started per message
 (torch, Flower and fedrift imported each time, about 3 s of a core; a SuperNode handles one
-message at a time, so those starts are most of the time): FedAvg, and SCAFFOLD under a step
-schedule (client state and a schedule). The others go to a second federation beside it, whose
+message at a time, so those starts are most of the time, and a second run there was the
+suite's longest wait): SCAFFOLD under a step schedule (client state and a schedule, FedAvg's
+model and aggregation beneath). The others go to a second federation beside it, whose
 ClientApps are forked from a warm process (``fedrift.deploy.forkexec``): FedAvg again, FedGKD
 (a teacher in the payload) and SCAFFOLD (its controls kept in the devices' Flower context must
 cross the forked processes unchanged), so both isolations are seen to give the simulation's
@@ -48,7 +49,7 @@ from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: 
 from fedrift.deploy.project import write_app  # noqa: E402
 
 # the runs by the ClientApps' isolation: Flower's own process per message, or forked
-ISOLATION = {"subprocess": ("fedavg", "scaffold_step"),
+ISOLATION = {"subprocess": ("scaffold_step",),
              "fork": ("fedavg_forked", "fedgkd", "scaffold", "fedadam", "fedacg", "fedsam", "feddc", "fedexp", "elastic")}
 ALGORITHMS = tuple(a for algs in ISOLATION.values() for a in algs)  # the runs, by algorithm (or case)
 WAVES = 2  # each federation's runs go in two waves: at most 5 ServerApps starting at once
