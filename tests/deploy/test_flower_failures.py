@@ -27,8 +27,12 @@ from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: 
 from fedrift.deploy.project import write_app  # noqa: E402
 
 CLIENTS = 3
-ROUNDS = 2
-LONGER = ROUNDS + 1  # the accept_failures run: rounds left after the stop, whichever run is ahead then
+# The stop lands once both training runs have finished round 1, and each must still be running
+# then: their ServerApps start at once but begin training up to several seconds apart (seen: 8 s,
+# about 4 rounds), so both runs are planned long. The stop run fails at the stop (its later
+# rounds cost nothing); the accept run trains on without the node: 5 rounds of about 2 s.
+ROUNDS = 6
+LONGER = 6  # the accept_failures run
 VICTIM = 1  # the SuperNode (and client) stopped after round 1
 WAIT = 900  # seconds a run may take: generous, as the machine may be busy with other tests
 
