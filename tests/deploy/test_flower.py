@@ -34,6 +34,7 @@ import json
 import re
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -145,21 +146,25 @@ def deployed(tmp_path_factory):
 
 
 def _deploy_in_waves(fed: LoopbackFederation, algs: tuple[str, ...], base: Path, long: bool) -> dict:
-    """{algorithm: flwr ls entry} of ``algs`` deployed on ``fed`` in ``WAVES``; with ``long``,
-    a run of 10,000 rounds joins the last wave, still running when the federation stops."""
-    entries, size = {}, -(-len(algs) // WAVES)
+    """{algorithm: flwr ls entry} of ``algs`` deployed on ``fed`` in ``WAVES``, each wave
+    submitted once the last one's ServerApps have started (their config.yaml), so a few start
+    at once; with ``long``, a run of 10,000 rounds joins the last wave, still running when the
+    federation stops."""
+    runs, size, started = {}, -(-len(algs) // WAVES), []
     for wave in range(WAVES):
-        runs = {}
-        for alg in algs[wave * size:(wave + 1) * size]:
+        deadline = time.monotonic() + 120  # one that never starts fails in wait_all, with Flower's status
+        while not all((base / f"deployed-{alg}" / "config.yaml").exists() for alg in started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        started = list(algs[wave * size:(wave + 1) * size])
+        for alg in started:
             write_app(base / f"app-{alg}", _config(base / "data" / "server", alg, base / f"deployed-{alg}"))
             runs[alg] = fed.submit(base / f"app-{alg}")
         if long and wave == WAVES - 1:
             cfg = _config(base / "data" / "server", "fedavg", base / "deployed-long")
             cfg["train"]["rounds"] = 10_000
             fed.submit(write_app(base / "app-long", cfg))
-        entries.update({alg: fed.wait(run, base / f"deployed-{alg}" / "summary.json", timeout=WAIT)
-                        for alg, run in runs.items()})
-    return entries
+    entries = fed.wait_all({run: base / f"deployed-{alg}" / "summary.json" for alg, run in runs.items()}, timeout=WAIT)
+    return {alg: entries[run] for alg, run in runs.items()}
 
 
 def _fed(feds: dict, algorithm: str) -> LoopbackFederation:

@@ -78,7 +78,8 @@ def failures(tmp_path_factory):
             assert time.monotonic() < deadline, "round 1 did not finish"
             time.sleep(0.2)
         fed.stop_node(VICTIM)
-        entries = {name: fed.wait(ids[name], base / f"run-{name}" / "summary.json", timeout=WAIT) for name in ids}
+        waited = fed.wait_all({ids[name]: base / f"run-{name}" / "summary.json" for name in ids}, timeout=WAIT)
+        entries = {name: waited[ids[name]] for name in ids}
         logs = {name: fed.run_log(ids[name]) for name in ids}
     return {name: (entries[name], base / f"run-{name}", logs[name]) for name in ids}
 

@@ -236,24 +236,27 @@ class LoopbackFederation:
         """The ids of every run the SuperLink knows of (``flwr ls``)."""
         return {str(r["run-id"]) for r in self.flwr_json("ls", CONNECTION)["runs"]}
 
-    def status(self, run_id: str) -> dict[str, Any]:
-        """The run's entry of ``flwr ls``."""
-        return self.flwr_json("ls", CONNECTION, "--run-id", run_id)["runs"][0]
-
     def wait(self, run_id: str, done: Path | None = None, timeout: float = 300) -> dict[str, Any]:
-        """Wait for run ``run_id`` to finish: its ``flwr ls`` entry. ``done``: a file whose
-        appearance means the run is ending (a fedrift run's summary.json), watched every 0.2 s;
-        ``flwr ls`` (a CLI start, seconds of CPU) is asked every 10 s, and then each second."""
+        """Wait for run ``run_id`` to finish: its ``flwr ls`` entry (see :meth:`wait_all`)."""
+        return self.wait_all({run_id: done}, timeout)[run_id]
+
+    def wait_all(self, runs: dict[str, Path | None], timeout: float = 300) -> dict[str, dict[str, Any]]:
+        """Wait for every run of ``runs`` (run id -> a file whose appearance means the run is
+        ending, a fedrift run's summary.json, or None) to finish: their ``flwr ls`` entries.
+        The files are watched every 0.2 s; ``flwr ls`` (a CLI start, seconds of CPU; one for
+        all the runs) is asked every 10 s, and each second once every file is there."""
         deadline = time.monotonic() + timeout
         asked = time.monotonic()
         while time.monotonic() < deadline:
-            ending = done is not None and done.exists()
+            ending = all(done is not None and done.exists() for done in runs.values())
             if ending or time.monotonic() - asked > 10:
-                entry, asked = self.status(run_id), time.monotonic()
-                if str(entry["status"]).startswith("finished"):
-                    return entry
+                listed = {str(r["run-id"]): r for r in self.flwr_json("ls", CONNECTION)["runs"]}
+                asked = time.monotonic()
+                if all(str(listed.get(k, {}).get("status", "")).startswith("finished") for k in runs):
+                    return {k: listed[k] for k in runs}
             time.sleep(1 if ending else 0.2)
-        raise TimeoutError(f"Flower run {run_id} did not finish within {timeout:g} s")
+        late = sorted(runs)
+        raise TimeoutError(f"Flower runs {', '.join(late)} did not all finish within {timeout:g} s")
 
     def run(self, app: Path, done: Path | None = None, timeout: float = 300) -> dict[str, Any]:
         """``flwr run app`` and wait for it (see :meth:`wait`)."""
