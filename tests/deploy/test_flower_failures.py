@@ -4,8 +4,8 @@ authentication, 3 SuperNodes): a SuperNode stopped mid-run with and without
 ServerApp's log lines, ``summary.json``'s status, the model so far, Flower's own status).
 The ClientApps are forked from a warm process beside each SuperNode (``fedrift.deploy.forkexec``,
 as test_flower.py's second federation): what fails here is a SuperNode, not a ClientApp start.
-The three runs go to the SuperLink at once; SuperNode 1 is stopped once both training runs
-have finished round 1. SuperNode 2 reads its ``data-root`` (node config), which an embedded
+The three runs go to the SuperLink one after another; SuperNode 1 is stopped once both
+training runs have finished round 1. SuperNode 2 reads its ``data-root`` (node config), which an embedded
 dataset refuses: the config-error run.
 """
 
@@ -28,11 +28,12 @@ from fedrift.deploy.project import write_app  # noqa: E402
 
 CLIENTS = 3
 # The stop lands once both training runs have finished round 1, and each must still be running
-# then: their ServerApps start at once but begin training up to several seconds apart (seen: 8 s,
-# about 4 rounds), so both runs are planned long. The stop run fails at the stop (its later
-# rounds cost nothing); the accept run trains on without the node: 5 rounds of about 2 s.
-ROUNDS = 6
-LONGER = 6  # the accept_failures run
+# then; runs submitted together begin training up to several seconds apart (seen: 8 s, two
+# rounds). So the accept_failures run goes last, behind the stop run, which is planned long (it
+# fails at the stop: its later rounds cost nothing); the accept run trains on without the
+# node for its last rounds (about 4 s each: the SuperNodes ask for work every 3 s).
+ROUNDS = 10
+LONGER = 4  # the accept_failures run
 VICTIM = 1  # the SuperNode (and client) stopped after round 1
 WAIT = 900  # seconds a run may take: generous, as the machine may be busy with other tests
 
@@ -63,10 +64,10 @@ def failures(tmp_path_factory):
     data = base / "data"
     data.mkdir()
     np.savez(data / "data.npz", **gaussian_blobs(120, 40, dim=6, classes=3, spread=2.0))
-    configs = {
-        "accept": _config(data, base / "run-accept", rounds=LONGER, accept_failures=True),
+    configs = {  # submitted in this order
         "stop": _config(data, base / "run-stop"),
         "config": {**_config(data, base / "run-config"), "data": {"name": "digits"}},
+        "accept": _config(data, base / "run-accept", rounds=LONGER, accept_failures=True),
     }
     with LoopbackFederation(base / "federation", CLIENTS, {2: f'data-root="{data}"'}, isolation="fork") as fed:
         ids = {}
