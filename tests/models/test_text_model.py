@@ -1,9 +1,13 @@
 """The text model (MiniLM-L6 + mean pooling + linear head): shapes, pooling over the mask,
-the frozen encoder, the missing extra; a short learning run on the real SST-5."""
+the frozen encoder, the missing extra; a short learning run on SST-5's format. The sentences
+are written here (the suite needs no shared data): graded sentiment words in film-review
+templates, one tree per line as the treebank's files; the real SST-5's runs are workload C
+(BENCHMARKS.md)."""
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 
 import pytest
@@ -15,7 +19,28 @@ from fedrift.errors import ConfigError
 from fedrift.models import build_model
 from fedrift.models.text import TextModelParams, encode_frozen
 
-SST5 = "../shared/data/sst5"
+# the five classes' words, very negative .. very positive
+WORDS = [["awful", "dreadful", "terrible", "horrible", "unbearable"], ["dull", "tedious", "bland", "weak", "flat"],
+         ["ordinary", "average", "passable", "uneven", "routine"], ["good", "enjoyable", "pleasant", "solid", "likable"],
+         ["brilliant", "superb", "wonderful", "stunning", "masterful"]]
+TEMPLATES = ["the film is {} and {} .", "a {} story with {} performances", "{} , simply {} .",
+             "the acting was {} , the script {} .", "an {} and {} piece of cinema"]
+
+
+@pytest.fixture(scope="module")
+def sst5(tmp_path_factory):
+    """An SST-5 folder (train.txt, test.txt: a PTB tree per line, the root's label the class)
+    of 600 and 400 sentences, classes drawn uniformly, seeded."""
+    root = tmp_path_factory.mktemp("sst5")
+    rng = random.Random(0)
+    for name, n in (("train", 600), ("test", 400)):
+        lines = []
+        for _ in range(n):
+            c = rng.randrange(5)
+            words = TEMPLATES[rng.randrange(len(TEMPLATES))].format(*rng.sample(WORDS[c], 2)).split()
+            lines.append(f"({c} " + " ".join(f"({c if w in WORDS[c] else 2} {w})" for w in words) + ")")
+        (root / f"{name}.txt").write_text("\n".join(lines) + "\n")
+    return str(root)
 IDS = torch.tensor([[101, 2009, 2573, 1012, 102, 0, 0], [101, 2204, 102, 0, 0, 0, 0], [101, 1037, 2143, 2008, 2573, 999, 102]])
 
 
@@ -74,11 +99,11 @@ def test_a_missing_text_extra_is_one_line_naming_it(monkeypatch):
         pretrained.minilm_dir("model.name text")
 
 
-def test_short_learning_run_on_the_real_sst5_with_the_frozen_encoder(tmp_path, monkeypatch):
+def test_short_learning_run_on_sst5_sentences_with_the_frozen_encoder(tmp_path, monkeypatch, sst5):
     monkeypatch.setenv("FEDRIFT_CACHE", str(tmp_path / "cache"))
     cfg = {
         "seed": 0,
-        "data": {"name": "sst5", "root": SST5, "max_train": 500, "max_test": 400},
+        "data": {"name": "sst5", "root": sst5, "max_train": 500, "max_test": 400},
         "partition": {"name": "dirichlet", "alpha": 1.0, "num_clients": 4},
         "model": {"name": "text", "freeze_encoder": True},
         "train": {"rounds": 3, "clients_per_round": 4, "local_epochs": 3, "batch_size": 32, "lr": 3e-2,
@@ -88,20 +113,20 @@ def test_short_learning_run_on_the_real_sst5_with_the_frozen_encoder(tmp_path, m
     result = fedrift.run(cfg)
     summary = json.loads((result.output_dir / "summary.json").read_text())
     y_test = fedrift.api.prepare(cfg).dataset.y_test
-    majority = float(torch.bincount(y_test).max()) / len(y_test)  # about 0.29 here; chance is 0.2
+    majority = float(torch.bincount(y_test).max()) / len(y_test)  # about 0.2: the classes are drawn uniformly
     assert summary["best_accuracy"] > max(0.33, majority + 0.03), (summary["best_accuracy"], majority)
     assert summary["num_params"] == 384 * 5 + 5  # head only: the frozen encoder is not trained
     assert result.history[0]["bytes_up"] == 4 * (384 * 5 + 5) * 4  # and not uploaded
 
 
-def test_batched_equals_sequential_on_the_text_model_to_float_rounding(tmp_path):
+def test_batched_equals_sequential_on_the_text_model_to_float_rounding(tmp_path, sst5):
     """Token ids through vmap: the full encoder trained by 3 clients at once (the batch cut to
     the longest sentence over the 3 clients) against one after another (each cut to its own)."""
     states = {}
     for executor in ("sequential", "batched"):
         cfg = {
             "seed": 0,
-            "data": {"name": "sst5", "root": SST5, "max_train": 12, "max_test": 4},
+            "data": {"name": "sst5", "root": sst5, "max_train": 12, "max_test": 4},
             "partition": {"name": "iid", "num_clients": 3, "min_local_test": 1},
             "model": {"name": "text"},
             "algorithm": {"name": "fedprox", "mu": 0.1},
@@ -118,7 +143,7 @@ def test_batched_equals_sequential_on_the_text_model_to_float_rounding(tmp_path)
         torch.testing.assert_close(bat[k], seq[k], rtol=1e-5, atol=1e-5)
 
 
-def test_every_algorithm_runs_on_the_text_model_or_refuses_adamw(tmp_path, monkeypatch):
+def test_every_algorithm_runs_on_the_text_model_or_refuses_adamw(tmp_path, monkeypatch, sst5):
     """Every registered method on the text model (frozen encoder: the head on the cached
     embeddings, so the whole registry costs seconds), under the batched executor, with AdamW
     where the method takes it and SGD where it refuses AdamW. Token ids through every
@@ -132,14 +157,14 @@ def test_every_algorithm_runs_on_the_text_model_or_refuses_adamw(tmp_path, monke
     for name in ALGORITHMS.names():
         if name == "fedbn":  # keeps BatchNorm layers on the clients: the text model has none, refused in one line
             with pytest.raises(ConfigError, match="model.norm: fedbn keeps each client's BatchNorm"):
-                fedrift.run({"data": {"name": "sst5", "root": SST5, "max_train": 60, "max_test": 10},
+                fedrift.run({"data": {"name": "sst5", "root": sst5, "max_train": 60, "max_test": 10},
                              "partition": {"name": "iid", "num_clients": 3, "min_local_test": 1},
                              "model": {"name": "text", "freeze_encoder": True}, "algorithm": {"name": name},
                              "output": {"dir": str(tmp_path / name), "progress": False}})
             continue
         cfg = {
             "seed": 0,
-            "data": {"name": "sst5", "root": SST5, "max_train": 60, "max_test": 10},
+            "data": {"name": "sst5", "root": sst5, "max_train": 60, "max_test": 10},
             "partition": {"name": "iid", "num_clients": 3, "min_local_test": 1},
             "model": {"name": "text", "freeze_encoder": True},
             "algorithm": {"name": name},
