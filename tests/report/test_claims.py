@@ -154,3 +154,32 @@ def test_a_claim_on_named_keys_pairs_them_by_hand(tmp_path):
     assert "| ccvr > fedavg (calibrated_accuracy vs final_accuracy) | +2.0 +- 2.5 | 3 | 0.25 |" in md
     assert "names its summary keys in brackets" in md
     assert "names its summary keys" not in to_markdown([r for r in rows if not r["named"]])
+
+
+def test_a_users_claim_may_name_its_keys_as_the_papers_do(tmp_path, capsys):
+    """`report.claims="ccvr>fedavg (calibrated_accuracy vs final_accuracy)"` is the papers'
+    claim, row for row; `(on KEY)` compares one key; a key no run records is refused in one
+    line naming the keys there are, and the report's files are left as they were."""
+    root = tmp_path / "runs"
+    for seed, (f, cal) in enumerate([(0.90, 0.93), (0.80, 0.81), (0.85, 0.87)]):
+        write_run(root, "avg", seed, {"name": "fedavg"}, 0.1, f + 0.01, f, at_val=f)
+        write_run(root, "ccvr", seed, {"name": "ccvr"}, 0.1, f + 0.01, f, at_val=f, calibrated_accuracy=cal)
+    groups, _ = load_groups(root)
+    labels = [g.algorithm for g in groups]
+    papers = check_claims(resolve_claims(["papers"], labels), groups)
+    mine = check_claims(resolve_claims(["ccvr>fedavg (calibrated_accuracy vs final_accuracy)"], labels), groups)
+    assert [{k: v for k, v in r.items() if k != "source"} for r in mine] == \
+           [{k: v for k, v in r.items() if k != "source"} for r in papers]
+    on = check_claims(resolve_claims(["ccvr >= fedavg (on final_accuracy)"], labels), groups)
+    assert on[0]["claim"] == "ccvr >= fedavg (on final_accuracy)" and on[0]["final_accuracy_diff_mean"] == 0.0
+    with pytest.raises(ConfigError, match="is not a claim"):
+        resolve_claims(["ccvr>fedavg (calibrated_accuracy)"], labels)
+    args = ["report", str(root), "report.tsne=none", "report.plots=false"]
+    assert main(args) == 0
+    before = {p: p.read_bytes() for p in root.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main([*args, "report.claims=ccvr>fedavg (on calibrated_acc)"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "report.claims: 'calibrated_acc' is in no run's summary.json; allowed: " in err[0], err
+    assert "calibrated_accuracy" in err[0]
+    assert {p: p.read_bytes() for p in root.iterdir() if p.is_file()} == before

@@ -27,6 +27,7 @@ sign-flip test gives p < 0.05 and the 95% t interval excludes 0, which takes at 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -66,7 +67,10 @@ PAPERS: tuple[tuple[Any, ...], ...] = (
     ("fedbn", ">", "fedavg", "FedBN", ("final_local_accuracy", "final_local_accuracy")),
 )
 NAMED_COLUMN = "final_accuracy"  # where a claim on named keys is shown and judged
-ALLOWED = "A>B or A>=B with A and B algorithms of the grid (e.g. fedgkd>fedavg), or papers"
+ALLOWED = ("A>B or A>=B with A and B algorithms of the grid (e.g. fedgkd>fedavg), optionally followed by "
+           "the summary keys compared, '(on KEY)' or '(KEY_A vs KEY_B)', or papers")
+# a claim's named keys, as Claim.text writes them: "(on KEY)" or "(KEY_A vs KEY_B)"
+_NAMED = re.compile(r"^(?P<b>.*?)\s*\((?:on\s+(?P<on>\w+)|(?P<ka>\w+)\s+vs\s+(?P<kb>\w+))\)$")
 
 
 @dataclass(frozen=True)
@@ -86,12 +90,16 @@ class Claim:
         return f"{base} (on {a})" if a == b else f"{base} ({a} vs {b})"
 
 
-def _parse(spec: str) -> tuple[str, str, str]:
+def _parse(spec: str) -> tuple[str, str, str, tuple[str, str] | None]:
     op = ">=" if ">=" in spec else ">"
     a, sep, b = (part.strip() for part in spec.partition(op))
-    if not sep or not a or not b or ">" in b:
+    named = _NAMED.match(b)
+    keys = None
+    if named:
+        b, keys = named["b"], (named["on"], named["on"]) if named["on"] else (named["ka"], named["kb"])
+    if not sep or not a or not b or ">" in b or "(" in b:
         raise ConfigError(f"report.claims: {spec!r} is not a claim; allowed: {ALLOWED}")
-    return a, op, b
+    return a, op, b, keys
 
 
 def _settings(name: str, labels: Sequence[str]) -> list[str]:
@@ -131,13 +139,13 @@ def resolve_claims(specs: Sequence[str] | None, labels: Sequence[str]) -> list[C
             out += [Claim(x, op, y, src, keys[0] if keys else None) for a, op, b, src, *keys in PAPERS
                     for x, y in _pairs(_of_algorithm(a, labels), _of_algorithm(b, labels))]
             continue
-        a, op, b = _parse(spec)
+        a, op, b, keys = _parse(spec)
         sides = [_settings(a, labels), _settings(b, labels)]
         for name, found in zip((a, b), sides):
             if not found:
                 raise ConfigError(f"report.claims: {name!r} in {spec!r} is not an algorithm of the grid; "
                                   f"allowed: {', '.join(labels)}")
-        out += [Claim(x, op, y) for x, y in _pairs(*sides)]
+        out += [Claim(x, op, y, keys=keys) for x, y in _pairs(*sides)]
     return list(dict.fromkeys(out))
 
 
@@ -163,6 +171,12 @@ def check_claims(claims: Sequence[Claim], groups: Sequence[Any]) -> list[dict[st
     keys of every compared metric, ``metric`` (the one judged) and ``verdict``."""
     keys = [k for k, _ in METRICS if any(k in r.summary for g in groups for r in g.runs)]
     judged = "test_accuracy_at_best_val" if "test_accuracy_at_best_val" in keys else "best_accuracy"
+    summaries = [r.summary for g in groups for r in g.runs]
+    for key in {k for c in claims if c.keys and not c.source for k in c.keys}:  # a user's named key: recorded
+        if not any(isinstance(s.get(key), (int, float)) for s in summaries):
+            numeric = sorted({k for s in summaries for k, v in s.items() if isinstance(v, (int, float))
+                              and not isinstance(v, bool)})
+            raise ConfigError(f"report.claims: {key!r} is in no run's summary.json; allowed: {', '.join(numeric)}")
     sweeps = list({repr(sorted(g.sweep.items())): g.sweep for g in groups}.values())
     rows = []
     for sweep in sweeps:
