@@ -243,20 +243,22 @@ class LoopbackFederation:
     def wait_all(self, runs: dict[str, Path | None], timeout: float = 300) -> dict[str, dict[str, Any]]:
         """Wait for every run of ``runs`` (run id -> a file whose appearance means the run is
         ending, a fedrift run's summary.json, or None) to finish: their ``flwr ls`` entries.
-        The files are watched every 0.2 s; ``flwr ls`` (a CLI start, seconds of CPU; one for
-        all the runs) is asked every 10 s, and each second once every file is there."""
+        The files are watched every 0.2 s; ``flwr ls`` (one for all the runs, under the lock
+        every federation's CLI calls share) is asked every 10 s, and each second once every
+        file is there."""
         deadline = time.monotonic() + timeout
         asked = time.monotonic()
+        late = sorted(runs)
         while time.monotonic() < deadline:
             ending = all(done is not None and done.exists() for done in runs.values())
             if ending or time.monotonic() - asked > 10:
                 listed = {str(r["run-id"]): r for r in self.flwr_json("ls", CONNECTION)["runs"]}
                 asked = time.monotonic()
-                if all(str(listed.get(k, {}).get("status", "")).startswith("finished") for k in runs):
+                late = [k for k in sorted(runs) if not str(listed.get(k, {}).get("status", "")).startswith("finished")]
+                if not late:
                     return {k: listed[k] for k in runs}
             time.sleep(1 if ending else 0.2)
-        late = sorted(runs)
-        raise TimeoutError(f"Flower runs {', '.join(late)} did not all finish within {timeout:g} s")
+        raise TimeoutError(f"Flower runs {', '.join(late)} did not finish within {timeout:g} s")
 
     def run(self, app: Path, done: Path | None = None, timeout: float = 300) -> dict[str, Any]:
         """``flwr run app`` and wait for it (see :meth:`wait`)."""

@@ -17,10 +17,10 @@ Folders
 Resumption
     A run is finished when its ``summary.json`` says ``completed`` (its ``final_model.pt``
     need not be kept: a clone of committed results reuses them) or ``diverged`` (kept and
-    reported as diverged, not rerun), and
-    its ``config.yaml`` agrees with the run's resolved config on every key both know and on
-    every key the grid sets. How a run executes (``output.*``, ``engine.executor``,
-    ``engine.workers``, ``engine.threads``, ``engine.max_parallel_clients``,
+    reported as diverged, not rerun), and its ``config.yaml`` agrees with the run's resolved
+    config on every key both know and on every key the grid sets. How a run executes
+    (``output.*``, ``engine.executor``, ``engine.workers``, ``engine.threads``,
+    ``engine.max_parallel_clients``,
     ``engine.teacher_cache``, ``engine.client_state``) does not make it a different run;
     the executors give the same results. Any other difference reruns it, and says which key.
     A run that stopped (killed, Ctrl-C) continues from its last checkpoint
