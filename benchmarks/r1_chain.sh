@@ -5,6 +5,7 @@
 # reuse finished trials and runs); every finished step is committed.
 #   bash benchmarks/r1_chain.sh        # R1: examples/workload_r1.yaml, tuned at 20 of its 40 rounds
 #   bash benchmarks/r1_chain.sh r3     # R3: examples/workload_r3.yaml (Tiny-ImageNet 32x32), 15 of its 30
+#   ALPHA=0.5 bash benchmarks/r1_chain.sh   # another alpha: tuned at it, into r1-tune-a05 and r1-a05
 #   FROM=3 bash benchmarks/r1_chain.sh r3   # from step 3 on (a tune folder refuses a shorter list of methods
 #                                           # than it holds, so a chain resumes at its first unfinished step)
 cd "$(dirname "$0")/.."
@@ -17,10 +18,12 @@ case $W in
   r3) CFG=examples/workload_r3.yaml TR=15 PAPER=fedgkd-table3-tinyimagenet ;;
   *) echo "r1_chain.sh: unknown workload '$W' (allowed: r1, r3)" >&2; exit 2 ;;
 esac
-T="-c $CFG --jobs 2"
+ALPHA=${ALPHA:-0.1}
+T="-c $CFG --jobs 2" TUNE=$R/$W-tune OUT=$R/$W-a01  # the configs' own alpha, 0.1
+if [ "$ALPHA" != 0.1 ]; then T="$T partition.alpha=$ALPHA" TUNE=$R/$W-tune-a${ALPHA/./} OUT=$R/$W-a${ALPHA/./}; fi
 commit() {
   for i in 1 2 3 4 5 6; do
-    (git add "$@" && git commit -q -m "${W^^} alpha 0.1: $MSG" -- "$@") && return 0
+    (git add "$@" && git commit -q -m "${W^^} alpha $ALPHA: $MSG" -- "$@") && return 0
     sleep 7
   done
 }
@@ -28,11 +31,11 @@ STEP=0
 step() {  # $1 algorithms, $2 dropped space keys
   STEP=$((STEP + 1)); [ "$STEP" -lt "${FROM:-1}" ] && return 0
   A=$1; SP="train.rounds=$TR space.train.lr=0.01,0.05,0.1 $2"
-  echo "== $(date -u +%H:%M) tune $A"; $F tune $T $SP algorithms=$A --out $R/$W-tune || return 1
-  MSG="tune $A"; commit $R/$W-tune
-  echo "== $(date -u +%H:%M) compare $A"; $F compare $T seeds=0,1,2 tuned=$R/$W-tune algorithms=$A report.reference=fedavg \
-    report.tsne=none report.paper=$PAPER --out $R/$W-a01 || return 1
-  MSG="3 seeds of $A"; commit $R/$W-a01
+  echo "== $(date -u +%H:%M) tune $A"; $F tune $T $SP algorithms=$A --out $TUNE || return 1
+  MSG="tune $A"; commit $TUNE
+  echo "== $(date -u +%H:%M) compare $A"; $F compare $T seeds=0,1,2 tuned=$TUNE algorithms=$A report.reference=fedavg \
+    report.tsne=none report.paper=$PAPER --out $OUT || return 1
+  MSG="3 seeds of $A"; commit $OUT
 }
 N="space.gamma=none space.beta=none"
 if [ "$W" = r1 ]; then
