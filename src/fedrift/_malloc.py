@@ -3,7 +3,7 @@
 By default glibc hands large freed blocks back to the kernel (``munmap``, or trimming the
 heap's free top past 128 KiB), and the next step faults the same memory in again, page by
 page. A ResNet-8 step on 64x64 images allocates and frees activations of 8-32 MiB: a round of
-R3 at 64 spent 40 of 155 CPU seconds in the kernel that way (``benchmarks/malloc_cost.py``,
+R3 at 64 spent 40 of 153 CPU seconds in the kernel that way (``benchmarks/malloc_cost.py``,
 BENCHMARKS.md "Freed memory kept"). Serving blocks up to 32 MiB (glibc's largest mmap
 threshold) from the heap and keeping up to 1 GiB of its free top removes most of it. The peak
 memory does not grow: only memory the process already used is kept.
