@@ -142,6 +142,43 @@ def test_tune_finds_the_better_of_two_learning_rates_and_compare_takes_it(tiny, 
     assert "holds no best.yaml" in capsys.readouterr().err
 
 
+def _results(run_dir):
+    """A run's metrics without its timings (what a rerun reproduces)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if "seconds" not in k} for row in rows]
+
+
+def test_compare_copies_the_tuned_trial_that_is_one_of_its_runs(tiny, tmp_path, capsys):
+    out = tmp_path / "tune"
+    fedrift.tune(_cfg(tiny, rounds=2), algorithms=["fedavg"], space={"train.lr": "1e-5,0.1"}, trials=2, out=out,
+                 pruner="none", report=False, verbose=False)
+    trial = next(d for d in (out / "trials" / "fedavg").iterdir()
+                 if yaml.safe_load((d / "config.yaml").read_text())["train"]["lr"] == 0.1)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=2)))
+    base = ["compare", "-c", str(cfg), "--no-report", "algorithms=fedavg", "seeds=0,1", "--jobs", "2"]
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "g"), f"tuned={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert f"fedavg/seed0: the tune's {trial} is this run" in printed
+    assert "1 finished before (1 of them copied from the tune), 1 to run" in printed
+    copied = tmp_path / "g" / "fedavg" / "seed0"
+    assert (copied / "metrics.jsonl").read_text() == (trial / "metrics.jsonl").read_text()
+    assert yaml.safe_load((copied / "config.yaml").read_text())["output"]["dir"] == str(trial)  # where it came from
+    assert json.loads((tmp_path / "g" / "fedavg" / "seed1" / "summary.json").read_text())["status"] == "completed"
+    # the copy is the run compare would have made: the same runs without the tune
+    assert main([*base, "--out", str(tmp_path / "plain"), "train.lr=0.1"]) == 0
+    for seed in (0, 1):
+        assert _results(tmp_path / "g" / "fedavg" / f"seed{seed}") == _results(tmp_path / "plain" / "fedavg" / f"seed{seed}")
+    # a copied run is reused as any finished run; runs that differ from every trial are run
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "g"), f"tuned={out}"]) == 0
+    assert "2 finished before, 0 to run" in capsys.readouterr().out
+    assert main([*base, "--out", str(tmp_path / "r3"), f"tuned={out}", "train.rounds=3"]) == 0
+    assert "0 finished before, 2 to run" in capsys.readouterr().out
+    assert len(_results(tmp_path / "r3" / "fedavg" / "seed0")) == 3
+
+
 class _BelowAfter(optuna.pruners.BasePruner):
     """Prunes a trial whose validation accuracy is below ``floor`` at round 2: a pruner with a
     known answer, to check the wiring (what the median pruner decides is Optuna's)."""

@@ -26,6 +26,8 @@ Resumption
     A run that stopped (killed, Ctrl-C) continues from its last checkpoint
     (``engine.checkpoint_every``) instead of from round 1; a checkpoint that cannot be used
     (another config, corrupt) is named and the run rerun from round 1.
+    With ``tuned=DIR``, a new run that one of the tune's completed trials already is (by the
+    same rule) is copied from it instead of run (:func:`fedrift.experiments.grid.copy_trial`).
 
 Everything is validated before anything runs: every run's config and registry options, and
 the partition of every distinct (data, partition) section, so a bad key fails at once.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import shutil
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,11 +17,11 @@ import yaml
 
 from fedrift.config import Config, apply_overrides, config_dict, load_config, same_root, to_yaml
 from fedrift.engine.checkpoint import FOLDER as CHECKPOINTS, MANIFEST
-from fedrift.engine.outputs import unfinished
+from fedrift.engine.outputs import OWNED, unfinished
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.naming import fmt_value, safe_name
 from fedrift.experiments.pool import execute_run, run_pool
-from fedrift.experiments.tuned import base_check, base_warning, read_tuned
+from fedrift.experiments.tuned import base_check, base_warning, read_tuned, trial_runs
 from fedrift.overrides import parse_algorithm, parse_value, split_list
 from fedrift.report.table import EXECUTION_KEYS, flatten, short_names
 
@@ -318,6 +319,23 @@ def run_state(spec: RunSpec) -> tuple[str, str]:
     return ("reuse", status)
 
 
+def copy_trial(spec: RunSpec, trials: Sequence[tuple[Path, Mapping[str, Any]]]) -> Path | None:
+    """Copy into the run's (new) folder the first of a tune's completed trials that is this
+    run, by :func:`config_differences`' rule (so a tune at the runs' rounds and seed saves the
+    compare that seed's run of each entry); its ``config.yaml`` keeps the trial's
+    ``output.dir``, which says where the run came from. The trial, or None when none is."""
+    for trial, stored in trials:
+        if config_differences(stored, spec.expected, spec.requested):
+            continue
+        names = [n for n in OWNED if n not in ("summary.json", "final_model.pt") and (trial / n).is_file()]
+        with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
+            spec.dir.mkdir(parents=True, exist_ok=True)
+            for name in [*names, "summary.json"]:  # the summary last: it marks the run finished
+                shutil.copyfile(trial / name, spec.dir / name)
+        return trial
+    return None
+
+
 def _describe_result(r: dict[str, Any]) -> str:
     if r["status"] != "completed":
         return f"{r['status']} ({r.get('message', '').split(';')[0]})"
@@ -332,9 +350,17 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
     statuses: dict[str, str] = {}
     todo: list[RunSpec] = []
     resume: set[str] = set()  # names of the runs continued from their checkpoints
+    tuned = (grid.description.get("tuned") or {}).get("dir")
+    trials = trial_runs(tuned) if tuned is not None else []
+    copied = 0
     for spec in grid.runs:
         action, why = run_state(spec)
-        if action == "reuse":
+        trial = copy_trial(spec, trials) if action == "run" and why == "new" else None
+        if trial is not None:
+            copied += 1
+            statuses[spec.name] = "completed"
+            echo(f"{spec.name}: the tune's {trial} is this run (the same config but how it ran), copied")
+        elif action == "reuse":
             statuses[spec.name] = why
         else:
             todo.append(spec)
@@ -345,7 +371,7 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
     total = len(grid.runs)
     reused = total - len(todo)
     echo(f"grid: {len(grid.settings)} settings x {len(grid.seeds)} seeds = {total} runs in {grid.root}; "
-         f"{reused} finished before, {len(todo)} to run" + (f" on {jobs} processes" if jobs > 1 and todo else ""))
+         f"{reused} finished before" + (f" ({copied} of them copied from the tune)" if copied else "") + f", {len(todo)} to run" + (f" on {jobs} processes" if jobs > 1 and todo else ""))
     done = reused
 
     def report(spec: RunSpec, result: dict[str, Any]) -> None:
@@ -369,5 +395,5 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
     return statuses
 
 
-__all__ = ["GRID_FILE", "Grid", "RunSpec", "Setting", "build_grid", "config_differences", "parse_grid_tokens",
+__all__ = ["GRID_FILE", "Grid", "RunSpec", "Setting", "build_grid", "config_differences", "copy_trial", "parse_grid_tokens",
            "run_grid", "run_state"]
