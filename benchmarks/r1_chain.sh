@@ -12,7 +12,9 @@
 #       58 of its 500 rounds (as the GPU's first table: at 20 every FedAvg is still at chance), tuned and
 #       run at 58 over the union of the paper's two grids {0.01, 0.03, 0.05, 0.1}, on a validation split,
 #       into r2-tune and r2-c02; paired against FedAvg without local momentum (the better FedAvg there).
-#       About 45 core-minutes a run: its step 1 (FedAvg, FedADC) is about 10 core-hours.
+#       About 24 minutes of a core a run (a median 20 s a round with both cores busy); compare copies each method's
+#       seed 0 from its chosen tune trial (the same run), so step 1 (FedAvg, FedADC) is 8 trials and 4 runs,
+#       about 5 core-hours, and the whole chain (5 methods) about 12.
 #   RESULTS=/tmp/x R2_ROUNDS=1 GRID=0.05 bash benchmarks/r1_chain.sh r2   # a smoke test (nothing committed)
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src"
