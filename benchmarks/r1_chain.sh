@@ -32,11 +32,12 @@ esac
 GRID=${GRID:-$G} ALPHA=${ALPHA:-0.1}
 T="-c $CFG --jobs 2 $MORE" TUNE=$R/$W-tune OUT=$R/$W-a01  # the configs' own alpha, 0.1
 [ "$W" != r2 ] || OUT=$R/r2-c02
+LABEL="${W^^} alpha $ALPHA"; [ "$W" != r2 ] || LABEL="R2 C = 0.2"
 if [ "$ALPHA" != 0.1 ]; then T="$T partition.alpha=$ALPHA" TUNE=$R/$W-tune-a${ALPHA/./} OUT=$R/$W-a${ALPHA/./}; fi
 commit() {
   [ "$R" = benchmarks/results ] || return 0
   for i in 1 2 3 4 5 6; do
-    (git add "$@" && git commit -q -m "${W^^} alpha $ALPHA: $MSG" -- "$@") && return 0
+    (git add "$@" && git commit -q -m "$LABEL: $MSG" -- "$@") && return 0
     sleep 7
   done
 }
