@@ -21,7 +21,7 @@ from fedrift.engine.outputs import OWNED, unfinished
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.naming import fmt_value, safe_name
 from fedrift.experiments.pool import execute_run, run_pool
-from fedrift.experiments.tuned import base_check, base_warning, read_tuned, trial_runs
+from fedrift.experiments.tuned import base_check, base_warning, read_tuned
 from fedrift.overrides import parse_algorithm, parse_value, split_list
 from fedrift.report.table import EXECUTION_KEYS, flatten, short_names
 
@@ -292,21 +292,36 @@ def config_differences(stored: Mapping[str, Any], expected: Mapping[str, Any], r
     return out
 
 
+def _stored_run(d: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A run folder's summary and its config.yaml flattened; None when either is unreadable."""
+    try:
+        return json.loads((d / "summary.json").read_text()), flatten(yaml.safe_load((d / "config.yaml").read_text()) or {})
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def tune_trials(tuned: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """A tune folder's completed trials (each run folder with its flattened config), which
+    :func:`copy_trial` may reuse; none when ``tuned`` is a ``best.yaml`` outside its folder."""
+    p = Path(tuned)
+    read = ((d, _stored_run(d)) for d in sorted((p if p.is_dir() else p.parent).glob("trials/*/trial*")))
+    return [(d, r[1]) for d, r in read if r is not None and r[0].get("status") == "completed"]
+
+
 def run_state(spec: RunSpec) -> tuple[str, str]:
     """``("reuse", status)`` for a finished run, ``("resume", why)`` for a stopped one with a
     checkpoint, else ``("run", why)``."""
     d = spec.dir
-    summary_p, config_p = d / "summary.json", d / "config.yaml"
+    summary_p = d / "summary.json"
     stopped = unfinished(d)
     if stopped and (d / CHECKPOINTS / MANIFEST).is_file():
         return ("resume", f"{stopped}, continued from its checkpoint")
     if not summary_p.is_file():
         return ("run", "interrupted before, rerun" if (d / "metrics.jsonl").is_file() else "new")
-    try:
-        summary = json.loads(summary_p.read_text())
-        stored = flatten(yaml.safe_load(config_p.read_text()) or {})
-    except (OSError, ValueError, yaml.YAMLError):
+    read = _stored_run(d)
+    if read is None:
         return ("run", "unreadable summary.json or config.yaml, rerun")
+    summary, stored = read
     status = summary.get("status")
     if status not in ("completed", "diverged", "no_clients"):  # finished: a rerun gives the same
         return ("run", f"status {status!r}, rerun")
@@ -351,7 +366,7 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
     todo: list[RunSpec] = []
     resume: set[str] = set()  # names of the runs continued from their checkpoints
     tuned = (grid.description.get("tuned") or {}).get("dir")
-    trials = trial_runs(tuned) if tuned is not None else []
+    trials = tune_trials(tuned) if tuned is not None else []
     copied = 0
     for spec in grid.runs:
         action, why = run_state(spec)
@@ -371,7 +386,8 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
     total = len(grid.runs)
     reused = total - len(todo)
     echo(f"grid: {len(grid.settings)} settings x {len(grid.seeds)} seeds = {total} runs in {grid.root}; "
-         f"{reused} finished before" + (f" ({copied} of them copied from the tune)" if copied else "") + f", {len(todo)} to run" + (f" on {jobs} processes" if jobs > 1 and todo else ""))
+         f"{reused} finished before" + (f" ({copied} of them copied from the tune)" if copied else "")
+         + f", {len(todo)} to run" + (f" on {jobs} processes" if jobs > 1 and todo else ""))
     done = reused
 
     def report(spec: RunSpec, result: dict[str, Any]) -> None:
@@ -396,4 +412,4 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
 
 
 __all__ = ["GRID_FILE", "Grid", "RunSpec", "Setting", "build_grid", "config_differences", "copy_trial", "parse_grid_tokens",
-           "run_grid", "run_state"]
+           "run_grid", "run_state", "tune_trials"]

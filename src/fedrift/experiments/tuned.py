@@ -88,21 +88,4 @@ def read_tuned(path: str | Path) -> dict[str, dict[str, Any]]:
     return doc
 
 
-def trial_runs(path: str | Path) -> list[tuple[Path, dict[str, Any]]]:
-    """A tune folder's completed trials (their run folders, with each one's config.yaml
-    flattened), for ``compare`` to reuse a trial that is exactly one of its runs; none when
-    ``path`` is a ``best.yaml`` outside its folder or the trials were not kept."""
-    p = Path(path)
-    root = p if p.is_dir() else p.parent
-    out = []
-    for d in sorted(root.glob("trials/*/trial*")):
-        try:
-            if json.loads((d / "summary.json").read_text()).get("status") != "completed":
-                continue
-            out.append((d, flatten(yaml.safe_load((d / "config.yaml").read_text()) or {})))
-        except (OSError, ValueError, yaml.YAMLError, AttributeError):
-            continue  # an unfinished or unreadable trial is not a run to reuse
-    return out
-
-
-__all__ = ["BASE_SECTIONS", "BEST", "base_check", "base_warning", "read_tuned", "trial_runs", "tune_base"]
+__all__ = ["BASE_SECTIONS", "BEST", "base_check", "base_warning", "read_tuned", "tune_base"]
