@@ -22,7 +22,10 @@
 # workload by CFG and the rest).
 # R2_ROUNDS=N: FedADC Table I at s = 2, C = 0.2 without tuning (the block below): R2_ROUNDS (the
 # most rounds), R2_ALGORITHMS (fedavg,fedadc), R2_EXECUTORS (the probe's: batched sequential),
-# R2_FIXED (1: exactly R2_ROUNDS, else what the budget fits), R2_REFERENCE (fedavg), PROBE_TIMEOUT.
+# R2_FIXED (1: exactly R2_ROUNDS, else what the budget fits; with one executor named, no probe),
+# R2_REFERENCE (fedavg), PROBE_TIMEOUT, R2_CFG (examples/papers/fedadc-table1-cifar10-c0.2.yaml; the
+# c0.1 file is Table I's C = 0.1), R2_OUT (r2-gpu). An entry may name its own sampling
+# (fedadc:engine.sampling=class_coverage: FedADC's client-selection experiment, section IV-E).
 # WHL (.gpu/whl, from gpu_prepare.sh): the wheels to install. A tune needs optuna (the whole
 # folder, 8 MB); R2_ROUNDS and the alphas do not: .gpu/whlmin, pydantic and its four
 # dependencies (2.7 MB: `mkdir -p .gpu/whlmin && cp .gpu/whl/{pydantic,pydantic_core,annotated_types,typing_extensions,typing_inspection}-*.whl .gpu/whlmin`),
@@ -157,12 +160,14 @@ if [ -n "${R2_ROUNDS:-}" ]; then
   # comparison of $R2_ALGORITHMS: seed 0 of each first (so that a cut budget still pairs one
   # seed), then $SEEDS, $JOBS processes at once, into $OUT/r2-gpu.
   place_zip
-  R2=examples/papers/fedadc-table1-cifar10-c0.2.yaml
+  R2=${R2_CFG:-examples/papers/fedadc-table1-cifar10-c0.2.yaml}; R2_OUT=${R2_OUT:-r2-gpu}
   R2_ALGORITHMS=${R2_ALGORITHMS:-fedavg,fedadc}; R2_EXECUTORS=${R2_EXECUTORS:-batched sequential}
   echo "| executor | s/round (rounds 2-3, FedAvg alone, evaluation excluded) | wall s (data load included) |" >"$OUT/r2-probe.md"
   echo "|---|---|---|" >>"$OUT/r2-probe.md"
   best=""; best_s=""
-  for ex in $R2_EXECUTORS; do
+  # one executor and a fixed number of rounds: nothing for a probe to decide
+  [ -n "${R2_FIXED:-}" ] && [ "$(echo $R2_EXECUTORS | wc -w)" = 1 ] && best=$R2_EXECUTORS && best_wall=0
+  [ -n "$best" ] || for ex in $R2_EXECUTORS; do
     t0=$(date +%s)
     timeout -k 5 "${PROBE_TIMEOUT:-150}" "${FEDRIFT[@]}" run -c "$R2" algorithm.name=fedavg train.rounds=3 engine.executor="$ex" \
       output.dir="/tmp/r2-probe-$ex" output.overwrite=true output.progress=false >"/tmp/r2-probe-$ex.log" 2>&1 \
@@ -181,18 +186,18 @@ print("%.3f" % statistics.mean(r["seconds"] for r in rows if r["round"] >= 2), "
   # with evaluation, sped up by 1.25 for running $JOBS at once (3 at once gave 1.25x in R1)
   left=$((BUDGET - ($(date +%s) - START)))
   nruns=$(( $(echo "$R2_ALGORITHMS" | tr , '\n' | wc -l) * $(echo "$SEEDS" | tr , '\n' | wc -l) ))
-  fit=$("$PY" -c 'import sys; left, n, t, cap = map(float, sys.argv[1:]); print(int(max(10, min(cap, 1.25 * (left - 60) / (n * t)))))' \
+  fit=$R2_ROUNDS  # R2_FIXED=1: exactly R2_ROUNDS (to pair with an earlier call's runs)
+  [ -n "${R2_FIXED:-}" ] || fit=$("$PY" -c 'import sys; left, n, t, cap = map(float, sys.argv[1:]); print(int(max(10, min(cap, 1.25 * (left - 60) / (n * t)))))' \
     "$left" "$nruns" "$best_wall" "$R2_ROUNDS")
-  echo "gpu_r1_full: R2 under $best ($best_wall s a round with evaluation), $nruns runs, $left s left: $fit rounds"
-  [ -z "${R2_FIXED:-}" ] || fit=$R2_ROUNDS  # R2_FIXED=1: exactly R2_ROUNDS (to pair with an earlier call's runs)
+  echo "gpu_r1_full: R2 under $best ($best_wall s a round with evaluation, the probe's), $nruns runs, $left s left: $fit rounds"
   R2_ROUNDS=$fit
-  for seeds in 0 "$SEEDS"; do
+  for seeds in ${R2_FIRST-0} "$SEEDS"; do  # R2_FIRST: the seed run first ("" none)
     left=$((BUDGET - ($(date +%s) - START)))
     [ "$left" -gt 30 ] || { echo "gpu_r1_full: budget spent before R2 seeds $seeds"; break; }
     echo "== $(date -u +%T) R2 seeds $seeds, $best, $left s left"
     timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" compare -c "$R2" --jobs "$JOBS" seeds="$seeds" \
       algorithms="$R2_ALGORITHMS" train.rounds="$R2_ROUNDS" engine.executor="$best" report.reference="${R2_REFERENCE:-fedavg}" \
-      report.tsne=none report.paper=fedadc-table1-cifar10 output.progress=false --out "$OUT/r2-gpu"
+      report.tsne=none report.paper=fedadc-table1-cifar10 output.progress=false --out "$OUT/$R2_OUT"
     echo "== exit $? after $(($(date +%s) - START)) s"
   done
   ALPHAS=""
@@ -210,7 +215,7 @@ done
 # what comes back from the device is limited in number of files (8 came back in one call) and in
 # depth: each grid keeps results.md and travels as one archive (its report, csv, figures and run
 # folders: metrics, configs, logs; no checkpoints)
-for d in "$OUT"/r1-gpu-a* "$OUT"/*-chain "$OUT"/*-tune "$OUT"/r2-gpu; do
+for d in "$OUT"/r1-gpu-a* "$OUT"/*-chain "$OUT"/*-tune "$OUT"/r2-gpu*; do
   [ -d "$d" ] || continue
   rm -f "$d/.fedrift.lock"
   g=$(basename "$d")
