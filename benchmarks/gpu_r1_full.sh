@@ -24,7 +24,8 @@
 # most rounds), R2_ALGORITHMS (fedavg,fedadc), R2_EXECUTORS (the probe's: batched sequential),
 # R2_FIXED (1: exactly R2_ROUNDS, else what the budget fits; with one executor named, no probe),
 # R2_REFERENCE (fedavg), PROBE_TIMEOUT, R2_CFG (examples/papers/fedadc-table1-cifar10-c0.2.yaml; the
-# c0.1 file is Table I's C = 0.1), R2_OUT (r2-gpu). An entry may name its own sampling
+# c0.1 file is Table I's C = 0.1), R2_OUT (r2-gpu), R2_FIRST (0: the seed run first; empty: none, e.g. a
+# second call for SEEDS=3,4,5). An entry may name its own sampling
 # (fedadc:engine.sampling=class_coverage: FedADC's client-selection experiment, section IV-E).
 # WHL (.gpu/whl, from gpu_prepare.sh): the wheels to install. A tune needs optuna (the whole
 # folder, 8 MB); R2_ROUNDS and the alphas do not: .gpu/whlmin, pydantic and its four
