@@ -57,9 +57,11 @@ if [ "$W" = r1 ]; then
   step fedavg,fedgkd,fedadc,fedcsd,fedgkd_vote,fedprox:mu=0.01 "$N space.mu=none space.lam=none" && \
   step fedavg,fedgkd,fedadc,fedcsd,fedgkd_vote,fedprox:mu=0.01,scaffold,fedadc_plus,fedadc:variant=nesterov "$N space.mu=none space.lam=none"
 elif [ "$W" = r2 ]; then  # the best FedAvg and FedADC first, then Table I's FedADC+, FedGKD, FedProx,
-  B=fedavg:train.momentum=0,fedadc  # then the file's FedAvg (local momentum 0.9) (step sets A)
+  # then FedGKD without local momentum (like for like with the reference: with the paper's momentum
+  # 0.9 it stays at chance as long as FedAvg with it), then the file's FedAvg (momentum 0.9) (step sets A)
+  B=fedavg:train.momentum=0,fedadc G=fedgkd:T=0.5:train.momentum=0
   P=fedadc_plus:variant=nesterov,fedgkd:T=0.5,fedprox:mu=0.01:train.momentum=0 K="space.beta=none space.lam=none space.gamma=none space.mu=none"
-  step $B "space.beta=none" && step $B,$P "$K" && step $B,$P,fedavg "$K"
+  step $B "space.beta=none" && step $B,$P "$K" && step $B,$P,$G "$K" && step $B,$P,$G,fedavg "$K"
 else  # the five for R3 first
   step fedavg,fedgkd,fedadc "$N" && step fedavg,fedgkd,fedadc,fedcsd "$N space.mu=none" && \
   step fedavg,fedgkd,fedadc,fedcsd,fedprox:mu=0.01 "$N space.mu=none"
