@@ -159,7 +159,7 @@ if [ -n "${R2_ROUNDS:-}" ]; then
   # at most R2_ROUNDS, as many as the budget fits). First a 3-round probe of FedAvg under each of $R2_EXECUTORS (one process alone
   # on the GPU: s/round of rounds 2-3, into $OUT/r2-probe.md); the faster one runs the
   # comparison of $R2_ALGORITHMS: seed 0 of each first (so that a cut budget still pairs one
-  # seed), then $SEEDS, $JOBS processes at once, into $OUT/r2-gpu.
+  # seed), then $SEEDS, $JOBS processes at once, into $OUT/$R2_OUT (r2-gpu).
   place_zip
   R2=${R2_CFG:-examples/papers/fedadc-table1-cifar10-c0.2.yaml}; R2_OUT=${R2_OUT:-r2-gpu}
   R2_ALGORITHMS=${R2_ALGORITHMS:-fedavg,fedadc}; R2_EXECUTORS=${R2_EXECUTORS:-batched sequential}
