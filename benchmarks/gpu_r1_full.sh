@@ -165,9 +165,9 @@ if [ -n "${R2_ROUNDS:-}" ]; then
   R2_ALGORITHMS=${R2_ALGORITHMS:-fedavg,fedadc}; R2_EXECUTORS=${R2_EXECUTORS:-batched sequential}
   echo "| executor | s/round (rounds 2-3, FedAvg alone, evaluation excluded) | wall s (data load included) |" >"$OUT/r2-probe.md"
   echo "|---|---|---|" >>"$OUT/r2-probe.md"
-  best=""; best_s=""
+  best=""; best_s=""; best_wall=""
   # one executor and a fixed number of rounds: nothing for a probe to decide
-  [ -n "${R2_FIXED:-}" ] && [ "$(echo $R2_EXECUTORS | wc -w)" = 1 ] && best=$R2_EXECUTORS && best_wall=0
+  [ -n "${R2_FIXED:-}" ] && [ "$(echo $R2_EXECUTORS | wc -w)" = 1 ] && best=$R2_EXECUTORS
   [ -n "$best" ] || for ex in $R2_EXECUTORS; do
     t0=$(date +%s)
     timeout -k 5 "${PROBE_TIMEOUT:-150}" "${FEDRIFT[@]}" run -c "$R2" algorithm.name=fedavg train.rounds=3 engine.executor="$ex" \
@@ -190,7 +190,7 @@ print("%.3f" % statistics.mean(r["seconds"] for r in rows if r["round"] >= 2), "
   fit=$R2_ROUNDS  # R2_FIXED=1: exactly R2_ROUNDS (to pair with an earlier call's runs)
   [ -n "${R2_FIXED:-}" ] || fit=$("$PY" -c 'import sys; left, n, t, cap = map(float, sys.argv[1:]); print(int(max(10, min(cap, 1.25 * (left - 60) / (n * t)))))' \
     "$left" "$nruns" "$best_wall" "$R2_ROUNDS")
-  echo "gpu_r1_full: R2 under $best ($best_wall s a round with evaluation, the probe's), $nruns runs, $left s left: $fit rounds"
+  echo "gpu_r1_full: R2 under $best${best_wall:+ ($best_wall s a round with evaluation, from the probe)}, $nruns runs, $left s left: $fit rounds"
   R2_ROUNDS=$fit
   for seeds in ${R2_FIRST-0} "$SEEDS"; do  # R2_FIRST: the seed run first ("" none)
     left=$((BUDGET - ($(date +%s) - START)))
