@@ -40,51 +40,72 @@ class NamedSection(BaseModel):
 
 
 class DataConfig(NamedSection):
-    name: str = "mnist5k"
-    root: str | None = None
+    name: str = Field("mnist5k", description="the dataset: embedded (offline) or read from `data.root`")
+    root: str | None = Field(None, description=(
+        "folder for datasets read from disk (must exist when given; refused with an embedded dataset, "
+        "which would ignore it)"))
     # local training batches: random crop with zero padding and horizontal flip (engine/augment.py)
-    augment: bool = False
-    crop_padding: Annotated[int, Field(ge=0)] = 4
-    flip: bool = True
+    augment: bool = Field(False, description=(
+        "random crop with zero padding and horizontal flip of every local training batch (images only)"))
+    crop_padding: Annotated[int, Field(ge=0, description=(
+        "pixels of padding on each side before the crop (0: no crop)"))] = 4
+    flip: bool = Field(True, description="with `augment`: mirror left-right with probability 1/2")
 
 
 class PartitionConfig(NamedSection):
-    name: str = "dirichlet"
+    name: str = Field("dirichlet", description="how the training set is split over the clients")
     # share of the training set the server keeps out of every client's data (FedDF's proxy)
-    holdout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    holdout: Annotated[float, Field(ge=0, lt=1, description=(
+        "share of the training set the server keeps (stratified by class), in no client's data: FedDF's "
+        "proxy and validation split"))] = 0.0
     # share of each client's training samples set aside for validation (model selection, tuning)
-    val_share: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    val_share: Annotated[float, Field(ge=0, lt=1, description=(
+        "share of each client's training samples set aside as its validation split (0: none, results as "
+        "before bit for bit)"))] = 0.0
 
 
 class ModelConfig(NamedSection):
-    name: str = "cnn"
+    name: str = Field("cnn", description="the model")
 
 
 class AlgorithmConfig(NamedSection):
-    name: str = "fedavg"
+    name: str = Field("fedavg", description="the algorithm")
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
 class TrainConfig(_Section):
-    rounds: PositiveInt = 50
-    clients_per_round: PositiveInt | None = None
-    participation: Annotated[float, Field(gt=0, le=1)] | None = None
-    local_epochs: PositiveInt = 5
-    local_steps: PositiveInt | None = None
-    batch_size: PositiveInt = 32
-    lr: Annotated[float, Field(gt=0)] = 0.05
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    weight_decay: Annotated[float, Field(ge=0)] = 1.0e-5
-    clip_grad_norm: Annotated[float, Field(gt=0)] | None = None
-    optimizer: Literal["sgd", "adamw"] = "sgd"  # the local optimiser (functional/optim.py)
+    rounds: PositiveInt = Field(50, description="communication rounds")
+    clients_per_round: PositiveInt | None = Field(None, description=(
+        "clients sampled per round (a count), or give `participation`"))
+    participation: Annotated[float, Field(gt=0, le=1)] | None = Field(None, description=(
+        "clients sampled per round as a fraction C in (0, 1]; neither this nor `clients_per_round` given:"
+        " C = 0.2"))
+    local_epochs: PositiveInt = Field(5, description=(
+        "local epochs per round (each a fresh permutation, last small batch kept)"))
+    local_steps: PositiveInt | None = Field(None, description="a fixed number of local steps instead of epochs")
+    batch_size: PositiveInt = Field(32, description="local batch size")
+    lr: Annotated[float, Field(gt=0, description="local learning rate")] = 0.05
+    momentum: Annotated[float, Field(ge=0, lt=1, description="local SGD momentum, reset every round")] = 0.9
+    weight_decay: Annotated[float, Field(ge=0, description="added to the gradient, as torch.optim.SGD does")] = 1.0e-5
+    clip_grad_norm: Annotated[float, Field(gt=0)] | None = Field(None, description=(
+        "clip each local gradient to this global norm (null: no clipping)"))
+    optimizer: Literal["sgd", "adamw"] = Field("sgd", description=(
+        "local optimiser: `sgd`, or `adamw` (torch's AdamW: betas 0.9/0.999, eps 1e-8, `weight_decay` "
+        "decoupled, moments reset every round; `momentum` unused); SCAFFOLD, SlowMo, FedADC and FedNova "
+        "assume local SGD and refuse `adamw`"))  # the local optimiser (functional/optim.py)
     # the local learning rate per round (lr_at): constant (train.lr), step (times lr_gamma at
     # each of lr_milestones) or cosine (from train.lr down towards lr_min over the rounds)
-    lr_schedule: Literal["constant", "step", "cosine"] = "constant"
-    lr_milestones: list[PositiveInt] = []  # step: the rounds from which the lr is multiplied by lr_gamma
-    lr_gamma: Annotated[float, Field(gt=0, le=1)] = 0.1  # step: the factor at each milestone
-    lr_min: Annotated[float, Field(ge=0)] = 0.0  # cosine: the floor of the decay
+    lr_schedule: Literal["constant", "step", "cosine"] = Field("constant", description=(
+        "the lr of round t: `constant` (`lr`), `step` (times `lr_gamma` from each of `lr_milestones`) or "
+        "`cosine` (from `lr` towards `lr_min`)"))
+    lr_milestones: list[PositiveInt] = Field([], description=(
+        "`step`: rounds from which the lr is multiplied by `lr_gamma` (e.g. [50, 75])"))  # step: the rounds from which the lr is multiplied by lr_gamma
+    lr_gamma: Annotated[float, Field(gt=0, le=1, description=(
+        "`step`: the factor at each milestone"))] = 0.1  # step: the factor at each milestone
+    lr_min: Annotated[float, Field(ge=0, description=(
+        "`cosine`: the lr it decays towards"))] = 0.0  # cosine: the floor of the decay
 
     @model_validator(mode="after")
     def _one_cohort_size(self) -> "TrainConfig":
@@ -133,50 +154,88 @@ class TrainConfig(_Section):
 
 
 class EngineConfig(_Section):
-    executor: str = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    sampling: str = "uniform"
-    sampling_retries: PositiveInt = 100
-    teacher_cache: bool = True  # distillation teachers' outputs computed once per round
-    max_parallel_clients: PositiveInt | None = None  # batched: clients per vmap call (None: from memory)
-    threads: PositiveInt | None = None
-    client_state: Literal["memory", "disk", "auto"] = "auto"  # per-client state store; auto: disk above 1 GiB
-    workers: PositiveInt | None = None  # processes: worker processes, ray: actors (None: the CPUs available)
-    ray_address: str | None = None  # ray: an existing cluster's address (None: a local Ray for the run)
+    executor: str = Field("auto", description=(
+        "how a round's clients are trained: `auto` picks per run (recorded in `summary.json`)"))
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
+        "`auto` (a GPU when torch sees one), `cpu` or `cuda`"))
+    sampling: str = Field("uniform", description=(
+        "how a round's clients are drawn: `uniform`, or `class_coverage` (the round's clients hold every "
+        "class between them)"))
+    sampling_retries: PositiveInt = Field(100, description=(
+        "draws tried by `class_coverage` before randomised greedy covers"))
+    teacher_cache: bool = Field(True, description=(
+        "distillation teachers' outputs computed once per round, not on every batch; a model that stays a"
+        " teacher (FedGKD-Vote's buffer) is not run again on samples it has seen (kept up to 256 MB); off"
+        " with `data.augment`"))  # distillation teachers' outputs computed once per round
+    max_parallel_clients: PositiveInt | None = Field(None, description=(
+        "`batched`: clients per `vmap` call (null: from a memory budget, at most 64)"))  # batched: clients per vmap call (None: from memory)
+    threads: PositiveInt | None = Field(None, description=(
+        "torch CPU threads for the run (restored afterwards; null: torch's default, one per core)"))
+    client_state: Literal["memory", "disk", "auto"] = Field("auto", description=(
+        "per-client state in `memory` or in a sparse file on `disk` (`auto`: disk above 1 GiB)"))  # per-client state store; auto: disk above 1 GiB
+    workers: PositiveInt | None = Field(None, description=(
+        "`processes`: worker processes; `ray`: actors (null: the CPUs available, or the cluster's)"))  # processes: worker processes, ray: actors (None: the CPUs available)
+    ray_address: str | None = Field(None, description=(
+        "`ray`: `host:port` of an existing cluster's head node (null: a local Ray for the run)"))  # ray: an existing cluster's address (None: a local Ray for the run)
     # client failures (engine/failures.py), each a pure function of (seed, round, client)
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0  # probability that a sampled client never returns
-    stragglers: Annotated[float, Field(ge=0, le=1)] = 0.0  # probability that a client stops its work early
-    straggler_work: Annotated[float, Field(gt=0, lt=1)] | Literal["uniform"] = 0.5  # share of its steps a straggler runs
-    accept_failures: bool = False  # a client that raises or uploads non-finite values: left out (true) or the run stops
+    dropout: Annotated[float, Field(ge=0, lt=1, description=(
+        "probability that a sampled client never returns"))] = 0.0  # probability that a sampled client never returns
+    stragglers: Annotated[float, Field(ge=0, le=1, description=(
+        "probability that a returning client completes only part of its local steps"))] = 0.0  # probability that a client stops its work early
+    straggler_work: Annotated[float, Field(gt=0, lt=1)] | Literal["uniform"] = Field(0.5, description=(
+        "share of its local steps a straggler runs (at least one), or `uniform` (a share drawn per "
+        "client)"))  # share of its steps a straggler runs
+    accept_failures: bool = Field(False, description=(
+        "a client whose training raises or whose loss or upload is not finite is left out of the round "
+        "with a warning (false: the run stops); non-finite losses end the run as diverged once its rounds"
+        " are done"))  # a client that raises or uploads non-finite values: left out (true) or the run stops
     # rounds between checkpoints (fedrift run --resume continues from the last); 0: none
-    checkpoint_every: Annotated[int, Field(ge=0)] = 10
+    checkpoint_every: Annotated[int, Field(ge=0, description=(
+        "rounds between checkpoints in `output.dir/checkpoint/` (0: none); `fedrift run --resume DIR` "
+        "continues from the last"))] = 10
 
 
 class EvalConfig(_Section):
-    every: PositiveInt = 1
+    every: PositiveInt = Field(1, description="evaluate the global model every N rounds (and always after the last)")
     # rows per inference pass (evaluation, teacher tables); None: 128 for convolutional models
     # on the CPU (fastest there, channels-last), 1024 otherwise (fewer calls for small models)
-    batch_size: PositiveInt | None = None
-    at_rounds: list[PositiveInt] = []  # accuracy at these rounds goes in the summary
-    drift: bool = False  # local models' accuracy, logit and feature distance to the global model
-    probe_size: PositiveInt = 256  # test samples on which logit/feature distances are taken
-    personalize: bool = False  # after training, fine-tune each client's classifier, test locally
-    personalize_epochs: PositiveInt = 2
-    personalize_loss: Literal["ce", "algorithm"] = "ce"
-    personalize_mu: Annotated[float, Field(ge=0)] = 0.0
+    batch_size: PositiveInt | None = Field(None, description=(
+        "rows per inference pass (evaluation, teacher tables); null: 128 for convolutional models on the "
+        "CPU, 1024 otherwise"))
+    at_rounds: list[PositiveInt] = Field([], description=(
+        "accuracy at these rounds goes into `summary.json` (`accuracy_at`)"))  # accuracy at these rounds goes in the summary
+    drift: bool = Field(False, description=(
+        "drift diagnostics each evaluated round: the local models' accuracy, logit KL and feature "
+        "distance to the global model"))  # local models' accuracy, logit and feature distance to the global model
+    probe_size: PositiveInt = Field(256, description=(
+        "test samples on which logit and feature distances are measured"))  # test samples on which logit/feature distances are taken
+    personalize: bool = Field(False, description=(
+        "after training, calibrate each client's classifier on its data and test it on its local split"))  # after training, fine-tune each client's classifier, test locally
+    personalize_epochs: PositiveInt = Field(2, description="local epochs of that calibration (E_p)")
+    personalize_loss: Literal["ce", "algorithm"] = Field("ce", description=(
+        "`ce` (cross-entropy) or `algorithm`: the run's own loss only, never its update rule"))
+    personalize_mu: Annotated[float, Field(ge=0, description=(
+        "adds `mu/2 ||w - w_global||^2` to either calibration loss"))] = 0.0
     # personal models' metrics, local_accuracy and personalisation: every client up to this
     # many clients, else this many drawn once by the seed (the same clients every round)
-    clients_sample: PositiveInt = 1000
+    clients_sample: PositiveInt = Field(1000, description=(
+        "personal models' metrics, `local_accuracy` and `eval.personalize` cover every client up to this "
+        "many clients; above it, this many clients drawn once by the seed (the same panel every round)"))
 
 
 class PrivacyConfig(_Section):
     """Differential privacy (engine/privacy.py): ``client`` level (DP-FedAvg, McMahan et al.
     2018) or ``sample`` level (DP-SGD in local training); epsilon at ``delta`` from dp-accounting."""
 
-    level: Literal["none", "client", "sample"] = "none"
-    clip: Annotated[float, Field(gt=0)] | None = 1.0  # S (client) or C (sample); null: no clipping
-    noise_multiplier: Annotated[float, Field(ge=0)] = 1.0  # z: noise std is z x clip
-    delta: Annotated[float, Field(gt=0, lt=1)] = 1.0e-5
+    level: Literal["none", "client", "sample"] = Field("none", description=(
+        "`client` (DP-FedAvg: clip each model change, noise on the sum) or `sample` (DP-SGD in local "
+        "training)"))
+    clip: Annotated[float, Field(gt=0)] | None = Field(1.0, description=(
+        "S (client level: norm of a client's model change) or C (sample level: norm of a sample's "
+        "gradient); null: no clipping (then no noise)"))  # S (client) or C (sample); null: no clipping
+    noise_multiplier: Annotated[float, Field(ge=0, description=(
+        "z: Gaussian noise of std z x clip (on the sum of clipped changes or of clipped gradients)"))] = 1.0  # z: noise std is z x clip
+    delta: Annotated[float, Field(gt=0, lt=1, description="epsilon is reported at this delta")] = 1.0e-5
 
     @model_validator(mode="after")
     def _noise_needs_clip(self) -> "PrivacyConfig":
@@ -189,27 +248,35 @@ class PrivacyConfig(_Section):
 
 
 class OutputConfig(_Section):
-    dir: str | None = None
-    overwrite: bool = False
-    progress: bool = True
-    save_model: bool = True
-    tensorboard: bool = False  # event files in output.dir/tensorboard (needs the tensorboard extra)
+    dir: str | None = Field(None, description=(
+        "the run folder (null: `runs/<algorithm>-<data>-<partition>-s<seed>-<time>`)"))
+    overwrite: bool = Field(False, description="an existing run folder is refused unless this is true")
+    progress: bool = Field(True, description="progress bar with the current accuracy (on a terminal)")
+    save_model: bool = Field(True, description="write `final_model.pt`")
+    tensorboard: bool = Field(False, description=(
+        "TensorBoard event files in `output.dir/tensorboard/` (needs the `tensorboard` extra)"))  # event files in output.dir/tensorboard (needs the tensorboard extra)
 
 
 class Config(_Section):
-    seed: Annotated[int, Field(ge=0)] = 0
+    seed: Annotated[int, Field(ge=0, description=(
+        "seeds model init, client sampling, batch order and the partition"))] = 0
     # modules imported before the rest is validated: they register their own algorithms,
     # models, datasets and partitions (fedrift.plugins; installed entry points load anyway)
-    plugins: list[str] = []
-    data: DataConfig = DataConfig()
-    partition: PartitionConfig = PartitionConfig()
-    model: ModelConfig = ModelConfig()
-    algorithm: AlgorithmConfig = AlgorithmConfig()
-    train: TrainConfig = TrainConfig()
-    engine: EngineConfig = EngineConfig()
-    eval: EvalConfig = EvalConfig()
-    privacy: PrivacyConfig = PrivacyConfig()
-    output: OutputConfig = OutputConfig()
+    plugins: list[str] = Field([], description=(
+        "your modules to import first, which register algorithms, models, datasets and partitions "
+        "(`plugins=[my_pkg.fl]` on the command line)"))
+    data: DataConfig = Field(DataConfig(), description="the dataset: a `name` plus that dataset's own options")
+    partition: PartitionConfig = Field(PartitionConfig(), description=(
+        "how the training set is split over clients: a `name` plus that partition's own options"))
+    model: ModelConfig = Field(ModelConfig(), description="the model: a `name` plus that model's own options")
+    algorithm: AlgorithmConfig = Field(AlgorithmConfig(), description=(
+        "the algorithm: a `name` plus that algorithm's own options"))
+    train: TrainConfig = Field(TrainConfig(), description="rounds, cohort and local training")
+    engine: EngineConfig = Field(EngineConfig(), description=(
+        "how the rounds run: executor, device, sampling, failures, checkpoints"))
+    eval: EvalConfig = Field(EvalConfig(), description="evaluation and diagnostics")
+    privacy: PrivacyConfig = Field(PrivacyConfig(), description="differential privacy")
+    output: OutputConfig = Field(OutputConfig(), description="the run folder")
 
 
 # ---------------------------------------------------------------------------------------
