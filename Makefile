@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup browser clean
+.PHONY: demo test setup browser clean docs docs-serve
 
 setup: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt $(PLUGIN)/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,privacy,ray,tune,tensorboard,text]' -e $(PLUGIN)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,privacy,ray,tune,tensorboard,text,docs]' -e $(PLUGIN)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[flower]' || { \
 	  $(BIN)/python -m pip install -q --no-deps 'flwr>=1.42,<2' && \
 	  $(BIN)/python -c "import importlib.metadata as m; print('\n'.join(r for r in m.requires('flwr') if 'extra ==' not in r and not r.startswith('certifi')))" > $(VENV)/flwr-requirements.txt && \
@@ -52,5 +52,19 @@ browser:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
 	fi
 
+# The documentation site: docs/ (Sphinx, MyST Markdown, furo) into docs/_build/html, offline.
+# Strict: a warning (a broken link or reference, a missing page or image, a config key without
+# a description) fails the build; --keep-going lists them all first. The reference pages and
+# the results figures are generated from the code and the committed runs as the build starts.
+DOCS_OUT := docs/_build/html
+docs: $(STAMP)
+	$(BIN)/python -m sphinx -b html -n -W --keep-going -q docs $(DOCS_OUT)
+	@echo "docs: $(DOCS_OUT)/index.html (make docs-serve serves it)"
+
+DOCS_PORT ?= 8000
+docs-serve: docs
+	@echo "docs: http://localhost:$(DOCS_PORT)/ (Ctrl-C stops)"
+	$(BIN)/python -m http.server $(DOCS_PORT) --directory $(DOCS_OUT)
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache docs/_build docs/_generated

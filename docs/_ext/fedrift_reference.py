@@ -1,0 +1,340 @@
+"""The reference pages generated from the code, so they cannot drift from it.
+
+Each ``*_page`` function takes the object it documents (the argparse parser, the pydantic
+config model, a registry) and returns Markdown; :func:`write_all` writes them into
+``docs/_generated/``, where the reference pages include them. As a Sphinx extension this
+module runs :func:`write_all` when the build starts, and fails the build (a warning under
+``-W``) for a config key without a description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable
+
+GENERATED = Path(__file__).resolve().parents[1] / "_generated"
+
+# Section titles of the config page, in the order a config file usually reads.
+SECTIONS = ("data", "partition", "model", "algorithm", "train", "engine", "eval", "privacy", "output")
+NAMED = {"data": "datasets", "partition": "partitions", "model": "models", "algorithm": "algorithms"}
+
+
+# ---------------------------------------------------------------------------------------
+# Small formatting helpers
+
+
+def cell(text: Any) -> str:
+    """A Markdown table cell: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def code(value: Any) -> str:
+    """A value as inline code, as a YAML file or the command line would write it."""
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(code(v).strip("`") for v in value) + "]"
+    else:
+        text = str(value)
+    return f"`{text}`" if "`" not in text else f"``{text}``"
+
+
+def type_name(annotation: Any) -> str:
+    """``int``, ``float | null``, ``list[int]``, ``str``: the type a key takes, as a reader writes it."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(dict.fromkeys(type_name(a) for a in args))
+    if origin is typing.Literal:
+        return "choice"
+    if origin in (list, tuple):
+        return f"list[{type_name(args[0])}]" if args else "list"
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+_BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def allowed(annotation: Any, metadata: Iterable[Any] = ()) -> str:
+    """What values a key takes: the literals, the bounds of its constraints, null."""
+    parts: list[str] = []
+
+    def walk(ann: Any, meta: Iterable[Any]) -> None:
+        origin = typing.get_origin(ann)
+        args = typing.get_args(ann)
+        for m in meta:
+            for attr, sym in _BOUNDS.items():
+                v = getattr(m, attr, None)
+                if v is not None:
+                    parts.append(f"{sym} {v}")
+        if origin is typing.Annotated:
+            walk(args[0], args[1:])
+        elif origin in (typing.Union, types.UnionType):
+            for a in args:
+                walk(a, ())
+        elif origin is typing.Literal:
+            parts.extend(code(a) for a in args)
+        elif ann is type(None):
+            parts.append("`null`")
+
+    walk(annotation, metadata)
+    return ", ".join(dict.fromkeys(parts))
+
+
+# ---------------------------------------------------------------------------------------
+# The CLI, from fedrift's argparse parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser, str]]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                out.append((name, sub, helps.get(name) or ""))
+    return out
+
+
+def _argument_rows(parser: argparse.ArgumentParser) -> list[str]:
+    rows = []
+    for a in parser._actions:
+        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        name = ", ".join(a.option_strings) if a.option_strings else (a.metavar or a.dest)
+        if a.option_strings and a.nargs != 0:
+            name += f" {a.metavar or a.dest.upper()}"
+        default = "" if a.default in (None, False, argparse.SUPPRESS) or not a.option_strings else code(a.default)
+        choices = ", ".join(code(c) for c in a.choices) if a.choices else ""
+        rows.append(f"| `{cell(name)}` | {default} | {choices} | {cell(a.help or '')} |")
+    return rows
+
+
+def cli_page(parser: argparse.ArgumentParser) -> str:
+    """Every command and subcommand of ``parser``: usage, description and arguments."""
+    lines = [f"`{parser.prog}`: {parser.description or ''}", ""]
+
+    def command(prefix: str, sub: argparse.ArgumentParser, help_: str, depth: int) -> None:
+        lines.extend([f"{'#' * depth} `{prefix}`", ""])
+        if help_:
+            lines.extend([help_[0].upper() + help_[1:] + ".", ""])
+        if sub.description:
+            lines.extend([sub.description, ""])
+        lines.extend(["```text", sub.format_usage().strip().removeprefix("usage: "), "```", ""])
+        rows = _argument_rows(sub)
+        if rows:
+            lines.extend(["| argument | default | choices | meaning |", "|---|---|---|---|", *rows, ""])
+        for name, child, child_help in _subparsers(sub):
+            command(f"{prefix} {name}", child, child_help, depth + 1)
+
+    for name, sub, help_ in _subparsers(parser):
+        command(f"{parser.prog} {name}", sub, help_, 2)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# The config keys, from the pydantic models
+
+
+def config_fields(model: type) -> list[tuple[str, Any]]:
+    """(key, FieldInfo) of every field of ``model`` and of its section models, dotted."""
+    out = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and hasattr(ann, "model_fields"):
+            out.extend((f"{name}.{k}", v) for k, v in config_fields(ann))
+        else:
+            out.append((name, info))
+    return out
+
+
+def missing_descriptions(model: type) -> list[str]:
+    """Config keys without a ``description=``: the build refuses them."""
+    return [key for key, info in config_fields(model) if not info.description]
+
+
+def config_page(model: type, names: dict[str, list[str]] | None = None) -> str:
+    """One table per section: key, type, default, allowed values, description. ``names``:
+    each named section's registered entries, listed as the allowed values of its ``name``."""
+    names = names or {}
+    fields = config_fields(model)
+    top = [(k, v) for k, v in fields if "." not in k]
+    groups: dict[str, list[tuple[str, Any]]] = {"": top}
+    for key, info in fields:
+        if "." in key:
+            groups.setdefault(key.split(".", 1)[0], []).append((key, info))
+    lines: list[str] = []
+    for section, items in groups.items():
+        title = f"`{section}`" if section else "Top level"
+        lines.extend([f"## {title}", ""])
+        if section:
+            lines.extend([model.model_fields[section].description[0].upper() + model.model_fields[section].description[1:] + ".", ""])
+        if section in NAMED:
+            lines.extend([f"Besides these keys the section takes the chosen entry's own options: see "
+                          f"[{NAMED[section]}]({NAMED[section]}.md).", ""])
+        lines.extend(["| key | type | default | allowed | description |", "|---|---|---|---|---|"])
+        for key, info in items:
+            default = info.get_default(call_default_factory=True)
+            if hasattr(default, "model_dump"):
+                continue  # a section: its keys follow
+            allow = allowed(info.annotation, info.metadata)
+            if key.endswith(".name") and key.split(".")[0] in names:
+                allow = ", ".join(code(n) for n in names[key.split(".")[0]])
+            lines.append(f"| `{key}` | {cell(type_name(info.annotation))} | {code(default)} | {cell(allow)} | "
+                         f"{cell(info.description or '')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Registry entries: algorithms, datasets, partitions, models
+
+
+def options_table(params: type | None) -> list[str]:
+    """An entry's options (a pydantic dataclass): name, type, default, allowed values."""
+    fields = getattr(params, "__pydantic_fields__", None) if params is not None else None
+    if not fields:
+        return ["No options.", ""]
+    lines = ["| option | type | default | allowed |", "|---|---|---|---|"]
+    for name, info in fields.items():
+        default = info.get_default(call_default_factory=True)
+        lines.append(f"| `{name}` | {cell(type_name(info.annotation))} | {code(default)} | "
+                     f"{cell(allowed(info.annotation, info.metadata))} |")
+    return [*lines, ""]
+
+
+def _docstring(obj: Any) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return doc
+
+
+def _own_doc(params: type | None) -> str:
+    """The options class's own docstring (not one it inherits, nor the generated dataclass one)."""
+    if params is None:
+        return ""
+    doc = params.__dict__.get("__doc__") or ""
+    if not doc or doc.startswith(params.__name__ + "("):
+        return ""
+    return inspect.cleandoc(doc)
+
+
+def fence(text: str) -> list[str]:
+    """A docstring shown as written (its math uses ``*``, ``_`` and ``|`` freely)."""
+    return ["```text", text, "```", ""]
+
+
+def registry_page(registry: Any, kind: str) -> str:
+    """Every entry of ``registry``: its line, its options, and where it is defined."""
+    lines = [f"{len(registry.names())} {kind}: " + ", ".join(f"[`{n}`](#{kind}-{n.replace('_', '-')})"
+                                                       for n in registry.names()) + ".", ""]
+    for entry in registry:
+        module = entry.factory.__module__
+        lines.extend([f"({kind}-{entry.name.replace('_', '-')})=", f"## `{entry.name}`", "", cell(entry.doc), "",
+                      f"Defined in `{module}` ({entry.source}).", ""])
+        own = _own_doc(entry.params)
+        if own:
+            lines.extend(fence(own))
+        lines.extend(options_table(entry.params))
+    return "\n".join(lines)
+
+
+def algorithms_page(registry: Any, default_space: Any, lr_space: dict[str, str]) -> str:
+    """Every algorithm, grouped by the module that defines it: the module docstring (the
+    paper, its equations, the released code and where fedrift departs), then per algorithm
+    its line, options with defaults and ``fedrift tune``'s default search space."""
+    by_module: dict[str, list[Any]] = {}
+    for entry in registry:
+        by_module.setdefault(entry.factory.__module__, []).append(entry)
+    lines = [f"{len(registry.names())} algorithms in {len(by_module)} modules. Every one also takes "
+             "`aggregation` (`samples`, the default, or `uniform`). `fedrift tune` searches "
+             + ", ".join(f"`{k}` `{v}`" for k, v in lr_space.items())
+             + " for every algorithm, plus the space listed under each.", ""]
+    for module, entries in by_module.items():
+        names = ", ".join(e.name for e in entries)
+        lines.extend([f"## {names}", "", f"`{module}`", ""])
+        mod_doc = _docstring(importlib.import_module(module))
+        if mod_doc:
+            lines.extend(fence(mod_doc))
+        for entry in entries:
+            lines.extend([f"({'algorithm'}-{entry.name.replace('_', '-')})=", f"### `{entry.name}`", "",
+                          cell(entry.doc), ""])
+            own = _own_doc(entry.params)
+            if own:
+                lines.extend(fence(own))
+            lines.extend(options_table(entry.params))
+            space = {k: v for k, v in default_space(entry.name).items() if k not in lr_space}
+            if space:
+                lines.extend(["Tuning space (`fedrift tune`): " + ", ".join(f"`{k}` `{v}`" for k, v in space.items())
+                              + ".", ""])
+            else:
+                lines.extend(["Tuning space (`fedrift tune`): the learning rate only.", ""])
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Writing the pages
+
+
+def pages() -> dict[str, str]:
+    """Every generated page's file name and text, from the installed fedrift."""
+    from fedrift.algorithms import ALGORITHMS
+    from fedrift.cli import _parser
+    from fedrift.config import Config
+    from fedrift.data import DATASETS
+    from fedrift.data.partition import PARTITIONS
+    from fedrift.experiments.space import LR_SPACE, default_space
+    from fedrift.models import MODELS
+
+    names = {"data": DATASETS.names(), "partition": PARTITIONS.names(), "model": MODELS.names(),
+             "algorithm": ALGORITHMS.names()}
+    return {
+        "cli.md": cli_page(_parser()),
+        "config.md": config_page(Config, names),
+        "algorithms.md": algorithms_page(ALGORITHMS, default_space, LR_SPACE),
+        "datasets.md": registry_page(DATASETS, "dataset"),
+        "partitions.md": registry_page(PARTITIONS, "partition"),
+        "models.md": registry_page(MODELS, "model"),
+    }
+
+
+def write_all(folder: Path = GENERATED) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in pages().items():
+        path = folder / name
+        if not path.is_file() or path.read_text() != text:  # unchanged files keep their time: no rebuild
+            path.write_text(text)
+        written.append(path)
+    return written
+
+
+def _on_builder_inited(app: Any) -> None:
+    from sphinx.util import logging
+
+    from fedrift.config import Config
+
+    log = logging.getLogger(__name__)
+    for key in missing_descriptions(Config):
+        log.warning(f"config key {key} has no description= in src/fedrift/config.py; the config reference needs one")
+    write_all()
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("builder-inited", _on_builder_inited)
+    return {"parallel_read_safe": True, "version": "1"}
+
+
+if __name__ == "__main__":
+    for p in write_all():
+        print(p)

@@ -1,0 +1,44 @@
+"""Sphinx configuration of fedrift's documentation (make docs; make docs-serve).
+
+Markdown pages (MyST) in the furo theme, as Flower's, Optuna's and Ray's sites are built.
+The reference pages include files that ``_ext/fedrift_reference.py`` generates from the code
+when the build starts, and the results page's figures are drawn by ``results/figures.py``
+from the committed runs, so neither can drift from what they describe. Nothing is fetched:
+the build runs offline.
+"""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "_ext"))
+
+project = "fedrift"
+author = "the fedrift authors"
+copyright = "the fedrift authors, Apache-2.0"
+from fedrift.version import __version__ as release  # noqa: E402
+
+version = release
+
+extensions = ["myst_parser", "sphinx.ext.autodoc", "fedrift_reference", "fedrift_figures"]
+source_suffix = {".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "_generated", "README.md", "**/*-prose.md", "index-intro.md"]
+myst_heading_anchors = 3
+myst_enable_extensions = ["colon_fence"]
+html_theme = "furo"
+html_title = f"fedrift {release}"
+html_static_path = []
+# Strict: every cross-reference must resolve (make docs adds -n -W --keep-going).
+nitpicky = True
+# autodoc: signatures as written; the types are named in the docstrings.
+autodoc_typehints = "none"
+autodoc_member_order = "bysource"
+# Internal modules and functions that public docstrings point to for detail; they are not part
+# of the API page (the Python API is the names ``fedrift`` exports).
+nitpick_ignore = [
+    ("py:func", "fedrift.engine.loop.run_federation"),
+    ("py:mod", "fedrift.report.table"),
+    ("py:mod", "fedrift.report.paired"),
+    ("py:func", "apply_overrides"),
+]
