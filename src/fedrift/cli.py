@@ -12,7 +12,7 @@ from fedrift.errors import ConfigError, FedriftError, writing
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedrift", description="Federated learning under client drift.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{run,compare,tune,report,list,partition,download,flower}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{run,compare,tune,select,study,report,list,partition,download,flower}")
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
@@ -112,6 +112,23 @@ def _parser() -> argparse.ArgumentParser:
                       help="fetch URL/<archive file name> instead of the official host (default: $FEDRIFT_DOWNLOAD_MIRROR)")
     down.add_argument("--force", action="store_true", help="download again even if a complete copy is there")
 
+    study = sub.add_parser(
+        "study", help="a paper's table (or your own) as one resumable command: a study file's tunes, runs and report",
+        description="A study file (YAML) names the base config, the entries, what is tuned, the seeds, the sweeps, "
+        "the reference, the published table and the claims; fedrift study run tunes what is not tuned, runs what is "
+        "not run (the reference first; every entry's tune and seed 0 before any other seed) and reports what finished.",
+    )
+    ssub = study.add_subparsers(dest="study_command", required=True, metavar="{run,status}")
+    srun = ssub.add_parser("run", help="tune, run and report what is left (resumable: the same command continues)")
+    srun.add_argument("file", metavar="FILE", help="the study file")
+    srun.add_argument("--out", default=None, help="the study's folder (default: the file's out:, else runs/study-<name>)")
+    srun.add_argument("--budget", default=None, help="stop as at Ctrl-C after this long (15m, 2h, 900s); run again to go on")
+    srun.add_argument("--jobs", type=int, default=None, help="trials and runs at once, in processes (default: the file's jobs:, 1)")
+    srun.add_argument("--no-report", action="store_true", help="the tables only, no figures or report.html")
+    sstat = ssub.add_parser("status", help="finished, running and left, with the measured cost and the rest's estimate")
+    sstat.add_argument("file", metavar="FILE", help="the study file")
+    sstat.add_argument("--out", default=None, help="the study's folder (default: the file's out:, else runs/study-<name>)")
+
     flower = sub.add_parser("flower", help="deploy a config with Flower (SuperLink, SuperNodes): pip install 'fedrift[flower]'")
     fsub = flower.add_subparsers(dest="flower_command", required=True, metavar="{app}")
     app = fsub.add_parser(
@@ -159,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "tune":
             message = ("interrupted; the trials in progress were stopped and recorded as interrupted; run the same "
                        "fedrift tune command again to continue (finished trials are kept, interrupted ones run again)")
+        elif args.command == "study":
+            message = ("interrupted; the trials or runs in progress were stopped and recorded as interrupted; run the "
+                       "same fedrift study run command again to continue (finished trials and runs are kept)")
         elif args.command == "select":
             message = ("interrupted; the trials or runs in progress were stopped and recorded as interrupted; run the "
                        "same fedrift select command again to continue (finished trials and runs are kept)")
@@ -168,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"run": _run, "compare": _compare, "tune": _tune, "select": _select, "report": _report, "list": _list,
-                "download": _download, "partition": _partition, "flower": _flower}
+                "download": _download, "partition": _partition, "flower": _flower, "study": _study}
     return commands[args.command](args)
 
 
@@ -361,6 +381,18 @@ def _download(args: argparse.Namespace) -> int:
     from fedrift.data.download import download
 
     print(download(args.name, Path(args.root).expanduser(), mirror=args.mirror, force=args.force))
+    return 0
+
+
+def _study(args: argparse.Namespace) -> int:
+    if args.study_command == "status":
+        from fedrift.experiments.study_status import study_status
+
+        print("\n".join(study_status(args.file, args.out)))
+        return 0
+    from fedrift.experiments.study_run import run_study
+
+    run_study(args.file, out=args.out, budget=args.budget, jobs=args.jobs, report=not args.no_report)
     return 0
 
 

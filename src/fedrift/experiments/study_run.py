@@ -1,0 +1,430 @@
+"""``fedrift study run FILE``: a study file's tunes and runs, most informative first, resumable, then its report.
+
+The order
+    The reference entry first, then the others in the file's order: each entry's tune (when the
+    study tunes it) and its seed-0 runs (every swept value), so that after k steps the first k
+    entries stand beside the reference on one seed; then every entry's seed 1, then seed 2 ...
+    A tune at the runs' rounds and seed gives an entry's seed-0 runs for free (compare copies
+    the chosen trial: :func:`fedrift.experiments.grid.copy_trial`).
+
+The machinery is ``fedrift tune``'s and ``fedrift compare``'s, called as they are
+    One tune folder (``folders.tune``: one Optuna study per entry, ``best.yaml``) and one compare
+    root (``folders.runs``), laid out as those commands lay them out, so a study runs over the
+    folders of earlier hand-run tunes and compares, and reruns nothing they finished: a trial
+    or run is finished by their rules (a completed trial is kept; a run whose ``summary.json``
+    says completed and whose config is the one wanted is reused). Each step is one ``tune``
+    (the entries so far) or one ``compare`` (the entries of the step, ``--jobs`` processes).
+    Killed at any point (SIGKILL too), the next ``study run`` continues: finished trials and
+    runs are kept, stopped runs continue from their checkpoints.
+
+What the study adds
+    - Every entry takes its own values: its tune's best, the ``tuned:`` file's (entries the
+      study does not tune), else the config's (``<tune>/study-best.yaml``, what compare reads).
+    - ``<runs>/study.json`` records each entry's settings (its hash: the entry, the base it runs
+      on, its tuning or values) and each tune study's space. The next run says which entries are
+      new (tuned and run alone), changed (said with the keys that changed; its tune starts again
+      when its space changed, the old study moved to ``<tune>/retired/``; its runs rerun where
+      their config changed) or gone (kept on disk, no longer reported).
+    - ``--budget 15m`` stops the study as a Ctrl-C does when the time is up (the trial or run in
+      progress records itself as interrupted; nothing finished is lost) and writes the report of
+      what finished; the same command continues it.
+    - The report (``<runs>/report.html``, ``results.md``, ``claims.md``, and ``study.md`` which
+      holds them with the progress): compare's report of the whole grid, with the published
+      table (``report.paper``) and the claims (``report.claims``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+
+from fedrift.errors import ConfigError, writing
+from fedrift.experiments.study_file import Entry, Study, load_study
+from fedrift.experiments.study_status import finished_trials, progress, tune_target
+from fedrift.report.table import flatten
+
+LEDGER = "study.json"
+VALUES = "study-best.yaml"  # in the tune folder: every entry's values, what compare's tuned= reads
+RETIRED = "retired"
+STUDY_MD = "study.md"
+
+Echo = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    """What a ``study run`` did: finished, or stopped by the budget; where its report is."""
+
+    finished: bool
+    budget_hit: bool = False
+    report: Path | None = None
+    lines: list[str] = field(default_factory=list)  # the progress, as study.md says it
+
+
+class _Budget:
+    """``--budget``: a Ctrl-C to this process (SIGINT, which tune and compare handle: the work
+    in progress records itself as interrupted) when the time is up."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.hit = False
+        self._timer = None if seconds is None else threading.Timer(max(0.0, seconds), self._fire)
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        self.hit = True
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+# ---------------------------------------------------------------------------------------
+# The tune folder
+
+
+def _tune_studies(study: Study) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every tuned entry's :class:`fedrift.experiments.tune.Study` (built and validated by
+    ``build_tune``, entries of one space together) and the tune's description without studies."""
+    from fedrift.experiments.tune import build_tune
+
+    t = study.file.tune
+    groups: dict[str, list[Entry]] = {}
+    for e in study.tuned_entries:
+        groups.setdefault(json.dumps(e.space, sort_keys=True, default=str), []).append(e)
+    built: dict[str, Any] = {}
+    head: dict[str, Any] = {}
+    for entries in groups.values():
+        space = {k: v for k, v in entries[0].space.items()
+                 if "." in k or any(_takes(e.name, k) for e in entries)}
+        tune = build_tune(study.config, [e.entry for e in entries], space, study.tune_overrides, study.tune_dir,
+                          t.trials, 0, t.pruner)
+        head = {k: v for k, v in tune.description.items() if k != "studies"}
+        for s in tune.studies:
+            built[s.entry] = (s, tune.description["studies"][s.name])
+    return built, head
+
+
+def _takes(name: str, key: str) -> bool:
+    from fedrift.experiments.space import takes
+
+    return takes(name, key)
+
+
+def _storage(study: Study) -> str:
+    from fedrift.experiments.tune import STUDY_DB
+
+    return f"sqlite:///{(study.tune_dir / STUDY_DB).resolve()}"
+
+
+def _retire(study: Study, name: str, echo: Echo) -> Path:
+    """Move study ``name`` (its Optuna study and its trial folders) to ``<tune>/retired/NAME-K``."""
+    from fedrift.experiments.studies import load_optuna
+
+    optuna = load_optuna()
+    k = 1
+    while (study.tune_dir / RETIRED / f"{name}-{k}").exists():
+        k += 1
+    dest = study.tune_dir / RETIRED / f"{name}-{k}"
+    dest.mkdir(parents=True)
+    try:
+        optuna.copy_study(from_study_name=name, from_storage=_storage(study),
+                          to_storage=f"sqlite:///{(dest / 'study.db').resolve()}")
+        optuna.delete_study(study_name=name, storage=_storage(study))
+    except KeyError:  # no such study in the database: only its folders
+        pass
+    trials = study.tune_dir / "trials" / name
+    if trials.is_dir():
+        (dest / "trials").mkdir()
+        shutil.move(str(trials), str(dest / "trials" / name))
+    return dest
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
+    """Written whole or not at all (a kill mid-write leaves the old file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _check_tune_head(study: Study, head: Mapping[str, Any]) -> None:
+    """The tune folder goes on with the tune it holds: the same base config, sampler seed and
+    pruner (its studies may grow, shrink or change one by one: the study handles those)."""
+    from fedrift.experiments.tune import DESCRIPTION
+
+    stored = _read_json(study.tune_dir / DESCRIPTION)
+    if not stored:
+        return
+    now = json.loads(json.dumps(head, default=str))
+    there, here = flatten({k: stored.get(k) for k in now}), flatten(now)
+    diff = [f"{k}: {there.get(k, '<absent>')!r} there, {here.get(k, '<absent>')!r} here"
+            for k in sorted(set(there) | set(here)) if there.get(k, "<absent>") != here.get(k, "<absent>")]
+    if diff:
+        raise ConfigError(f"study: the tune folder {str(study.tune_dir)!r} holds a tune of another base config "
+                          f"({'; '.join(diff[:3])}{' ...' if len(diff) > 3 else ''}); allowed: the study's base, "
+                          "overrides and tune: as they were, or another out: or folders.tune")
+
+
+def _tune_step(study: Study, upto: Sequence[Entry], built: Mapping[str, Any], head: Mapping[str, Any],
+               ledger: dict[str, Any], jobs: int, echo: Echo) -> bool:
+    """Tune the last of ``upto`` (its study joining those of the entries before it): nothing
+    when its study is finished with the same space. A study of another space is retired first.
+    Returns whether trials ran."""
+    from fedrift.experiments.tune import DESCRIPTION, Tune, run_tune, write_results
+
+    entry = upto[-1]
+    tstudy, spec = built[entry.entry]
+    known = ledger.setdefault("tune", {})
+    stored = _read_json(study.tune_dir / DESCRIPTION).get("studies") or {}
+    old = known.get(tstudy.name) or stored.get(tstudy.name)
+    have = finished_trials(study, tstudy.name)
+    if old is not None and old != spec and (have is not None or (study.tune_dir / "trials" / tstudy.name).is_dir()):
+        what = "; ".join(f"{k}: {v!r} there, {spec.get('space', {}).get(k, '<absent>')!r} here"
+                         for k, v in (old.get("space") or {}).items() if (spec.get("space") or {}).get(k) != v) \
+            or "its entry or space"
+        dest = _retire(study, tstudy.name, echo)
+        echo(f"{entry.entry}: its tune's space changed ({what}); its trials are moved to {dest}, its tune starts again")
+        have = None
+    if have is not None and have >= tune_target(study, entry) and (old is None or old == spec):
+        known[tstudy.name] = spec
+        return False
+    wanted = [built[e.entry] for e in upto if e.tuned]
+    names = {s.name for s, _ in wanted}
+    with writing("out", "; allowed: a folder this user can create and write", "create or write"):
+        study.tune_dir.mkdir(parents=True, exist_ok=True)
+    _check_tune_head(study, head)
+    if (study.tune_dir / DESCRIPTION).is_file():  # the tune goes on with the entries so far (the others stay in
+        desc = _read_json(study.tune_dir / DESCRIPTION)  # its database and in the ledger)
+        desc["studies"] = {k: v for k, v in (desc.get("studies") or {}).items() if k in names}
+        _write_json(study.tune_dir / DESCRIPTION, desc)
+    known[tstudy.name] = spec
+    _save_ledger(study, ledger)
+    tune = Tune(study.tune_dir, [s for s, _ in wanted], study.file.tune.trials, int(head.get("seed", 0)),
+                str(head.get("pruner", "median")), {**head, "studies": {s.name: d for s, d in wanted}})
+    echo(f"== study: tune {entry.entry} ({tune_target(study, entry)} trials, in {study.tune_dir})")
+    run_tune(tune, jobs, echo)
+    write_results(tune, echo, figures=False)
+    return True
+
+
+def _values(study: Study, entries: Sequence[Entry], built: Mapping[str, Any], echo: Echo) -> Path | None:
+    """``<tune>/study-best.yaml``: each entry's values (its tune's best, the ``tuned:`` file's,
+    or none: the config's), what compare's ``tuned=`` reads (by entry, so that an entry not
+    tuned never takes another entry's values by its algorithm name). None when no entry
+    takes any."""
+    from fedrift.experiments.tune import Tune, write_results
+    from fedrift.experiments.tuned import BEST, read_tuned
+
+    if not study.tuned_entries and not study.table:
+        return None
+    tuned = [e for e in entries if e.tuned]
+    best = read_tuned(study.tune_dir) if (study.tune_dir / BEST).is_file() else {}
+    if any(e.entry not in best for e in tuned):  # a tune stopped after its trials, before its best.yaml
+        done = [built[e.entry] for e in study.tuned_entries if finished_trials(study, built[e.entry][0].name)]
+        tune = Tune(study.tune_dir, [s for s, _ in done], study.file.tune.trials, 0, study.file.tune.pruner,
+                    {"studies": {s.name: d for s, d in done}})
+        write_results(tune, lambda _m: None, figures=False)
+        best = read_tuned(study.tune_dir)
+    doc: dict[str, Any] = {}
+    for e in entries:
+        if e.tuned:
+            if e.entry not in best:
+                raise ConfigError(f"study: {e.entry}: its tune in {study.tune_dir} chose no values (no trial "
+                                  "finished); see its tune.md")
+            doc[e.entry] = best[e.entry]
+        else:  # the tuned: file's values, else none (base {}: nothing to check against)
+            doc[e.entry] = study.table_values(e) or {"overrides": {}, "base": {}}
+    with writing("out", "; allowed: a folder this user can create and write", "create or write"):
+        study.tune_dir.mkdir(parents=True, exist_ok=True)
+        path = study.tune_dir / VALUES
+        path.write_text("# fedrift study: each entry's values (its tune's best, the study's tuned: file's, or none: the "
+                        "config's); what compare's tuned= reads\n" + yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# The ledger: what the last run knew of each entry
+
+
+def _ledger_path(study: Study) -> Path:
+    return study.runs_dir / LEDGER
+
+
+def _save_ledger(study: Study, ledger: Mapping[str, Any]) -> None:
+    with writing("out", "; allowed: a folder this user can create and write", "create or write"):
+        study.runs_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(_ledger_path(study), ledger)
+
+
+def _changes(study: Study, old: Mapping[str, Any]) -> list[str]:
+    """Lines saying which entries are new, changed (and in what) or gone since the last run."""
+    before = old.get("entries") or {}
+    lines = []
+    for e in study.entries:
+        was = before.get(e.entry)
+        if was is None:
+            if before:
+                lines.append(f"{e.entry}: new since the last run: tuned and run alone" if e.tuned
+                             else f"{e.entry}: new since the last run: run alone")
+        elif was.get("hash") != study.entry_hash(e):
+            a, b = flatten(was.get("settings") or {}), flatten(json.loads(json.dumps(study.settings(e), default=str)))
+            keys = [k for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+            shown = "; ".join(f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in keys[:3])
+            lines.append(f"{e.entry}: changed since the last run ({shown}{' ...' if len(keys) > 3 else ''}): its tune "
+                         "and runs are checked again and rerun where they changed; the other entries are kept")
+    names = {e.entry for e in study.entries}
+    lines += [f"{name}: no longer in the study; its tune and runs are kept on disk, not reported"
+              for name in before if name not in names]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
+# Running
+
+
+def _run_step(study: Study, entries: Sequence[Entry], seed: int, values: Path | None, jobs: int,
+              verbose: bool) -> None:
+    from fedrift.experiments.compare import compare
+
+    compare(study.config, algorithms=[e.entry for e in entries], seeds=[seed], sweep=study.sweep or None,
+            overrides=study.overrides, out=study.runs_dir, jobs=jobs, report=False, verbose=verbose,
+            tuned=values)
+
+
+def run_study(path: str | Path, out: str | Path | None = None, budget: str | float | None = None,
+              jobs: int | None = None, verbose: bool = True, report: bool = True) -> Outcome:
+    """Tune what is not tuned, run what is not run, report what is finished (module docstring).
+    ``budget``: a duration (``15m``, ``2h``, seconds) after which the study stops as at Ctrl-C.
+    A Ctrl-C raises KeyboardInterrupt after the work in progress recorded itself; the budget's
+    stop returns an :class:`Outcome` that is not ``finished``."""
+    from fedrift.experiments.grid import build_grid
+    from fedrift.experiments.select import parse_duration
+    from fedrift.report.html import ReportOptions
+
+    echo: Echo = print if verbose else (lambda _m: None)
+    study = load_study(path, out)
+    jobs = jobs if jobs is not None else study.file.jobs
+    if jobs < 1:
+        raise ConfigError(f"--jobs: must be at least 1 (got {jobs})")
+    seconds = parse_duration(str(budget)) if budget is not None else None
+    if seconds is not None and seconds <= 0:
+        raise ConfigError(f"--budget: {budget!r} is no time; allowed: a positive duration such as 15m")
+    # everything is validated before anything runs: every run of the grid, every tune study
+    grid = build_grid(study.config, [e.entry for e in study.entries], study.seeds, study.sweep or None,
+                      study.overrides, study.runs_dir, jobs)
+    built, head = _tune_studies(study) if study.tuned_entries else ({}, {})
+    if study.tuned_entries:
+        from fedrift.experiments.studies import load_optuna
+
+        load_optuna()
+    opts = ReportOptions.parse(study.report)
+    old = _read_json(_ledger_path(study))
+    for line in _changes(study, old):
+        echo(line)
+    ledger: dict[str, Any] = {
+        "version": 1, "file": str(study.path), "order": [e.entry for e in study.entries], "seeds": study.seeds,
+        "entries": {e.entry: {"hash": study.entry_hash(e), "tuned": e.tuned,
+                              "study": e.study_name if e.tuned else None,
+                              "dirs": [s.dir for s in grid.settings if s.algorithm == e.entry],
+                              "settings": json.loads(json.dumps(study.settings(e), default=str))}
+                    for e in study.entries},
+        "tune": dict(old.get("tune") or {}),
+    }
+    _save_ledger(study, ledger)
+    description = {**grid.description, "report": opts.as_json(), "study": str(study.path)}
+    timer = _Budget(seconds)
+    finished = False
+    try:
+        for k, entry in enumerate(study.entries):  # each entry's tune and seed 0, the reference first
+            if entry.tuned:
+                _tune_step(study, study.entries[:k + 1], built, head, ledger, jobs, echo)
+            values = _values(study, study.entries[:k + 1], built, echo)
+            echo(f"== study: {entry.entry}, seed {study.seeds[0]}")
+            _run_step(study, [entry], study.seeds[0], values, jobs, verbose)
+        for seed in study.seeds[1:]:  # then each seed of every entry
+            echo(f"== study: seed {seed} of every entry")
+            _run_step(study, study.entries, seed, values, jobs, verbose)
+        finished = True
+    except KeyboardInterrupt:
+        if not timer.hit:
+            timer.cancel()
+            _write_description(study, description)
+            raise
+    finally:
+        timer.cancel()
+    _save_ledger(study, ledger)
+    try:
+        return _finish(study, description, opts, finished, timer.hit, seconds, report, echo)
+    except KeyboardInterrupt:
+        if timer.hit and not finished:  # the budget's signal came as the last step ended
+            return _finish(study, description, opts, finished, True, seconds, report, echo)
+        raise
+
+
+def _write_description(study: Study, description: Mapping[str, Any]) -> None:
+    """The whole grid's ``compare.json`` (each step's compare wrote its own part's)."""
+    from fedrift.experiments.grid import GRID_FILE
+
+    if study.runs_dir.is_dir():
+        _write_json(study.runs_dir / GRID_FILE, description)
+
+
+def _finish(study: Study, description: Mapping[str, Any], opts: Any, finished: bool, budget_hit: bool,
+            seconds: float | None, report: bool, echo: Echo) -> Outcome:
+    from fedrift.report.html import build_report, write_tables
+
+    _write_description(study, description)
+    lines = progress(study)
+    outcome = Outcome(finished, budget_hit and not finished, lines=lines)
+    if any(study.runs_dir.glob("*/seed*/summary.json")):
+        if report:
+            _, html = build_report(study.runs_dir, opts, echo=echo)
+            outcome.report = html
+        else:
+            write_tables(study.runs_dir, opts, echo=echo)
+        _write_markdown(study, lines)
+    for line in lines:
+        echo(line)
+    if outcome.budget_hit:
+        from fedrift.report.select_page import duration_text
+
+        echo(f"study: stopped at the budget ({duration_text(seconds or 0)}); what finished is kept: run the same "
+             f"command again to continue")
+    elif finished:
+        echo(f"study: finished; report in {outcome.report or study.runs_dir / 'results.md'}")
+    return outcome
+
+
+def _write_markdown(study: Study, lines: Sequence[str]) -> None:
+    """``study.md``: how to reproduce, the progress, the table and the claims in one page."""
+    parts = [f"# Study {study.path.name}", "",
+             f"Reproduce (resumable; `fedrift study status {study.path}` says what is left): "
+             f"`fedrift study run {study.path}`", "", "## Progress", "", *[f"- {line}" for line in lines], ""]
+    for title, name in (("Results", "results.md"), ("Claims", "claims.md")):
+        p = study.runs_dir / name
+        if p.is_file():
+            parts += [f"## {title}", "", p.read_text().rstrip(), ""]
+    with writing("report", f"; the runs in {study.runs_dir} are unchanged; allowed: a folder this user can write"):
+        (study.runs_dir / STUDY_MD).write_text("\n".join(parts))
+
+
+__all__ = ["LEDGER", "Outcome", "VALUES", "run_study"]

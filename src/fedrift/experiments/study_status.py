@@ -1,0 +1,174 @@
+"""``fedrift study status FILE``: what a study has finished, what is running, what is left, and
+an estimate of the rest from the cost measured so far.
+
+Read from the folders alone (no data is loaded, nothing is validated but the study file): the
+tune folder's database (finished trials of each entry's study), the run folders' summaries, and
+``<runs>/study.json`` (the folders of each entry's runs, its settings' hash). An entry new or
+changed since the last ``study run`` is said so; its runs count as left. The estimate is the
+seconds a round measured here (each entry's own runs and trials, else all of them) times the
+rounds left, in one process (``--jobs N`` divides it by about N).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from fedrift.config import entry_doc
+from fedrift.engine.folder_lock import LOCK_NAME
+from fedrift.experiments.study_file import Entry, Study, load_study
+
+FINISHED = ("completed", "diverged", "no_clients")  # compare's finished runs: not run again
+
+
+def tune_target(study: Study, entry: Entry) -> int:
+    """The trials an entry's tune runs: the study's ``trials``, at most its grid's size."""
+    from fedrift.experiments.space import resolve_space
+
+    if study.file.tune is None or not entry.tuned:
+        return 0
+    dims = resolve_space(entry.name, entry.space)
+    size = math.prod(len(d.choices) for d in dims) if all(d.kind == "choice" for d in dims) else None
+    return min(study.file.tune.trials, size) if size is not None else study.file.tune.trials
+
+
+def finished_trials(study: Study, name: str) -> int | None:
+    """Finished (complete or pruned) trials of the tune folder's study ``name``; None without one."""
+    from fedrift.experiments.studies import finished_trials as finished, load_optuna
+    from fedrift.experiments.tune import STUDY_DB
+
+    db = study.tune_dir / STUDY_DB
+    if not db.is_file():
+        return None
+    optuna = load_optuna()
+    try:
+        st = optuna.load_study(study_name=name, storage=f"sqlite:///{db.resolve()}")
+    except KeyError:
+        return None
+    return len(finished(st))
+
+
+def _summary(d: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((d / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def holder(folder: Path) -> str | None:
+    """The live process holding a fedrift folder lock (``pid N on HOST since ...``), else None."""
+    try:
+        text = (folder / LOCK_NAME).read_text().strip()
+    except OSError:
+        return None
+    parts = text.split()
+    if len(parts) < 4 or parts[0] != "pid" or not parts[1].isdigit():
+        return None
+    if parts[3] != socket.gethostname():
+        return text  # another machine's: cannot be checked from here
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return text
+
+
+def _rounds(study: Study, entry: Entry, tune: bool = False) -> int:
+    doc = entry_doc(study.base, entry.entry)
+    if tune and study.file.tune is not None and study.file.tune.rounds is not None:
+        return study.file.tune.rounds
+    return int((doc.get("train") or {}).get("rounds") or 50)
+
+
+def entry_progress(study: Study, entry: Entry, ledger: dict[str, Any]) -> dict[str, Any]:
+    """An entry's trials (finished, target) and runs (finished, stopped, total), whether it is
+    new or changed since the last run, and the seconds a round its runs and trials took."""
+    combos = math.prod(len(v) for v in study.sweep.values()) if study.sweep else 1
+    total = combos * len(study.seeds)
+    known = (ledger.get("entries") or {}).get(entry.entry)
+    state = "new" if known is None else "changed" if known.get("hash") != study.entry_hash(entry) else ""
+    finished = stopped = 0
+    per_round: list[float] = []
+    for d in (known or {}).get("dirs") or []:
+        for seed in study.seeds:
+            run = study.runs_dir / d / f"seed{seed}"
+            s = _summary(run)
+            if s.get("status") in FINISHED:
+                finished += 1
+                if s.get("seconds_per_round"):
+                    per_round.append(float(s["seconds_per_round"]))
+            elif s or (run / "metrics.jsonl").is_file():
+                stopped += 1
+    trials = target = 0
+    if entry.tuned:
+        target = tune_target(study, entry)
+        trials = finished_trials(study, entry.study_name) or 0
+        for t in (study.tune_dir / "trials" / entry.study_name).glob("trial*"):
+            s = _summary(t)
+            if s.get("status") == "completed" and s.get("seconds_per_round"):
+                per_round.append(float(s["seconds_per_round"]))
+    return {"entry": entry.entry, "state": state, "trials": trials, "target": target, "runs": finished,
+            "stopped": stopped, "total": total, "per_round": sum(per_round) / len(per_round) if per_round else None}
+
+
+def progress(study: Study) -> list[str]:
+    """One line per entry and a last line with the totals and the estimate of the rest."""
+    from fedrift.report.select_page import duration_text
+
+    ledger = {}
+    try:
+        ledger = json.loads((study.runs_dir / "study.json").read_text())
+    except (OSError, ValueError):
+        pass
+    rows = [entry_progress(study, e, ledger) for e in study.entries]
+    measured = [r["per_round"] for r in rows if r["per_round"] is not None]
+    overall = sum(measured) / len(measured) if measured else None
+    lines, left_s, unknown = [], 0.0, False
+    for e, r in zip(study.entries, rows):
+        cost = r["per_round"] if r["per_round"] is not None else overall
+        trials_left = max(0, r["target"] - r["trials"])
+        runs_left = r["total"] - r["runs"]
+        rounds_left = trials_left * _rounds(study, e, tune=True) + runs_left * _rounds(study, e)
+        if cost is None and rounds_left:
+            unknown = True
+        left_s += (cost or 0.0) * rounds_left
+        parts = [f"tune {r['trials']}/{r['target']} trials" if e.tuned else "not tuned",
+                 f"runs {r['runs']}/{r['total']} finished" + (f" ({r['stopped']} stopped, continued next run)"
+                                                              if r["stopped"] else "")]
+        if r["per_round"] is not None:
+            parts.append(f"{r['per_round']:.2f} s a round measured")
+        note = {"new": " (new since the last run)", "changed": " (changed since the last run: rerun where it differs)"}
+        ref = " (reference)" if e is study.reference else ""
+        lines.append(f"{e.entry}{ref}{note.get(r['state'], '')}: " + ", ".join(parts))
+    t_done, t_all = sum(min(r["trials"], r["target"]) for r in rows), sum(r["target"] for r in rows)
+    r_done, r_all = sum(r["runs"] for r in rows), sum(r["total"] for r in rows)
+    if t_done == t_all and r_done == r_all:
+        rest = "nothing left"
+    elif unknown and not measured:
+        rest = "left: no cost measured yet"
+    else:
+        rest = f"left: about {duration_text(left_s)} in one process" + (" (entries not measured yet at the others' "
+                                                                       "cost)" if unknown or len(measured) < len(rows) else "")
+    lines.append(f"finished: {t_done} of {t_all} tune trials, {r_done} of {r_all} runs; {rest}")
+    return lines
+
+
+def study_status(path: str | Path, out: str | Path | None = None) -> list[str]:
+    """The lines ``fedrift study status`` prints."""
+    study = load_study(path, out)
+    head = [f"study {study.path}: runs in {study.runs_dir}" + (f", tune in {study.tune_dir}" if study.tuned_entries else "")]
+    for folder, what in ((study.runs_dir, "runs"), (study.tune_dir, "tune")):
+        who = holder(folder)
+        if who is not None:
+            head.append(f"running: the {what} folder is held by {who}")
+    return head + progress(study)
+
+
+__all__ = ["entry_progress", "finished_trials", "holder", "progress", "study_status", "tune_target"]
