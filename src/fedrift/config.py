@@ -189,10 +189,34 @@ class EngineConfig(_Section):
         "a client whose training raises or whose loss or upload is not finite is left out of the round "
         "with a warning (false: the run stops); non-finite losses end the run as diverged once its rounds"
         " are done"))  # a client that raises or uploads non-finite values: left out (true) or the run stops
+    # finite blow-ups (engine/failures.py DivergenceBound): treated as a non-finite loss is
+    divergence_factor: Annotated[float, Field(gt=1)] | None = Field(1000.0, description=(
+        "a client whose training loss or update norm exceeds this many times the largest of the run's "
+        "first round (its loss taken as at least 1) diverged: the run stops `diverged` with its metrics "
+        "kept, or under `accept_failures` the client is left out and counted (null: no such bound)"))
+    divergence_loss: Annotated[float, Field(gt=0)] | None = Field(None, description=(
+        "an absolute bound on a client's training loss, from round 1, with the same effect (null: none)"))
     # rounds between checkpoints (fedrift run --resume continues from the last); 0: none
     checkpoint_every: Annotated[int, Field(ge=0, description=(
         "rounds between checkpoints in `output.dir/checkpoint/` (0: none); `fedrift run --resume DIR` "
         "continues from the last"))] = 10
+
+    @model_validator(mode="after")
+    def _ray_address(self) -> "EngineConfig":
+        """``engine.ray_address``: HOST:PORT (or ray://HOST:PORT), and only under the ray executor,
+        which alone reads it: a key no executor reads is refused, not ignored."""
+        address = self.ray_address
+        if address is None:
+            return self
+        host, sep, port = address.removeprefix("ray://").rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"engine.ray_address: {address!r} is not HOST:PORT; allowed: the address of a Ray head "
+                             "node's GCS, e.g. 10.0.0.5:6379 (ray start --head prints it; port 6379 by default), "
+                             "ray://HOST:PORT for Ray Client, or null for a local Ray")
+        if self.executor != "ray":
+            raise ValueError(f"engine.ray_address: {address!r} is read by engine.executor ray only, and this run's is "
+                             f"{self.executor}; allowed: engine.executor=ray, or engine.ray_address=null")
+        return self
 
 
 class EvalConfig(_Section):
