@@ -95,31 +95,39 @@ class _Budget:
 
 
 def _tune_studies(study: Study) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every tuned entry's :class:`fedrift.experiments.tune.Study` (built and validated by
-    ``build_tune``, entries of one space together) and the tune's description without studies."""
+    """Every tuned entry's :class:`fedrift.experiments.tune.Study` with its part of ``tune.json``
+    (``{"entry", "space"}``), and the rest of ``tune.json`` (base, sampler seed, pruner): as
+    ``build_tune`` makes them, without its checks (:func:`_validate_tunes` runs those for the
+    tunes that will run)."""
+    from fedrift.config import apply_overrides, config_dict, entry_doc
+    from fedrift.experiments.space import resolve_space
+    from fedrift.experiments.tune import Study as TuneStudy
+
+    t = study.file.tune
+    base = apply_overrides(config_dict(study.config), study.tune_overrides)
+    built = {}
+    for e in study.tuned_entries:
+        dims = resolve_space(e.name, e.space)
+        built[e.entry] = (TuneStudy(e.entry, e.study_name, dims, entry_doc(base, e.entry)),
+                          {"entry": e.entry, "space": {d.key: d.describe() for d in dims}})
+    return built, {"version": 1, "base": base, "seed": 0, "pruner": t.pruner if t is not None else "median"}
+
+
+def _validate_tunes(study: Study, entries: Sequence[Entry], built: Mapping[str, Any]) -> None:
+    """``build_tune``'s checks (each study's config at a point of its space, the validation
+    split), entries of one space together; its studies must be those :func:`_tune_studies` made."""
     from fedrift.experiments.tune import build_tune
 
     t = study.file.tune
     groups: dict[str, list[Entry]] = {}
-    for e in study.tuned_entries:
+    for e in entries:
         groups.setdefault(json.dumps(e.space, sort_keys=True, default=str), []).append(e)
-    built: dict[str, Any] = {}
-    head: dict[str, Any] = {}
-    for entries in groups.values():
-        space = {k: v for k, v in entries[0].space.items()
-                 if "." in k or any(_takes(e.name, k) for e in entries)}
-        tune = build_tune(study.config, [e.entry for e in entries], space, study.tune_overrides, study.tune_dir,
+    for group in groups.values():
+        space = {k: v for k, v in group[0].space.items() if "." in k or any(_takes(e.name, k) for e in group)}
+        tune = build_tune(study.config, [e.entry for e in group], space, study.tune_overrides, study.tune_dir,
                           t.trials, 0, t.pruner)
-        head = {k: v for k, v in tune.description.items() if k != "studies"}
         for s in tune.studies:
-            built[s.entry] = (s, tune.description["studies"][s.name])
-    return built, head
-
-
-def _takes(name: str, key: str) -> bool:
-    from fedrift.experiments.space import takes
-
-    return takes(name, key)
+            assert tune.description["studies"][s.name] == built[s.entry][1], "tune.json's format changed"
 
 
 def _storage(study: Study) -> str:
@@ -184,6 +192,23 @@ def _check_tune_head(study: Study, head: Mapping[str, Any]) -> None:
                           "overrides and tune: as they were, or another out: or folders.tune")
 
 
+def _stored_spec(study: Study, name: str, ledger: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The space study ``name`` of the tune folder was run with: its ``tune.json``'s, else the
+    ledger's (a study the tune left out of ``tune.json`` stays in its database)."""
+    from fedrift.experiments.tune import DESCRIPTION
+
+    stored = _read_json(study.tune_dir / DESCRIPTION).get("studies") or {}
+    return stored.get(name) or (ledger.get("tune") or {}).get(name)
+
+
+def _tune_ready(study: Study, entry: Entry, built: Mapping[str, Any], ledger: Mapping[str, Any]) -> bool:
+    """Whether an entry's tune is finished, with the space it has now."""
+    tstudy, spec = built[entry.entry]
+    old = _stored_spec(study, tstudy.name, ledger)
+    have = finished_trials(study, tstudy.name)
+    return have is not None and have >= tune_target(study, entry) and (old is None or old == spec)
+
+
 def _tune_step(study: Study, upto: Sequence[Entry], built: Mapping[str, Any], head: Mapping[str, Any],
                ledger: dict[str, Any], jobs: int, echo: Echo) -> bool:
     """Tune the last of ``upto`` (its study joining those of the entries before it): nothing
@@ -194,24 +219,22 @@ def _tune_step(study: Study, upto: Sequence[Entry], built: Mapping[str, Any], he
     entry = upto[-1]
     tstudy, spec = built[entry.entry]
     known = ledger.setdefault("tune", {})
-    stored = _read_json(study.tune_dir / DESCRIPTION).get("studies") or {}
-    old = known.get(tstudy.name) or stored.get(tstudy.name)
-    have = finished_trials(study, tstudy.name)
-    if old is not None and old != spec and (have is not None or (study.tune_dir / "trials" / tstudy.name).is_dir()):
-        what = "; ".join(f"{k}: {v!r} there, {spec.get('space', {}).get(k, '<absent>')!r} here"
-                         for k, v in (old.get("space") or {}).items() if (spec.get("space") or {}).get(k) != v) \
-            or "its entry or space"
-        dest = _retire(study, tstudy.name, echo)
-        echo(f"{entry.entry}: its tune's space changed ({what}); its trials are moved to {dest}, its tune starts again")
-        have = None
-    if have is not None and have >= tune_target(study, entry) and (old is None or old == spec):
+    if _tune_ready(study, entry, built, ledger):
         known[tstudy.name] = spec
         return False
+    old = _stored_spec(study, tstudy.name, ledger)
+    if old is not None and old != spec and (finished_trials(study, tstudy.name) is not None
+                                            or (study.tune_dir / "trials" / tstudy.name).is_dir()):
+        here = spec.get("space") or {}
+        what = "; ".join(f"{k}: {(old.get('space') or {}).get(k, '<absent>')!r} there, {here.get(k, '<absent>')!r} here"
+                         for k in sorted(set(old.get("space") or {}) | set(here))
+                         if (old.get("space") or {}).get(k) != here.get(k)) or "its entry"
+        dest = _retire(study, tstudy.name, echo)
+        echo(f"{entry.entry}: its tune's space changed ({what}); its trials are moved to {dest}, its tune starts again")
     wanted = [built[e.entry] for e in upto if e.tuned]
     names = {s.name for s, _ in wanted}
     with writing("out", "; allowed: a folder this user can create and write", "create or write"):
         study.tune_dir.mkdir(parents=True, exist_ok=True)
-    _check_tune_head(study, head)
     if (study.tune_dir / DESCRIPTION).is_file():  # the tune goes on with the entries so far (the others stay in
         desc = _read_json(study.tune_dir / DESCRIPTION)  # its database and in the ledger)
         desc["studies"] = {k: v for k, v in (desc.get("studies") or {}).items() if k in names}
@@ -232,18 +255,18 @@ def _values(study: Study, entries: Sequence[Entry], built: Mapping[str, Any], ec
     tuned never takes another entry's values by its algorithm name). None when no entry
     takes any."""
     from fedrift.experiments.tune import Tune, write_results
-    from fedrift.experiments.tuned import BEST, read_tuned
+    from fedrift.experiments.tuned import BEST
 
     if not study.tuned_entries and not study.table:
         return None
     tuned = [e for e in entries if e.tuned]
-    best = read_tuned(study.tune_dir) if (study.tune_dir / BEST).is_file() else {}
+    best = _read_best(study.tune_dir / BEST)
     if any(e.entry not in best for e in tuned):  # a tune stopped after its trials, before its best.yaml
         done = [built[e.entry] for e in study.tuned_entries if finished_trials(study, built[e.entry][0].name)]
         tune = Tune(study.tune_dir, [s for s, _ in done], study.file.tune.trials, 0, study.file.tune.pruner,
                     {"studies": {s.name: d for s, d in done}})
         write_results(tune, lambda _m: None, figures=False)
-        best = read_tuned(study.tune_dir)
+        best = _read_best(study.tune_dir / BEST)
     doc: dict[str, Any] = {}
     for e in entries:
         if e.tuned:
@@ -256,9 +279,30 @@ def _values(study: Study, entries: Sequence[Entry], built: Mapping[str, Any], ec
     with writing("out", "; allowed: a folder this user can create and write", "create or write"):
         study.tune_dir.mkdir(parents=True, exist_ok=True)
         path = study.tune_dir / VALUES
-        path.write_text("# fedrift study: each entry's values (its tune's best, the study's tuned: file's, or none: the "
-                        "config's); what compare's tuned= reads\n" + yaml.safe_dump(doc, sort_keys=False))
+        text = ("# fedrift study: each entry's values (its tune's best, the study's tuned: file's, or none: the "
+                "config's); what compare's tuned= reads\n" + yaml.safe_dump(doc, sort_keys=False))
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
     return path
+
+
+_BEST_CACHE: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+
+
+def _read_best(path: Path) -> dict[str, Any]:
+    """A tune's ``best.yaml`` ({} without one), read again only when it changed (a large one
+    takes a while to parse, and every step reads it)."""
+    from fedrift.experiments.tuned import read_tuned
+
+    if not path.is_file():
+        return {}
+    st = path.stat()
+    key = (st.st_mtime_ns, st.st_size)
+    cached = _BEST_CACHE.get(path.resolve())
+    if cached is None or cached[0] != key:
+        cached = (key, read_tuned(path))
+        _BEST_CACHE[path.resolve()] = cached
+    return cached[1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -316,7 +360,7 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
     ``budget``: a duration (``15m``, ``2h``, seconds) after which the study stops as at Ctrl-C.
     A Ctrl-C raises KeyboardInterrupt after the work in progress recorded itself; the budget's
     stop returns an :class:`Outcome` that is not ``finished``."""
-    from fedrift.experiments.grid import build_grid
+    from fedrift.experiments.grid import build_grid, run_state
     from fedrift.experiments.select import parse_duration
     from fedrift.report.html import ReportOptions
 
@@ -328,18 +372,25 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
     seconds = parse_duration(str(budget)) if budget is not None else None
     if seconds is not None and seconds <= 0:
         raise ConfigError(f"--budget: {budget!r} is no time; allowed: a positive duration such as 15m")
-    # everything is validated before anything runs: every run of the grid, every tune study
-    grid = build_grid(study.config, [e.entry for e in study.entries], study.seeds, study.sweep or None,
-                      study.overrides, study.runs_dir, jobs)
     built, head = _tune_studies(study) if study.tuned_entries else ({}, {})
     if study.tuned_entries:
         from fedrift.experiments.studies import load_optuna
 
         load_optuna()
-    opts = ReportOptions.parse(study.report)
+        _check_tune_head(study, head)
     old = _read_json(_ledger_path(study))
     for line in _changes(study, old):
         echo(line)
+    # everything is validated before anything runs (every run of the grid, every tune study),
+    # and the steps whose runs all finished before, at the values they take now, are known
+    ready = [e for e in study.entries if not e.tuned or _tune_ready(study, e, built, old)]
+    _validate_tunes(study, [e for e in study.tuned_entries if e not in ready], built)
+    grid = build_grid(study.config, [e.entry for e in study.entries], study.seeds, study.sweep or None,
+                      study.overrides, study.runs_dir, jobs, _values(study, ready, built, echo))
+    names = {e.entry for e in ready}
+    left = {(spec.setting.algorithm, spec.seed) for spec in grid.runs
+            if spec.setting.algorithm not in names or run_state(spec)[0] != "reuse"}
+    opts = ReportOptions.parse(study.report)
     ledger: dict[str, Any] = {
         "version": 1, "file": str(study.path), "order": [e.entry for e in study.entries], "seeds": study.seeds,
         "entries": {e.entry: {"hash": study.entry_hash(e), "tuned": e.tuned,
@@ -358,11 +409,15 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
             if entry.tuned:
                 _tune_step(study, study.entries[:k + 1], built, head, ledger, jobs, echo)
             values = _values(study, study.entries[:k + 1], built, echo)
-            echo(f"== study: {entry.entry}, seed {study.seeds[0]}")
-            _run_step(study, [entry], study.seeds[0], values, jobs, verbose)
+            if (entry.entry, study.seeds[0]) in left:
+                echo(f"== study: {entry.entry}, seed {study.seeds[0]}")
+                _run_step(study, [entry], study.seeds[0], values, jobs, verbose)
         for seed in study.seeds[1:]:  # then each seed of every entry
-            echo(f"== study: seed {seed} of every entry")
-            _run_step(study, study.entries, seed, values, jobs, verbose)
+            todo = [e for e in study.entries if (e.entry, seed) in left]
+            if todo:
+                echo(f"== study: seed {seed} of " + ("every entry" if len(todo) == len(study.entries)
+                                                     else ", ".join(e.entry for e in todo)))
+                _run_step(study, todo, seed, values, jobs, verbose)
         finished = True
     except KeyboardInterrupt:
         if not timer.hit:

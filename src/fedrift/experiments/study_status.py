@@ -11,6 +11,7 @@ rounds left, in one process (``--jobs N`` divides it by about N).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -36,6 +37,14 @@ def tune_target(study: Study, entry: Entry) -> int:
     return min(study.file.tune.trials, size) if size is not None else study.file.tune.trials
 
 
+@functools.lru_cache(maxsize=None)
+def _storage(db: Path) -> Any:
+    """One storage per database and process (opening one checks its schema: half a second)."""
+    from fedrift.experiments.studies import load_optuna
+
+    return load_optuna().storages.RDBStorage(f"sqlite:///{db}")
+
+
 def finished_trials(study: Study, name: str) -> int | None:
     """Finished (complete or pruned) trials of the tune folder's study ``name``; None without one."""
     from fedrift.experiments.studies import finished_trials as finished, load_optuna
@@ -44,9 +53,8 @@ def finished_trials(study: Study, name: str) -> int | None:
     db = study.tune_dir / STUDY_DB
     if not db.is_file():
         return None
-    optuna = load_optuna()
     try:
-        st = optuna.load_study(study_name=name, storage=f"sqlite:///{db.resolve()}")
+        st = load_optuna().load_study(study_name=name, storage=_storage(db.resolve()))
     except KeyError:
         return None
     return len(finished(st))
