@@ -1,4 +1,4 @@
-"""Writing an algorithm as the README shows: its script runs as written (twice: a notebook cell
+"""Writing an algorithm as the docs' tutorial shows (docs/tutorials/write-an-algorithm.md): its script runs as written (twice: a notebook cell
 run again), re-registration, and one message for a hook's wrong return under every executor."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 from fedrift.algorithms import ALGORITHMS
 from fedrift.registry import Registry
-from readme_commands import README, code_blocks
+from readme_commands import DOCS, code_blocks
 
 
 def _example() -> str:
-    blocks = [body for lang, body in code_blocks(README.read_text()) if lang == "python" and '"myprox"' in body]
+    blocks = [body for lang, body in code_blocks((DOCS / "tutorials" / "write-an-algorithm.md").read_text()) if lang == "python" and '"myprox"' in body]
     assert len(blocks) == 1
     return blocks[0]
 

@@ -1,0 +1,90 @@
+"""The generated reference follows the code: change a default, an option or an argument and
+the page changes with it (docs/_ext/fedrift_reference.py)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("fedrift_reference", ROOT / "docs" / "_ext" / "fedrift_reference.py")
+ref = importlib.util.module_from_spec(_spec)
+sys.modules["fedrift_reference"] = ref
+_spec.loader.exec_module(ref)
+
+
+def _row(page: str, key: str) -> str:
+    return next(line for line in page.splitlines() if line.startswith(f"| `{key}` |"))
+
+
+def test_every_config_key_has_a_description():
+    from fedrift.config import Config
+
+    assert ref.missing_descriptions(Config) == []
+
+
+def test_changing_a_default_changes_the_config_page(monkeypatch):
+    from fedrift.config import Config, TrainConfig
+
+    before = ref.config_page(Config)
+    old = TrainConfig.model_fields["rounds"].default
+    assert _row(before, "train.rounds") == f"| `train.rounds` | int | `{old}` | >= 1 | communication rounds |"
+    # the same model with another default, as an edit of config.py would give
+    patched = TrainConfig.model_fields["rounds"].__class__.merge_field_infos(TrainConfig.model_fields["rounds"],
+                                                                              default=old + 7)
+    monkeypatch.setitem(TrainConfig.model_fields, "rounds", patched)
+    after = ref.config_page(Config)
+    assert _row(after, "train.rounds") == f"| `train.rounds` | int | `{old + 7}` | >= 1 | communication rounds |"
+    assert [line for line in before.splitlines() if "train.rounds" not in line] == \
+        [line for line in after.splitlines() if "train.rounds" not in line]
+
+
+def test_a_new_key_appears_with_its_type_bounds_choices_and_description():
+    class Section(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+        share: Annotated[float, Field(gt=0, le=1, description="a share")] = 0.5
+        mode: Literal["a", "b"] = Field("a", description="a mode")
+        cap: int | None = Field(None)
+
+    class Top(BaseModel):
+        seed: int = Field(3, description="the seed")
+        part: Section = Field(Section(), description="a section")
+
+    page = ref.config_page(Top)
+    assert _row(page, "seed") == "| `seed` | int | `3` |  | the seed |"
+    assert _row(page, "part.share") == "| `part.share` | float | `0.5` | > 0, <= 1 | a share |"
+    assert _row(page, "part.mode") == "| `part.mode` | choice | `a` | `a`, `b` | a mode |"
+    assert ref.missing_descriptions(Top) == ["part.cap"]  # the build fails on it
+
+
+def test_the_algorithm_page_follows_the_registry():
+    from fedrift.params import params
+    from fedrift.registry import Registry
+
+    @params
+    class ToyParams:
+        """tau: how strongly."""
+
+        tau: Annotated[float, Field(ge=0)] = 1.5
+
+    registry = Registry("algorithm")
+    registry.register("toy", "a toy remedy", ToyParams, space={"tau": "log:0.1:10"})(lambda hp, setup: None)
+    page = ref.algorithms_page(registry, lambda name: {"train.lr": "log:0.005:0.5", "algorithm.tau": "log:0.1:10"},
+                               {"train.lr": "log:0.005:0.5"})
+    assert "### `toy`" in page and "a toy remedy" in page and "tau: how strongly." in page
+    assert "| `tau` | float | `1.5` | >= 0 |" in page
+    assert "Tuning space (`fedrift tune`): `algorithm.tau` `log:0.1:10`." in page
+
+
+def test_the_cli_page_follows_the_parser():
+    p = argparse.ArgumentParser(prog="fedrift", description="d")
+    sub = p.add_subparsers()
+    run = sub.add_parser("run", help="run one experiment")
+    run.add_argument("--jobs", type=int, default=3, help="runs at once")
+    page = ref.cli_page(p)
+    assert "## `fedrift run`" in page and "| `--jobs JOBS` | `3` |  | runs at once |" in page
