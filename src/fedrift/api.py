@@ -32,6 +32,12 @@ from fedrift.models.base import FedModel
 
 @dataclass
 class RunResult:
+    """What :func:`run` and :func:`resume` return: ``history``, one dict of metrics per evaluated
+    round (as in ``metrics.jsonl``); ``summary``, the run's ``summary.json`` (final and best
+    accuracy, ``status``, byte totals, ...); ``global_state``, the final global model's
+    ``state_dict``; ``output_dir``, the run folder; ``config``, the resolved config; and
+    ``server_state``, everything the server keeps between rounds."""
+
     history: list[dict[str, Any]]  # one dict per evaluated round
     summary: dict[str, Any]
     global_state: dict[str, torch.Tensor]  # the final global model's state_dict
