@@ -92,8 +92,11 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None) -> RunResult
     return run_prepared(prepare(doc), resume=True)
 
 
-def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-    """Run from validated pieces (tests and tools may swap the partition first)."""
+def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[str, Any]], None] | None = None,
+                 executor: Any = None) -> RunResult:
+    """Run from validated pieces (tests and tools may swap the partition first). ``executor``:
+    the one to train with, instead of a new one of ``engine.executor`` (stacked runs hand
+    each run its member of their stack: ``fedrift.experiments.stacked``)."""
     cfg = prep.config
     model, algorithm = build_run(prep)
     executor_name = resolve_executor(cfg, prep, model)
@@ -106,7 +109,8 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
     doc["engine"].update(executor=executor_name, device=str(prep.device))  # as resolved: both change results
     checkpoints = Checkpointer(out_dir, doc, cfg.engine.checkpoint_every)
     snap = _resume_point(out_dir, checkpoints, prep.device) if resume else None
-    executor = EXECUTORS.get(executor_name, "engine.executor").factory(cfg)
+    if executor is None:
+        executor = EXECUTORS.get(executor_name, "engine.executor").factory(cfg)
     if hasattr(executor, "use_prepared"):  # executors that ship the prepared data (ray)
         executor.use_prepared(prep)
     writer = RunWriter(out_dir, cfg.output.overwrite, resume=(snap.metrics_bytes if snap else 0) if resume else None)

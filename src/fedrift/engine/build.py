@@ -86,13 +86,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: list[str] | None = None) -> Prepared:
-    """The config loaded and validated, its dataset loaded and partitioned: nothing written yet."""
+def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: list[str] | None = None,
+            datasets: dict[Any, Dataset] | None = None) -> Prepared:
+    """The config loaded and validated, its dataset loaded and partitioned: nothing written yet.
+    ``datasets``: loaded datasets by their data section and device, shared by the runs that
+    read the same one (stacked runs: one copy of the training set, on the device, for all)."""
     cfg = load_config(config, overrides, shared_options)
     options = resolve_options(cfg)
     device = resolve_device(cfg.engine.device)
     root = Path(cfg.data.root).expanduser() if cfg.data.root else None
-    dataset = load_dataset(cfg.data.name, root, options["data"])
+    key = (cfg.data.name, str(root), repr(options["data"]), str(device))
+    dataset = datasets.get(key) if datasets is not None else None
+    if dataset is None:
+        dataset = load_dataset(cfg.data.name, root, options["data"])
+        if datasets is not None:  # the inputs on the device once: every run's Federation holds the same
+            dataset = dataclasses.replace(dataset, x_train=dataset.x_train.to(device), x_test=dataset.x_test.to(device))
+            datasets[key] = dataset
     if dataset.text == "tokens" and cfg.model.name == "text" and options["model"].freeze_encoder:
         dataset = _pooled(dataset)
     if cfg.data.augment and len(dataset.input_shape) != 3:

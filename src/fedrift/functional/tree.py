@@ -124,3 +124,31 @@ def all_finite(tree: Tree) -> bool:
 
 def detach_clone(tree: Tree) -> dict[str, Any]:
     return tree_map(lambda t: t.detach().clone(), tree)
+
+
+def cat(trees: list[Any]) -> Any:
+    """Concatenate same-structured trees (dicts, tuples, lists of tensors) along their leading
+    axis: groups of clients joined into one; a non-tensor leaf is the first tree's."""
+    t0 = trees[0]
+    if len(trees) == 1:
+        return t0
+    if isinstance(t0, torch.Tensor):
+        return torch.cat(trees)
+    if isinstance(t0, Mapping):
+        return {k: cat([t[k] for t in trees]) for k in t0}
+    if isinstance(t0, (tuple, list)):
+        return type(t0)(cat([t[i] for t in trees]) for i in range(len(t0)))
+    return t0
+
+
+def split(tree: Any, sizes: list[int]) -> list[Any]:
+    """:func:`cat`'s inverse: the tree cut along its leading axis into parts of ``sizes`` rows (views)."""
+    if isinstance(tree, torch.Tensor):
+        return list(torch.split(tree, sizes))
+    if isinstance(tree, Mapping):
+        parts = {k: split(v, sizes) for k, v in tree.items()}
+        return [{k: p[i] for k, p in parts.items()} for i in range(len(sizes))]
+    if isinstance(tree, (tuple, list)):
+        parts_ = [split(v, sizes) for v in tree]
+        return [type(tree)(p[i] for p in parts_) for i in range(len(sizes))]
+    return [tree] * len(sizes)

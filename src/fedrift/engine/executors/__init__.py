@@ -42,3 +42,10 @@ def ray(cfg: Config):  # noqa: ANN201 - ray is an optional extra, imported on us
 @EXECUTORS.register("auto", "the default: batched on a GPU; processes for compute-bound models on CPUs; batched for small models with many clients")
 def auto(cfg: Config) -> SequentialExecutor:  # pragma: no cover - api.run resolves auto first
     raise RuntimeError("engine.executor auto is resolved by fedrift.api before executors are built")
+
+
+@EXECUTORS.register("stacked", "runs of one config at several seeds trained as one vmap stack (fedrift compare; alone: batched)")
+def stacked_runs(cfg: Config):  # noqa: ANN201 - a stack of one: this run's clients as the batched executor trains them
+    from fedrift.engine.executors.stacked import RunStack
+
+    return RunStack(1, cfg.engine.max_parallel_clients).member(0)

@@ -17,6 +17,7 @@ statistics (``models/norm.py``): the same statistics as ``sequential`` to float 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ from torch.func import vmap
 
 from fedrift.engine.local import make_step, optimizer_init
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
-from fedrift.functional.tree import stack
+from fedrift.functional.tree import cat, split, stack
 
 
 def _select(mask: torch.Tensor, new: Any, old: Any) -> Any:
@@ -68,7 +69,7 @@ def auto_parallel(params: dict[str, torch.Tensor], batch_size: int, sample_numel
 class BatchedExecutor:
     def __init__(self, max_parallel_clients: int | None = None) -> None:
         self.max_parallel = max_parallel_clients
-        self._steps: dict[int, Any] = {}
+        self._steps: dict[Any, Any] = {}
 
     def close(self) -> None:
         """Nothing to release: this executor runs in the calling process."""
@@ -79,64 +80,95 @@ class BatchedExecutor:
         self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int,
         take: Callable[[ClientOutput], None] | None = None,
     ) -> list[ClientOutput]:
-        params = tools.start_params(payload, jobs[0].ctx) if jobs else payload["params"]
-        batch_size = max((j.table.shape[1] for j in jobs), default=1)
-        k = self.max_parallel or auto_parallel(params, batch_size, int(tools.x[0].numel()))
-        # longest first (less masked work per group), then in job order: the order in which
-        # take folds the outputs, so that clients of equal length are not held waiting
-        order = sorted(range(len(jobs)), key=lambda i: (-jobs[i].num_steps, i))
+        part = Part(tools, payload, jobs, round_)
+        width = batch_width([part])
         outputs: dict[int, ClientOutput] = {}
-        for start in range(0, len(order), k):
-            group = [jobs[i] for i in order[start : start + k]]
-            for job, out in zip(group, self._group(tools, payload, group, batch_size, round_)):
+        for group in self.groups([part]):
+            for job, out in zip(group[0][1].jobs, self.train_group([g for _, g in group], width)[0]):
                 outputs[job.client_id] = out
                 if take is not None:
                     take(out)
         return [outputs[j.client_id] for j in jobs]
 
-    def _vstep(self, tools: RoundTools) -> Any:
+    def groups(self, parts: list["Part"]) -> list[list[tuple[int, "Part"]]]:
+        """The vectorised groups that train ``parts``' clients: at most K clients each (K from
+        ``engine.max_parallel_clients``, else :func:`auto_parallel`), longest clients first
+        (less masked work per group), then in part and job order (the order in which ``take``
+        folds the outputs, so that clients of equal length are not held waiting). A group is
+        a list of (index in ``parts``, that part with the jobs of it that the group trains)."""
+        first = parts[0]
+        params = first.tools.start_params(first.payload, first.jobs[0].ctx) if first.jobs else first.payload["params"]
+        k = self.max_parallel or auto_parallel(params, batch_width(parts), int(first.tools.x[0].numel()))
+        flat = sorted(((p, i) for p, part in enumerate(parts) for i in range(len(part.jobs))),
+                      key=lambda pi: (-parts[pi[0]].jobs[pi[1]].num_steps, pi[0], pi[1]))
+        out = []
+        for start in range(0, len(flat), k):
+            chosen: dict[int, list[ClientJob]] = {}
+            for p, i in flat[start : start + k]:
+                chosen.setdefault(p, []).append(parts[p].jobs[i])
+            out.append([(p, replace(parts[p], jobs=jobs)) for p, jobs in chosen.items()])
+        return out
+
+    def vstep(self, tools: RoundTools, payload_dims: Any = None) -> Any:
+        """The step of ``tools``' algorithm and optimiser under ``vmap`` (made once per pair, and
+        per way the payload is batched: shared by every client, or one row per client)."""
         key = (id(tools.algorithm), id(tools.optimizer))
         if key not in self._steps:  # one batched step per (algorithm, optimiser): training, personalisation
             step = make_step(tools.algorithm, tools.vmap_apply or tools.apply, tools.optimizer, functional=True, dp=tools.dp)
-            self._steps = {key: (tools.algorithm, tools.optimizer, vmap(step, in_dims=(0, 0, 0, None, 0)))}
-        return self._steps[key][2]
+            self._steps = {key: (tools.algorithm, tools.optimizer, step, {})}
+        step, vsteps = self._steps[key][2], self._steps[key][3]
+        dims_key = repr(payload_dims)
+        if dims_key not in vsteps:
+            vsteps[dims_key] = vmap(step, in_dims=(0, 0, 0, payload_dims, 0))
+        return vsteps[dims_key]
 
-    def _group(
-        self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], batch_size: int, round_: int
-    ) -> list[ClientOutput]:
-        alg, dev = tools.algorithm, tools.x.device
-        ctxs = []
-        for job in jobs:
-            ctx = job.context()
-            if alg.client_start is not None:
-                with torch.no_grad():
-                    ctx.update(alg.client_start(payload, ctx, tools.client_data(job, payload), tools.apply))
-            ctxs.append(ctx)
+    def train_group(self, parts: list["Part"], batch_size: int, stop: Callable[[], None] | None = None) -> list[list[ClientOutput]]:
+        """One vectorised group: the clients of ``parts`` (each part one run's jobs, with its
+        tools, payload and round) trained together, one ``vmap`` call a local step, every batch
+        padded to ``batch_size`` rows (the round's widest); their outputs, per part in job order. With one part the payload is shared by every client
+        (as it is); with several (stacked runs, ``executors.stacked``) each client gets its
+        run's payload as a row of a stacked one. ``stop`` is called before every step (it
+        raises to stop the group: a stacked run's Ctrl-C)."""
+        first = parts[0]
+        tools0, dev = first.tools, first.tools.x.device
+        alg = tools0.algorithm  # every part's algorithm trains with this step (stacked runs: one config)
+        ctxs: list[dict[str, Any]] = []
+        for part in parts:
+            a = part.tools.algorithm
+            for job in part.jobs:
+                ctx = job.context()
+                if a.client_start is not None:
+                    with torch.no_grad():
+                        ctx.update(a.client_start(part.payload, ctx, part.tools.client_data(job, part.payload), part.tools.apply))
+                ctxs.append(ctx)
         ctx = stack(ctxs)
+        sizes = [len(part.jobs) for part in parts]
+        jobs = [job for part in parts for job in part.jobs]
         n = len(jobs)
-        if alg.personal:
-            params = tools.start_params(payload, ctx)  # the clients' own models, stacked with ctx
-        elif alg.client_model is not None:  # the broadcast (expanded) with each client's own part
-            params = vmap(partial(tools.start_params, payload))(ctx)
+        if len(parts) == 1:
+            payload, payload_dims = first.payload, None
         else:
-            params = {name: p.unsqueeze(0).expand(n, *p.shape) for name, p in payload["params"].items()}
-        opt_state = vmap(partial(optimizer_init, tools.optimizer, apply=tools.apply))(params)
-        vstep = self._vstep(tools)
+            payload, payload_dims = per_client_payload(parts)
+        if alg.personal:
+            params = tools0.start_params(first.payload, ctx)  # the clients' own models, stacked with ctx
+        elif alg.client_model is not None:  # the broadcast (expanded) with each client's own part
+            params = cat([vmap(partial(part.tools.start_params, part.payload))(c)
+                           for part, c in zip(parts, split(ctx, sizes))])
+        else:
+            params = cat([{name: p.unsqueeze(0).expand(len(part.jobs), *p.shape) for name, p in part.payload["params"].items()}
+                           for part in parts])
+        opt_state = vmap(partial(optimizer_init, tools0.optimizer, apply=tools0.apply))(params)
+        vstep = self.vstep(tools0, payload_dims)
         steps = [j.num_steps for j in jobs]
         idx_all, w_all = _index_table(jobs, max(steps), batch_size)
         active_all = torch.arange(max(steps), device=dev)[:, None] < torch.tensor(steps, device=dev)[None, :]
         loss_sum = torch.zeros(n, device=dev)
         aux_sum: dict[str, torch.Tensor] = {}
         for s in range(max(steps)):
+            if stop is not None:
+                stop()
             active = active_all[s]
-            noise = None
-            if alg.noise_dim is not None:
-                noise = torch.stack([tools.noise(round_, j.client_id, s, batch_size) for j in jobs])
-            views = None
-            if tools.augment is not None:
-                views = torch.stack([tools.views(round_, j.client_id, s, batch_size) for j in jobs])
-            dp_noise = stack([tools.dp_noise(round_, j.client_id, s) for j in jobs]) if tools.dp is not None else None
-            batch = tools.batch(payload, idx_all[s], w_all[s], noise=noise, views=views, dp_noise=dp_noise)
+            batch = _step_batch(parts, idx_all[s], w_all[s], s, batch_size)
             new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
             if s < min(steps):  # every client still training: nothing to mask (and no pass over the stack)
                 params, opt_state = new_params, new_state
@@ -146,14 +178,82 @@ class BatchedExecutor:
             loss_sum = loss_sum + torch.where(active, loss, torch.zeros_like(loss))
             for key, v in aux.items():
                 aux_sum[key] = aux_sum.get(key, 0.0) + torch.where(active, v, torch.zeros_like(v))
-        outs = []
-        for i, job in enumerate(jobs):
-            end = {name: p[i].clone() for name, p in params.items()}
-            if alg.client_end is not None:
-                with torch.no_grad():
-                    ctxs[i].update(alg.client_end(payload, end, ctxs[i], tools.client_data(job, payload), tools.apply))
-            upload, state = alg.client_result(payload, end, ctxs[i])
-            h = max(steps[i], 1)
-            aux_i = {key: v[i] / h for key, v in aux_sum.items()}
-            outs.append(ClientOutput(job.client_id, upload, state, loss_sum[i] / h, aux_i, end))
+        outs: list[list[ClientOutput]] = []
+        i = 0
+        for part in parts:
+            a, mine = part.tools.algorithm, []
+            for job in part.jobs:
+                end = {name: p[i].clone() for name, p in params.items()}
+                if a.client_end is not None:
+                    with torch.no_grad():
+                        ctxs[i].update(a.client_end(part.payload, end, ctxs[i], part.tools.client_data(job, part.payload), part.tools.apply))
+                upload, state = a.client_result(part.payload, end, ctxs[i])
+                h = max(steps[i], 1)
+                aux_i = {key: v[i] / h for key, v in aux_sum.items()}
+                mine.append(ClientOutput(job.client_id, upload, state, loss_sum[i] / h, aux_i, end))
+                i += 1
+            outs.append(mine)
         return outs
+
+
+@dataclass
+class Part:
+    """One run's share of a vectorised group: its training tools, the round's payload, the
+    jobs of its clients in the group, and the round (which keys their random draws)."""
+
+    tools: RoundTools
+    payload: dict[str, Any]
+    jobs: list[ClientJob]
+    round_: int
+
+
+def batch_width(parts: list[Part]) -> int:
+    """The widest batch of any client in ``parts`` (narrower ones are padded to it)."""
+    return max((j.table.shape[1] for part in parts for j in part.jobs), default=1)
+
+
+def _step_batch(parts: list[Part], idx: torch.Tensor, w: torch.Tensor, s: int, batch_size: int) -> dict[str, Any]:
+    """Step ``s``'s batch of the whole group: the rows ``idx`` (client x batch) gathered with
+    each client's own draws (noise, augmentation views, DP noise: keyed by its run's seed, its
+    round, itself and the step). One gather for the group when the parts share their
+    training set and no teacher reads the batch; else one per part, joined."""
+    def draws(part: Part) -> tuple[Any, Any, Any]:
+        t, r = part.tools, part.round_
+        noise = None if t.algorithm.noise_dim is None else torch.stack([t.noise(r, j.client_id, s, batch_size) for j in part.jobs])
+        views = None if t.augment is None else torch.stack([t.views(r, j.client_id, s, batch_size) for j in part.jobs])
+        dp = stack([t.dp_noise(r, j.client_id, s) for j in part.jobs]) if t.dp is not None else None
+        return noise, views, dp
+
+    t0 = parts[0].tools
+    if len(parts) == 1 or (t0.algorithm.teacher is None and all(p.tools.x is t0.x and p.tools.y is t0.y for p in parts)):
+        got = [draws(p) for p in parts]
+        noise, views, dp = (None if got[0][k] is None else cat([g[k] for g in got]) for k in range(3))
+        return t0.batch(parts[0].payload, idx, w, noise=noise, views=views, dp_noise=dp)
+    out, at = [], 0
+    for part in parts:
+        n = len(part.jobs)
+        noise, views, dp = draws(part)
+        out.append(part.tools.batch(part.payload, idx[at : at + n], w[at : at + n], noise=noise, views=views, dp_noise=dp))
+        at += n
+    return cat(out)
+
+
+def per_client_payload(parts: list[Part]) -> tuple[dict[str, Any], Any]:
+    """The parts' payloads as one with a row per client (each client its run's), and the
+    ``vmap`` in-dims that say so: 0 for every tensor, None for the other values, which must be
+    the same in every part (a run's settings, equal in runs of one config)."""
+    def rows(values: list[Any], counts: list[int]) -> tuple[Any, Any]:
+        v0 = values[0]
+        if isinstance(v0, torch.Tensor):
+            return torch.cat([v.unsqueeze(0).expand(c, *v.shape) for v, c in zip(values, counts)]), 0
+        if isinstance(v0, dict):
+            both = {k: rows([v[k] for v in values], counts) for k in v0}
+            return {k: b[0] for k, b in both.items()}, {k: b[1] for k, b in both.items()}
+        if isinstance(v0, (list, tuple)):
+            both = [rows([v[i] for v in values], counts) for i in range(len(v0))]
+            return type(v0)(b[0] for b in both), type(v0)(b[1] for b in both)
+        if any(v != v0 for v in values[1:]):
+            raise ValueError(f"stacked runs: a payload value differs between runs ({v0!r}); they cannot share a step")
+        return v0, None
+
+    return rows([p.payload for p in parts], [len(p.jobs) for p in parts])

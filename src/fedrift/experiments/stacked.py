@@ -1,0 +1,137 @@
+"""Runs of one config at several seeds trained as one stack (``engine.executor: stacked``).
+
+:func:`run_stacked` prepares every run (one copy of the dataset for all, on their device),
+checks that they can share a step (the same config but for the seed and the output folder,
+an algorithm that stacks), then runs each in a thread of its own with its member of one
+``RunStack`` as its executor (``fedrift.engine.executors.stacked``): each run writes its own
+folder exactly as :func:`fedrift.run` does, its training stacked with the others'.
+
+``fedrift compare`` uses it for a setting's seeds when the runs' ``engine.executor`` is
+``stacked`` (or ``auto`` on a GPU); ``engine.executor: batched`` (or any other) runs them one
+by one as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from fedrift.api import RunResult, prepare, resolved_yaml, run_prepared
+from fedrift.engine.build import Prepared
+from fedrift.engine.checkpoint import CheckpointError
+from fedrift.engine.executors.stacked import RunStack
+from fedrift.errors import ConfigError
+from fedrift.report.table import flatten
+
+# algorithms whose runs cannot share a local step, and why (refused by name, not run slowly)
+UNSTACKABLE: dict[str, str] = {}
+# keys that may differ between the runs of a stack: what a run is, not how it trains
+PER_RUN = ("seed", "output.")
+
+
+def check_stackable(preps: Sequence[Prepared]) -> None:
+    """Refuse, in one line, runs that cannot be one stack: another config than the first's in
+    a key other than the seed and the output folder (those runs train with other steps), or
+    an algorithm in :data:`UNSTACKABLE`."""
+    name = preps[0].config.algorithm.name
+    if name in UNSTACKABLE:
+        raise ConfigError(f"engine.executor: stacked cannot stack {name} ({UNSTACKABLE[name]}); "
+                          f"allowed: batched or sequential with {name}")
+    first = _comparable(preps[0])
+    for prep in preps[1:]:
+        other = _comparable(prep)
+        diff = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+        if diff:
+            raise ConfigError(
+                f"engine.executor: stacked runs share one config but for seed and output.*; {diff[0]} differs "
+                f"({first.get(diff[0])!r} and {other.get(diff[0])!r}); allowed: runs that differ only in seed")
+
+
+def _comparable(prep: Prepared) -> dict[str, Any]:
+    import yaml
+
+    flat = flatten(yaml.safe_load(resolved_yaml(prep)))
+    return {k: v for k, v in flat.items() if not k.startswith(PER_RUN)}
+
+
+def prepare_stack(configs: Sequence[Mapping[str, Any] | str | Path]) -> list[Prepared]:
+    """Every run prepared (validated, its data partitioned) with one dataset shared, and checked
+    to stack (:func:`check_stackable`)."""
+    datasets: dict[Any, Any] = {}
+    preps = [prepare(c, datasets=datasets) for c in configs]
+    check_stackable(preps)
+    return preps
+
+
+def run_stacked(
+    configs: Sequence[Mapping[str, Any] | str | Path], resume: Sequence[bool] | None = None,
+) -> list[RunResult | BaseException]:
+    """Run ``configs`` (one config at several seeds, each with its own ``output.dir``) as one
+    stack; per run its :class:`fedrift.api.RunResult`, or the exception that ended it (a
+    divergence, a refusal in round 1, a bad checkpoint after which it ran again from round 1
+    ...: each run's own, as if it had run alone). ``resume[i]``: continue run i from its
+    checkpoint (one that cannot be used is said and the run started again from round 1, as
+    ``fedrift compare`` does). Ctrl-C stops every run as at Ctrl-C (each writes its
+    ``interrupted`` summary) and is raised here once all have stopped."""
+    preps = prepare_stack(configs)
+    flags = list(resume) if resume is not None else [False] * len(preps)
+    max_parallel = preps[0].config.engine.max_parallel_clients
+    stack = RunStack(len(preps), max_parallel)
+    out: list[RunResult | BaseException | None] = [None] * len(preps)
+
+    def one(i: int) -> None:
+        member = stack.member(i)
+        try:
+            try:
+                out[i] = run_prepared(preps[i], resume=flags[i], executor=member)
+            except CheckpointError as err:
+                note = f"checkpoint not used ({err}), ran again from round 1"
+                out[i] = run_prepared(preps[i], executor=member)
+                out[i].summary.setdefault("note", note)  # type: ignore[union-attr]
+        except BaseException as err:  # noqa: BLE001 - the run's own ending, handed to the caller
+            out[i] = err
+        finally:
+            stack.leave(i)
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"fedrift-stack-{i}", daemon=True) for i in range(len(preps))]
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.2)
+    except KeyboardInterrupt:
+        stack.stop()  # every run stops at its next step and writes its interrupted summary
+        for t in threads:
+            t.join()
+        raise
+    return [r if r is not None else RuntimeError("the run ended without a result") for r in out]
+
+
+def stack_results(configs: Sequence[Mapping[str, Any]], resume: Sequence[bool]) -> list[dict[str, Any]]:
+    """:func:`run_stacked` for ``fedrift compare``: per run the result line a pool worker
+    returns (``experiments.pool.execute_run``): a divergence is a result, not an error; any
+    other error of a run is raised (the first, once all have ended)."""
+    from fedrift.errors import DivergenceError
+
+    start = time.perf_counter()
+    results = run_stacked(configs, resume)
+    seconds = time.perf_counter() - start
+    lines = []
+    for r in results:
+        if isinstance(r, DivergenceError):
+            lines.append({"status": r.status, "message": str(r), "seconds": seconds})
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            s = r.summary
+            note = f"{s['note']}; " if s.get("note") else ""
+            lines.append({"status": "completed", "final_accuracy": s.get("final_accuracy"),
+                          "best_accuracy": s.get("best_accuracy"), "seconds": seconds,
+                          "note": f"{note}stacked with {len(results) - 1} more, "})
+    return lines
+
+
+__all__ = ["UNSTACKABLE", "check_stackable", "prepare_stack", "run_stacked", "stack_results"]

@@ -1,0 +1,199 @@
+"""Stacked runs (``engine.executor: stacked``) equal the same runs done one by one.
+
+The promise is to float rounding, not bit for bit: a stack of several runs vectorises over
+clients x runs, and other stack sizes may run other kernels. Stated tolerance, as the batched
+executor's (tests/engine/test_batched.py): after the rounds every parameter within 1e-4 of its
+tensor's largest value, metrics within 1e-3 relative (1e-6 absolute). The runs alone are run
+with ``batched``, whose step the stack shares (it is itself within that tolerance of
+``sequential``).
+"""
+
+import importlib
+import json
+
+import pytest
+import torch
+
+import fedrift
+from algorithm_cases import NAMES, case
+from fedrift.errors import ConfigError, DivergenceError
+from fedrift.experiments import stacked
+from fedrift.experiments.stacked import run_stacked
+
+stacked_executor = importlib.import_module("fedrift.engine.executors.stacked")
+batched = importlib.import_module("fedrift.engine.executors.batched")
+SKIP_KEYS = ("seconds", "wall_seconds")
+
+
+def _close(a, b, rtol=1e-4):
+    for k in a:
+        scale = a[k].abs().max().clamp(min=1e-3)
+        assert ((a[k].float() - b[k].float()).abs().max() / scale).item() < rtol, k
+
+
+def _same_history(a, b):
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for key in ra:
+            if key in SKIP_KEYS:
+                continue
+            if isinstance(ra[key], float):
+                assert ra[key] == pytest.approx(rb[key], rel=1e-3, abs=1e-6), key
+            else:
+                assert ra[key] == rb[key], key
+
+
+@pytest.fixture
+def stacks(monkeypatch):
+    """The RunStacks made while the test runs (to check that runs did train together)."""
+    made = []
+
+    class Recorded(stacked_executor.RunStack):
+        def __post_init__(self):
+            super().__post_init__()
+            made.append(self)
+
+    monkeypatch.setattr(stacked, "RunStack", Recorded)
+    return made
+
+
+def _configs(tiny, tmp_path, seeds, tag="s", **sections):
+    return [tiny(seed=s, engine={"executor": "stacked"}, output={"dir": str(tmp_path / f"{tag}{s}")}, **sections)
+            for s in seeds]
+
+
+def _alone(tiny, tmp_path, seeds, **sections):
+    return [fedrift.run(tiny(seed=s, engine={"executor": "batched"}, output={"dir": str(tmp_path / f"a{s}")}, **sections))
+            for s in seeds]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stacked_runs_equal_one_by_one_for_every_algorithm(tiny, tmp_path, stacks, name):
+    sections = {"train": {"rounds": 2, "batch_size": 32}, **case(name)}
+    if name in stacked.UNSTACKABLE:
+        with pytest.raises(ConfigError, match=name):
+            run_stacked(_configs(tiny, tmp_path, [0, 1], **sections))
+        return
+    together = run_stacked(_configs(tiny, tmp_path, [0, 1], **sections))
+    alone = _alone(tiny, tmp_path, [0, 1], **sections)
+    assert stacks[0].rounds_trained == 2  # both rounds trained the two runs as one stack
+    for t, a in zip(together, alone):
+        assert not isinstance(t, BaseException), t
+        _close(a.global_state, t.global_state)
+        _same_history(a.history, t.history)
+        assert t.summary["executor"] == "stacked" and t.summary["status"] == "completed"
+
+
+def test_stacked_runs_write_each_run_folder_as_alone(tiny, tmp_path, stacks):
+    sections = {"train": {"rounds": 3}}
+    together = run_stacked(_configs(tiny, tmp_path, [0, 1, 2], **sections))
+    alone = _alone(tiny, tmp_path, [0, 1, 2], **sections)
+    assert stacks[0].rounds_trained == 3
+    for s, (t, a) in enumerate(zip(together, alone)):
+        folder = tmp_path / f"s{s}"
+        for name in ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", "final_model.pt"):
+            assert (folder / name).is_file(), name
+        assert (folder / "partition.json").read_text() == (tmp_path / f"a{s}" / "partition.json").read_text()
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        _same_history(a.history, rows)
+        assert json.loads((folder / "summary.json").read_text())["seed"] == s
+    # different seeds, different runs: the stack did not mix them up
+    assert together[0].summary["final_accuracy"] != together[1].summary["final_accuracy"] or \
+        not torch.equal(together[0].global_state["fc.weight"], together[1].global_state["fc.weight"])
+
+
+def test_stacked_runs_are_reproducible(tiny, tmp_path):
+    first = run_stacked(_configs(tiny, tmp_path, [0, 1], tag="x"))
+    again = run_stacked(_configs(tiny, tmp_path, [0, 1], tag="y"))
+    for a, b in zip(first, again):
+        for k in a.global_state:
+            assert torch.equal(a.global_state[k], b.global_state[k]), k
+
+
+def test_stacked_runs_resume_from_their_checkpoints(tiny, tmp_path, monkeypatch):
+    """Ctrl-C in round 3 stops every run of the stack (each writes its interrupted summary);
+    resumed, each ends where the unstopped stack ends."""
+    from conftest import ctrl_c_in_round
+
+    sections = {"train": {"rounds": 4}, "engine": {"executor": "stacked", "checkpoint_every": 2}}
+    whole = run_stacked([tiny(seed=s, output={"dir": str(tmp_path / f"w{s}")}, **sections) for s in (0, 1)])
+    configs = [tiny(seed=s, output={"dir": str(tmp_path / f"r{s}")}, **sections) for s in (0, 1)]
+    undo = ctrl_c_in_round(monkeypatch, 3)
+    stopped = run_stacked(configs)
+    undo()
+    for r in stopped:
+        assert isinstance(r, KeyboardInterrupt)
+    for s in (0, 1):
+        summary = json.loads((tmp_path / f"r{s}" / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["checkpoint_round"] == 2
+    resumed = run_stacked(configs, resume=[True, True])
+    for w, r in zip(whole, resumed):
+        assert not isinstance(r, BaseException), r
+        assert r.summary["resumed_from_round"] == 2
+        _close(w.global_state, r.global_state, rtol=1e-6)
+        _same_history(w.history, r.history)
+
+
+def test_stacked_runs_a_failed_client_is_its_runs_alone(tiny, tmp_path, monkeypatch):
+    """Under engine.accept_failures a client that raises is left out of its own run only: the
+    stack's round is trained again run by run, and each run equals its run alone."""
+    real = batched.BatchedExecutor.train_group
+    bad = []  # seed 1's first client of round 2: it raises whenever it trains in that round
+
+    def failing(self, parts, batch_size, stop=None):
+        for part in parts:
+            if part.round_ == 2 and part.tools.seed == 1:
+                bad[:] = bad or [part.jobs[0].client_id]
+                if any(j.client_id == bad[0] for j in part.jobs):
+                    raise RuntimeError("client failure")
+        return real(self, parts, batch_size, stop)
+
+    monkeypatch.setattr(batched.BatchedExecutor, "train_group", failing)
+    sections = {"train": {"rounds": 3}, "engine": {"executor": "stacked", "accept_failures": True}}
+    together = run_stacked([tiny(seed=s, output={"dir": str(tmp_path / f"s{s}")}, **sections) for s in (0, 1)])
+    assert not any(isinstance(r, BaseException) for r in together)
+    # seed 0's run never saw the failure; seed 1's lost one client in round 2 and went on
+    assert together[0].summary["clients_failed_total"] == 0
+    assert together[1].summary["clients_failed_total"] >= 1
+    monkeypatch.setattr(batched.BatchedExecutor, "train_group", real)
+    alone = _alone(tiny, tmp_path, [0], **{"train": {"rounds": 3}})
+    _close(alone[0].global_state, together[0].global_state)
+
+
+def test_stacked_runs_one_diverging_run_ends_alone(tiny, tmp_path):
+    """A run that diverges stops as diverged with its metrics kept; the others go on."""
+    configs = [tiny(seed=0, train={"rounds": 3, "lr": 0.05}, engine={"executor": "stacked"}, output={"dir": str(tmp_path / "s0")}),
+               tiny(seed=1, train={"rounds": 3, "lr": 0.05}, engine={"executor": "stacked"}, output={"dir": str(tmp_path / "s1")})]
+    from fedrift.engine import server as server_mod
+
+    real_close = server_mod.Server.close
+
+    def close(self, rnd, outputs, failed, up=None, diverged=()):
+        if self.cfg.seed == 1 and rnd.t == 2:
+            raise self._diverged(rnd.t, "a test's divergence")
+        return real_close(self, rnd, outputs, failed, up, diverged)
+
+    server_mod.Server.close = close
+    try:
+        together = run_stacked(configs)
+    finally:
+        server_mod.Server.close = real_close
+    assert isinstance(together[1], DivergenceError)
+    assert json.loads((tmp_path / "s1" / "summary.json").read_text())["status"] == "diverged"
+    assert together[0].summary["status"] == "completed" and together[0].summary["rounds"] == 3
+
+
+def test_stacked_runs_refuse_runs_that_differ_in_more_than_the_seed(tiny, tmp_path):
+    configs = [tiny(seed=0, engine={"executor": "stacked"}, output={"dir": str(tmp_path / "a")}),
+               tiny(seed=1, engine={"executor": "stacked"}, train={"lr": 0.1}, output={"dir": str(tmp_path / "b")})]
+    with pytest.raises(ConfigError, match=r"^engine.executor: stacked runs .*train.lr differs \(0.05 and 0.1\)"):
+        run_stacked(configs)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before anything is written
+
+
+def test_a_stack_of_one_is_the_batched_executor(tiny, tmp_path):
+    alone = fedrift.run(tiny(engine={"executor": "batched"}, output={"dir": str(tmp_path / "b")}))
+    one = fedrift.run(tiny(engine={"executor": "stacked"}, output={"dir": str(tmp_path / "s")}))
+    for k in alone.global_state:
+        assert torch.equal(alone.global_state[k], one.global_state[k]), k
