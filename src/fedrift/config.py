@@ -106,6 +106,10 @@ class TrainConfig(_Section):
         "`step`: the factor at each milestone"))] = 0.1  # step: the factor at each milestone
     lr_min: Annotated[float, Field(ge=0, description=(
         "`cosine`: the lr it decays towards"))] = 0.0  # cosine: the floor of the decay
+    precision: Literal["fp32", "bf16"] = Field("fp32", description=(
+        "local training's arithmetic: `fp32` (the default, and the exact one: executors agree as stated), or "
+        "`bf16` (the forward and backward passes under bfloat16 autocast, parameters, optimiser and "
+        "aggregation in float32; for a GPU's tensor cores; evaluation stays fp32)"))
 
     @model_validator(mode="after")
     def _one_cohort_size(self) -> "TrainConfig":
@@ -191,9 +195,9 @@ class EngineConfig(_Section):
         " are done"))  # a client that raises or uploads non-finite values: left out (true) or the run stops
     # finite blow-ups (engine/failures.py DivergenceBound): treated as a non-finite loss is
     divergence_factor: Annotated[float, Field(gt=1)] | None = Field(1000.0, description=(
-        "a client whose training loss or update norm exceeds this many times the largest of the run's "
-        "first round (its loss taken as at least 1) diverged: the run stops `diverged` with its metrics "
-        "kept, or under `accept_failures` the client is left out and counted (null: no such bound)"))
+        "a client whose training loss or update norm exceeds this many times the run's first round's (the "
+        "median over its clients; a loss taken as at least 1) diverged: the run stops `diverged` with its "
+        "metrics kept, or under `accept_failures` the client is left out and counted (null: no such bound)"))
     divergence_loss: Annotated[float, Field(gt=0)] | None = Field(None, description=(
         "an absolute bound on a client's training loss, from round 1, with the same effect (null: none)"))
     # rounds between checkpoints (fedrift run --resume continues from the last); 0: none
