@@ -10,7 +10,6 @@ module runs :func:`write_all` when the build starts, and fails the build (a warn
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import inspect
 import types
@@ -262,12 +261,12 @@ def algorithms_page(registry: Any, default_space: Any, lr_space: dict[str, str])
              + " for every algorithm, plus the space listed under each.", ""]
     for module, entries in by_module.items():
         names = ", ".join(e.name for e in entries)
-        lines.extend([f"## {names}", "", f"`{module}`", ""])
+        lines.extend([f"### {names}", "", f"`{module}`", ""])
         mod_doc = _docstring(importlib.import_module(module))
         if mod_doc:
             lines.extend(fence(mod_doc))
         for entry in entries:
-            lines.extend([f"({'algorithm'}-{entry.name.replace('_', '-')})=", f"### `{entry.name}`", "",
+            lines.extend([f"({'algorithm'}-{entry.name.replace('_', '-')})=", f"#### `{entry.name}`", "",
                           cell(entry.doc), ""])
             own = _own_doc(entry.params)
             if own:
@@ -280,6 +279,17 @@ def algorithms_page(registry: Any, default_space: Any, lr_space: dict[str, str])
             else:
                 lines.extend(["Tuning space (`fedrift tune`): the learning rate only.", ""])
     return "\n".join(lines)
+
+
+def summary_table(registry: Any, kind: str) -> str:
+    """One row per entry: its name (a link to its section), its line, its options with defaults."""
+    lines = [f"| {kind} | what | options (defaults) |", "|---|---|---|"]
+    for entry in registry:
+        fields = getattr(entry.params, "__pydantic_fields__", None) or {}
+        options = ", ".join(f"`{name}` {code(info.get_default(call_default_factory=True)).strip('`')}"
+                            for name, info in fields.items() if name != "aggregation")
+        lines.append(f"| [`{entry.name}`](#{kind}-{entry.name.replace('_', '-')}) | {cell(entry.doc)} | {cell(options)} |")
+    return "\n".join([*lines, ""])
 
 
 # ---------------------------------------------------------------------------------------
@@ -302,6 +312,7 @@ def pages() -> dict[str, str]:
         "cli.md": cli_page(_parser()),
         "config.md": config_page(Config, names),
         "algorithms.md": algorithms_page(ALGORITHMS, default_space, LR_SPACE),
+        "algorithms-table.md": summary_table(ALGORITHMS, "algorithm"),
         "datasets.md": registry_page(DATASETS, "dataset"),
         "partitions.md": registry_page(PARTITIONS, "partition"),
         "models.md": registry_page(MODELS, "model"),

@@ -76,7 +76,7 @@ def test_the_algorithm_page_follows_the_registry():
     registry.register("toy", "a toy remedy", ToyParams, space={"tau": "log:0.1:10"})(lambda hp, setup: None)
     page = ref.algorithms_page(registry, lambda name: {"train.lr": "log:0.005:0.5", "algorithm.tau": "log:0.1:10"},
                                {"train.lr": "log:0.005:0.5"})
-    assert "### `toy`" in page and "a toy remedy" in page and "tau: how strongly." in page
+    assert "#### `toy`" in page and "a toy remedy" in page and "tau: how strongly." in page
     assert "| `tau` | float | `1.5` | >= 0 |" in page
     assert "Tuning space (`fedrift tune`): `algorithm.tau` `log:0.1:10`." in page
 
