@@ -123,7 +123,7 @@ def autograd_grad_and_value(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def make_step(
     algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transform, functional: bool = False, inplace: bool = False,
-    dp: tuple[float, float] | None = None,
+    dp: tuple[float, float] | None = None, precision: str = "fp32",
 ) -> StepFn:
     """``step(params, opt_state, batch, payload, ctx) -> (params, opt_state, loss, aux)``.
 
@@ -134,6 +134,9 @@ def make_step(
     (the executors copy the starting model once per client). No new model per step: on the
     FedAvg CNN the new tensors had cost 7-10% of the step (page faults on fresh memory).
     ``dp=(C, z)``: DP-SGD's clipped, noised gradient (:func:`fedrift.engine.privacy.dp_grad_and_value`).
+    ``precision="bf16"`` (``train.precision``): ``local_loss`` (forward and backward) runs under
+    bfloat16 autocast on the batch's device; the loss, the gradients, the optimiser and the new
+    parameters stay float32.
 
     BatchNorm models (``apply.stat_keys``, ``models/norm.py``): ``params`` carries the running
     statistics too. ``local_loss``, ``grad_correction`` and the optimiser see the parameters
@@ -154,7 +157,12 @@ def make_step(
 
     def checked_loss(params: Params, batch: dict, payload: dict, ctx: dict, apply_: Callable[..., Any]):
         nonlocal checked
-        out = algorithm.local_loss(params, batch, payload, ctx, apply_)
+        if precision == "bf16":
+            with torch.autocast(batch["y"].device.type, dtype=torch.bfloat16):
+                loss, aux = algorithm.local_loss(params, batch, payload, ctx, apply_)
+            out = (loss.float(), {k: v.float() for k, v in aux.items()})
+        else:
+            out = algorithm.local_loss(params, batch, payload, ctx, apply_)
         if not checked:  # the first step of this executor's (or worker's) first client
             check_local_loss(algorithm.name, out)
             checked = True
@@ -244,7 +252,8 @@ def make_tools(
     # training batches arrive cut (RoundTools.batch): the step's apply does not read them,
     # so it also runs under DP-SGD's per-sample vmap
     step_apply = apply if vmappable else make_apply(model, buffers, channels_last)
-    step = make_step(algorithm, step_apply, optimizer, inplace=True, dp=dp)
+    precision = getattr(train, "precision", "fp32")
+    step = make_step(algorithm, step_apply, optimizer, inplace=True, dp=dp, precision=precision)
     schedule = None
     if getattr(train, "lr_schedule", "constant") != "constant":
         if algorithm.at_lr is None:
@@ -254,7 +263,7 @@ def make_tools(
         def pieces(lr: float) -> tuple[Algorithm, Transform, StepFn]:
             alg = algorithm.at_lr(lr)
             opt = alg.optimizer or local_optimizer(train.model_copy(update={"lr": lr}))
-            return alg, opt, make_step(alg, step_apply, opt, inplace=True, dp=dp)
+            return alg, opt, make_step(alg, step_apply, opt, inplace=True, dp=dp, precision=precision)
 
         schedule = LrSchedule(train, (algorithm, optimizer, step), pieces)
     return RoundTools(
@@ -262,6 +271,7 @@ def make_tools(
         vmap_apply=make_apply(model, buffers, prepare=prepare if vmappable else None), eval_batch=eval_batch or (CHUNK if channels_last else 1024),
         teacher_memo=TeacherMemo(len(x)) if algorithm.teacher is not None and augment is None else None,
         augment=augment, dp=dp, dp_shapes=shapes, cut=None if vmappable else prepare, lr=train.lr, schedule=schedule,
+        precision=precision,
     )
 
 

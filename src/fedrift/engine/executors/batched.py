@@ -114,7 +114,8 @@ class BatchedExecutor:
         per way the payload is batched: shared by every client, or one row per client)."""
         key = (id(tools.algorithm), id(tools.optimizer))
         if key not in self._steps:  # one batched step per (algorithm, optimiser): training, personalisation
-            step = make_step(tools.algorithm, tools.vmap_apply or tools.apply, tools.optimizer, functional=True, dp=tools.dp)
+            step = make_step(tools.algorithm, tools.vmap_apply or tools.apply, tools.optimizer, functional=True, dp=tools.dp,
+                             precision=tools.precision)
             self._steps = {key: (tools.algorithm, tools.optimizer, step, {})}
         step, vsteps = self._steps[key][2], self._steps[key][3]
         dims_key = repr(payload_dims)
