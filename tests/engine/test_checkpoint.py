@@ -238,6 +238,9 @@ def test_another_executor_is_refused_where_results_could_differ(tiny, tmp_path):
         fedrift.resume(run_dir, ["engine.executor=batched"])
     with pytest.raises(CheckpointError, match=r"another config \(engine.executor: 'sequential' there, 'processes' here\)"):
         fedrift.resume(run_dir, ["engine.executor=processes", "engine.threads=2"])
+    # the executor is the same; the key that changed is named, not the executor (issue 52)
+    with pytest.raises(CheckpointError, match=r"another config \(engine.threads: 1 there, 2 here\)"):
+        fedrift.resume(run_dir, ["engine.threads=2"])
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "manifest"])

@@ -41,8 +41,9 @@ MANIFEST = "manifest.json"
 # What a resume may change: the one place that says it (README "Checkpoints and resume").
 # Keys that do not change a run's results: a checkpoint taken under other values is still its own.
 # plugins: where names come from; engine.ray_address: which cluster runs the actors (a lost head's
-# run continues on another one)
-NOT_RESULTS = ("engine.checkpoint_every", "engine.client_state", "plugins", "engine.ray_address")
+# run continues on another one); engine.divergence_*: where a diverging run stops, not any round's numbers
+NOT_RESULTS = ("engine.checkpoint_every", "engine.client_state", "plugins", "engine.ray_address",
+               "engine.divergence_factor", "engine.divergence_loss")
 # Executors whose results are equal bit for bit (README "Executors"): ``processes`` and ``ray`` run
 # ``sequential``'s own code on one thread per worker and the server aggregates in client order, so
 # on the CPU with ``engine.threads: 1`` a run may stop under one of them and continue under
@@ -185,11 +186,14 @@ class Checkpointer:
             there, here = resumable_keys(raw), resumable_keys(self.keys)
             diff = [k for k in sorted(set(there) | set(here)) if there.get(k, "<absent>") != here.get(k, "<absent>")]
             shown = lambda keys, k: keys.get(k, "<absent>")  # noqa: E731 - as the configs say it
+            # a key the configs really differ in first: engine.executor differs in resumable_keys
+            # when engine.threads or engine.device does (the executors are equal at one cpu thread only)
+            diff.sort(key=lambda k: shown(raw, k) == shown(self.keys, k))
             what = f" ({diff[0]}: {shown(raw, diff[0])!r} there, {shown(self.keys, diff[0])!r} here)" if diff else ""
             raise CheckpointError(
                 f"{self.dir}: the checkpoint is of another config{what}; a run resumes only with the config it "
                 "started with (keys that do not change results may differ: output.*, engine.checkpoint_every, "
-                "engine.client_state, engine.ray_address, plugins, and with engine.threads=1 on the cpu, "
+                "engine.client_state, engine.ray_address, engine.divergence_*, plugins, and with engine.threads=1 on the cpu, "
                 "engine.executor among sequential, processes and ray, and engine.workers)"
             )
         for name, want in files.items():

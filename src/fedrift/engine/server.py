@@ -13,6 +13,7 @@ round never holds K uploads.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -26,7 +27,7 @@ from fedrift.config import Config
 from fedrift.engine.augment import Augment
 from fedrift.engine.calibrate import calibration_metrics
 from fedrift.engine.checkpoint import Checkpointer, Snapshot, prefix_sha256
-from fedrift.engine.failures import Fates, fates
+from fedrift.engine.failures import DivergenceBound, Fates, fates, update_norm
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_tools
 from fedrift.engine.outputs import RunWriter
@@ -41,6 +42,8 @@ from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import LocalParts, evaluate, evaluate_personal
 from fedrift.models.base import FedModel
 from fedrift.models.norm import model_state, running_stat_names
+
+log = logging.getLogger("fedrift")
 
 
 class UploadStack:
@@ -100,6 +103,7 @@ class Round:
     sums: dict[str, RunningSum] | None = None  # streamed aggregation: the running sums (Server.take)
     stats: RunningSum | None = None  # ... and of the uploaded BatchNorm statistics (Server.average_stats)
     taken: dict[int, int] = field(default_factory=dict)  # client id -> upload bytes, once taken
+    norms: dict[int, float | None] = field(default_factory=dict)  # client id -> update norm (DivergenceBound)
     waiting: dict[int, ClientOutput] = field(default_factory=dict)  # arrived ahead of job order
 
     @property
@@ -186,6 +190,7 @@ class Server:
             if self.accountant is not None:  # its rounds so far, not saved: composed again
                 self.epsilon = self.accountant.step(resume.round)
             self.first = resume.round + 1
+        self.bound = DivergenceBound(cfg.engine.divergence_factor, cfg.engine.divergence_loss, self.totals)
         self.t = self.first - 1
         self.bar = tqdm(total=tc.rounds, initial=self.first - 1, desc=algorithm.name, unit="round",
                         disable=None if cfg.output.progress else True)
@@ -240,6 +245,8 @@ class Server:
         rnd.waiting[out.client_id] = out
         while len(rnd.taken) < len(rnd.jobs) and (nxt := rnd.jobs[len(rnd.taken)].client_id) in rnd.waiting:
             o = rnd.waiting.pop(nxt)
+            if self.bound.factor is not None:  # before the upload is dropped
+                rnd.norms[o.client_id] = update_norm(o.upload, rnd.payload)
             self._keep_state(o)
             for f, acc in rnd.sums.items():
                 acc.add(o.upload[f])
@@ -270,8 +277,22 @@ class Server:
         None when the round is not evaluated. ``up``: the bytes uploaded, when the transport
         measured them (else the uploads' tensor bytes). ``diverged``: those of ``failed`` whose
         training loss was not finite (``engine.accept_failures`` left them out): counted, and
-        a run that has any ends as diverged in effect (:meth:`diverged_in_effect`)."""
+        a run that has any ends as diverged in effect (:meth:`diverged_in_effect`).
+        A finite loss or update beyond ``engine.divergence_*`` (:class:`DivergenceBound`) is a
+        divergence too: it stops the run, or under ``engine.accept_failures`` the client is
+        left out here and counted as diverged."""
         cfg, fed, alg, t, tc = self.cfg, self.fed, rnd.tools.algorithm, rnd.t, self.cfg.train
+        for o in outputs:
+            if self.bound.factor is not None and o.client_id not in rnd.norms:
+                rnd.norms[o.client_id] = update_norm(o.upload, rnd.payload)
+        self.bound.learn(outputs, rnd.norms)  # the first round's sets the reference
+        beyond = self.bound.judge(outputs, rnd.norms)
+        if beyond and cfg.engine.accept_failures:
+            for k, why in beyond.items():
+                log.warning(f"round {t}: client {k} {why}; it is left out (engine.accept_failures)")
+            outputs = [o for o in outputs if o.client_id not in beyond]
+            failed, diverged = sorted([*failed, *beyond]), sorted([*diverged, *beyond])
+            beyond = {}
         counts = {"clients_returned": len(outputs), "clients_dropped": len(rnd.fate.dropped),
                   "clients_failed": len(failed), "clients_straggling": len(rnd.fate.work)}
         for key, value in counts.items():  # before any stop: the round that stops the run counts too
@@ -292,6 +313,9 @@ class Server:
         bad = [o.client_id for o, ok in zip(outputs, torch.isfinite(losses)) if not ok]
         if bad:
             raise self._diverged(t, f"client {bad[0]} produced a non-finite training loss")
+        if beyond:  # without accept_failures: the first finite blow-up stops the run
+            k = min(beyond, key=[o.client_id for o in outputs].index)
+            raise self._diverged(t, f"client {k} {beyond[k]}")
         if rnd.sums is not None:  # streamed: whatever the executor did not hand over already
             for o in outputs:
                 self.take(rnd, o)
@@ -462,9 +486,9 @@ class Server:
             return None
         return DivergenceError(
             f"training diverged in effect: {n} client trainings from round {self.totals['first_diverged_round']} on "
-            "returned a non-finite loss and were left out (engine.accept_failures), and the global model followed "
-            f"the others'; the metrics of every round are kept in {self.writer.dir / 'metrics.jsonl'} "
-            "(try a lower train.lr or set train.clip_grad_norm)")
+            "returned a non-finite loss, or a loss or update beyond engine.divergence_*, and were left out "
+            "(engine.accept_failures), and the global model followed the others'; the metrics of every round "
+            f"are kept in {self.writer.dir / 'metrics.jsonl'} (try a lower train.lr or set train.clip_grad_norm)")
 
     def interrupted(self) -> str:
         """The message of a run stopped by Ctrl-C in round ``self.t``."""
