@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import re
 import types
 import typing
 from pathlib import Path
@@ -28,9 +29,18 @@ NAMED = {"data": "datasets", "partition": "partitions", "model": "models", "algo
 # Small formatting helpers
 
 
-def cell(text: Any) -> str:
+def text(value: Any) -> str:
+    """Prose from the code (help, descriptions, registry lines) as Markdown shows it as
+    written: ``*``, ``_``, ``<``, ``>``, ``[`` and ``]`` escaped outside its `code` spans."""
+    parts = str(value).split("`")
+    for i in range(0, len(parts), 2):  # outside backticks
+        parts[i] = re.sub(r"([\\*_<>\[\]])", r"\\\1", parts[i])
+    return "`".join(parts) if len(parts) % 2 else str(value).replace("`", "\\`")
+
+
+def cell(value: Any) -> str:
     """A Markdown table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    return " ".join(str(value).split()).replace("|", "\\|")
 
 
 def code(value: Any) -> str:
@@ -116,20 +126,20 @@ def _argument_rows(parser: argparse.ArgumentParser) -> list[str]:
             name += f" {a.metavar or a.dest.upper()}"
         default = "" if a.default in (None, False, argparse.SUPPRESS) or not a.option_strings else code(a.default)
         choices = ", ".join(code(c) for c in a.choices) if a.choices else ""
-        rows.append(f"| `{cell(name)}` | {default} | {choices} | {cell(a.help or '')} |")
+        rows.append(f"| `{cell(name)}` | {default} | {choices} | {cell(text(a.help or ''))} |")
     return rows
 
 
 def cli_page(parser: argparse.ArgumentParser) -> str:
     """Every command and subcommand of ``parser``: usage, description and arguments."""
-    lines = [f"`{parser.prog}`: {parser.description or ''}", ""]
+    lines = [f"`{parser.prog}`: {text(parser.description or '')}", ""]
 
     def command(prefix: str, sub: argparse.ArgumentParser, help_: str, depth: int) -> None:
         lines.extend([f"{'#' * depth} `{prefix}`", ""])
         if help_:
-            lines.extend([help_[0].upper() + help_[1:] + ".", ""])
+            lines.extend([text(help_[0].upper() + help_[1:]) + ".", ""])
         if sub.description:
-            lines.extend([sub.description, ""])
+            lines.extend([text(sub.description), ""])
         lines.extend(["```text", sub.format_usage().strip().removeprefix("usage: "), "```", ""])
         rows = _argument_rows(sub)
         if rows:
@@ -178,7 +188,8 @@ def config_page(model: type, names: dict[str, list[str]] | None = None) -> str:
         title = f"`{section}`" if section else "Top level"
         lines.extend([f"## {title}", ""])
         if section:
-            lines.extend([model.model_fields[section].description[0].upper() + model.model_fields[section].description[1:] + ".", ""])
+            about = model.model_fields[section].description
+            lines.extend([text(about[0].upper() + about[1:]) + ".", ""])
         if section in NAMED:
             lines.extend([f"Besides these keys the section takes the chosen entry's own options: see "
                           f"[{NAMED[section]}]({NAMED[section]}.md).", ""])
@@ -191,7 +202,7 @@ def config_page(model: type, names: dict[str, list[str]] | None = None) -> str:
             if key.endswith(".name") and key.split(".")[0] in names:
                 allow = ", ".join(code(n) for n in names[key.split(".")[0]])
             lines.append(f"| `{key}` | {cell(type_name(info.annotation))} | {code(default)} | {cell(allow)} | "
-                         f"{cell(info.description or '')} |")
+                         f"{cell(text(info.description or ''))} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -239,7 +250,7 @@ def registry_page(registry: Any, kind: str) -> str:
                                                        for n in registry.names()) + ".", ""]
     for entry in registry:
         module = entry.factory.__module__
-        lines.extend([f"({kind}-{entry.name.replace('_', '-')})=", f"## `{entry.name}`", "", cell(entry.doc), "",
+        lines.extend([f"({kind}-{entry.name.replace('_', '-')})=", f"## `{entry.name}`", "", cell(text(entry.doc)), "",
                       f"Defined in `{module}` ({entry.source}).", ""])
         own = _own_doc(entry.params)
         if own:
@@ -267,7 +278,7 @@ def algorithms_page(registry: Any, default_space: Any, lr_space: dict[str, str])
             lines.extend(fence(mod_doc))
         for entry in entries:
             lines.extend([f"({'algorithm'}-{entry.name.replace('_', '-')})=", f"#### `{entry.name}`", "",
-                          cell(entry.doc), ""])
+                          cell(text(entry.doc)), ""])
             own = _own_doc(entry.params)
             if own:
                 lines.extend(fence(own))
@@ -288,7 +299,7 @@ def summary_table(registry: Any, kind: str) -> str:
         fields = getattr(entry.params, "__pydantic_fields__", None) or {}
         options = ", ".join(f"`{name}` {code(info.get_default(call_default_factory=True)).strip('`')}"
                             for name, info in fields.items() if name != "aggregation")
-        lines.append(f"| [`{entry.name}`](#{kind}-{entry.name.replace('_', '-')}) | {cell(entry.doc)} | {cell(options)} |")
+        lines.append(f"| [`{entry.name}`](#{kind}-{entry.name.replace('_', '-')}) | {cell(text(entry.doc))} | {cell(options)} |")
     return "\n".join([*lines, ""])
 
 
@@ -322,10 +333,10 @@ def pages() -> dict[str, str]:
 def write_all(folder: Path = GENERATED) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in pages().items():
+    for name, page in pages().items():
         path = folder / name
-        if not path.is_file() or path.read_text() != text:  # unchanged files keep their time: no rebuild
-            path.write_text(text)
+        if not path.is_file() or path.read_text() != page:  # unchanged files keep their time: no rebuild
+            path.write_text(page)
         written.append(path)
     return written
 

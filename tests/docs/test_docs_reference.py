@@ -88,3 +88,10 @@ def test_the_cli_page_follows_the_parser():
     run.add_argument("--jobs", type=int, default=3, help="runs at once")
     page = ref.cli_page(p)
     assert "## `fedrift run`" in page and "| `--jobs JOBS` | `3` |  | runs at once |" in page
+
+
+def test_prose_from_the_code_shows_as_written():
+    """Help and descriptions are plain text: their <, >, _ and * are not Markdown (an
+    OUT/<setting>/seed<k> would vanish as an HTML tag); `code` spans stay code."""
+    assert ref.text("OUT/<setting>/seed<k>, val_share, mu * w") == "OUT/\\<setting\\>/seed\\<k\\>, val\\_share, mu \\* w"
+    assert ref.text("see `runs/<algorithm>` and a_b") == "see `runs/<algorithm>` and a\\_b"
