@@ -213,3 +213,14 @@ def test_a_real_ctrl_c_writes_an_interrupted_summary_and_says_how_to_continue(tm
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds"] >= 2
     assert "Traceback" not in err and f"continue with: fedrift run --resume {run}" in err
+
+
+def test_the_usage_line_names_every_command(capsys):
+    """``fedrift --help``'s usage line lists each command (it left out ``select`` once, issue 52)."""
+    from fedrift.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    for command in ("run", "compare", "tune", "select", "study", "report", "list", "partition", "download", "flower"):
+        assert command in usage.split("{")[1].split("}")[0].split(","), (command, usage)

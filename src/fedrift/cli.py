@@ -12,7 +12,7 @@ from fedrift.errors import ConfigError, FedriftError, writing
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedrift", description="Federated learning under client drift.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{run,compare,tune,select,study,report,list,partition,download,flower}")
+    sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")

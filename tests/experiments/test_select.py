@@ -440,6 +440,17 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys, args, says):
     assert not out.exists()
 
 
+def test_output_progress_false_is_accepted_for_a_script(tmp_path, capsys):
+    """select's runs show no progress bar: a script may say output.progress=false (issue 52);
+    another output key, or a bar, is refused."""
+    plan = _plan(tmp_path / "s", {"algorithms": ["fedavg", "fedprox"], "budget_rounds": 500,
+                                  "overrides": ["output.progress=false"]})
+    assert plan.entries and not (tmp_path / "s").exists()
+    one_line_refusal(capsys, ["select", "-c", str(_cli_cfg(tmp_path)), "--out", str(tmp_path / "s"), "--budget-rounds",
+                              "500", "output.progress=true"], "output.progress: select sets every run's output keys",
+                     "allowed: --out for its folder, output.progress=false")
+
+
 def test_a_config_without_a_validation_share_is_refused(tmp_path, capsys):
     out = tmp_path / "s"
     one_line_refusal(capsys, ["select", "-c", str(_cli_cfg(tmp_path, val_share=None)), "--out", str(out),

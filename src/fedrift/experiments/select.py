@@ -197,8 +197,12 @@ def build_select(
         raise ConfigError(f"pruner: {pruner!r}; allowed: sha (successive halving), hyperband")
     overrides = list(overrides or [])
     for o in overrides:
-        if o.partition("=")[0].strip().startswith("output."):
-            raise ConfigError(f"{o.partition('=')[0]}: select sets every run's output keys; allowed: --out for its folder")
+        key = o.partition("=")[0].strip()
+        if key == "output.progress" and apply_overrides({}, [o])["output"]["progress"] is False:
+            continue  # what select does anyway (no run of it shows a progress bar); a script may say so
+        if key.startswith("output."):
+            raise ConfigError(f"{key}: select sets every run's output keys (no progress bar); allowed: --out for its "
+                              "folder, output.progress=false")
     base = apply_overrides(config_dict(config), overrides)
     base.pop("output", None)
     cfg = load_config(base)
