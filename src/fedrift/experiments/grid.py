@@ -21,6 +21,7 @@ from fedrift.engine.outputs import OWNED, unfinished
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.naming import fmt_value, safe_name
 from fedrift.experiments.pool import execute_run, run_pool
+from fedrift.experiments.stacked import stack_results, wants_stack
 from fedrift.experiments.tuned import base_check, base_warning, read_tuned
 from fedrift.overrides import parse_algorithm, parse_value, split_list
 from fedrift.report.table import EXECUTION_KEYS, flatten, short_names
@@ -396,20 +397,52 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
         statuses[spec.name] = result["status"]
         echo(f"[{done}/{total}] {spec.setting.label} seed {spec.seed}: {_describe_result(result)}")
 
-    if jobs <= 1 or len(todo) <= 1:
-        for spec in todo:
-            report(spec, execute_run(spec.doc, spec.name in resume))
+    tasks = stacks_of(todo)  # a setting's seeds as one stack where its runs stack (experiments.stacked)
+    for task in tasks:
+        if len(task) > 1:
+            echo(f"{task[0].setting.label}: seeds {', '.join(str(s.seed) for s in task)} trained as one stack")
+
+    def start(task: list[RunSpec]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        if len(task) == 1:
+            return execute_run, (task[0].doc, task[0].name in resume)
+        return stack_results, ([s.doc for s in task], [s.name in resume for s in task])
+
+    def finish(task: list[RunSpec], result: Any) -> None:
+        for spec, res in zip(task, result if len(task) > 1 else [result]):
+            report(spec, res)
+
+    if jobs <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            fn, args = start(task)
+            finish(task, fn(*args))
         return statuses
 
-    with run_pool(min(jobs, len(todo))) as pool:
-        pending = {pool.submit(execute_run, spec.doc, spec.name in resume): spec for spec in todo}
+    with run_pool(min(jobs, len(tasks))) as pool:
+        pending = {pool.submit(*start(task)): task for task in tasks}
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
-                spec = pending.pop(fut)
-                report(spec, fut.result())
+                finish(pending.pop(fut), fut.result())
     return statuses
 
 
+def stacks_of(specs: list[RunSpec]) -> list[list[RunSpec]]:
+    """The runs to run, as tasks: the seeds of a setting together where its runs stack
+    (:func:`fedrift.experiments.stacked.wants_stack`: ``engine.executor: stacked``, or ``auto``
+    on a GPU), each other run alone; in the grid's order."""
+    tasks: list[list[RunSpec]] = []
+    by_setting: dict[Setting, list[RunSpec]] = {}
+    for spec in specs:
+        if wants_stack(spec.doc):
+            if spec.setting not in by_setting:
+                by_setting[spec.setting] = []
+                tasks.append(by_setting[spec.setting])
+            spec.doc = {**spec.doc, "engine": {**(spec.doc.get("engine") or {}), "executor": "stacked"}}
+            by_setting[spec.setting].append(spec)
+        else:
+            tasks.append([spec])
+    return tasks
+
+
 __all__ = ["GRID_FILE", "Grid", "RunSpec", "Setting", "build_grid", "config_differences", "copy_trial", "parse_grid_tokens",
-           "run_grid", "run_state", "tune_trials"]
+           "run_grid", "run_state", "stacks_of", "tune_trials"]

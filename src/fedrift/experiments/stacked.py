@@ -31,6 +31,21 @@ UNSTACKABLE: dict[str, str] = {}
 PER_RUN = ("seed", "output.")
 
 
+def wants_stack(doc: Mapping[str, Any]) -> bool:
+    """Whether a run's config asks to be stacked with its setting's other seeds:
+    ``engine.executor: stacked``, or ``auto`` where the run goes to a GPU (one run of a small
+    model leaves it idle; :func:`fedrift.engine.executor_choice.choose_executor` decides
+    for a run alone)."""
+    import torch
+
+    engine = doc.get("engine") or {}
+    executor, device = engine.get("executor", "auto"), engine.get("device", "auto")
+    if executor == "stacked":
+        return True
+    return executor == "auto" and device != "cpu" and torch.cuda.is_available() and doc.get("algorithm", {}).get(
+        "name") not in UNSTACKABLE
+
+
 def check_stackable(preps: Sequence[Prepared]) -> None:
     """Refuse, in one line, runs that cannot be one stack: another config than the first's in
     a key other than the seed and the output folder (those runs train with other steps), or
@@ -134,4 +149,4 @@ def stack_results(configs: Sequence[Mapping[str, Any]], resume: Sequence[bool]) 
     return lines
 
 
-__all__ = ["UNSTACKABLE", "check_stackable", "prepare_stack", "run_stacked", "stack_results"]
+__all__ = ["UNSTACKABLE", "check_stackable", "prepare_stack", "run_stacked", "stack_results", "wants_stack"]
