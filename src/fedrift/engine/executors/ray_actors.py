@@ -15,28 +15,36 @@ its tools in them, which costs milliseconds where a new actor's process costs se
 torch and fedrift imported: about 3 s of a core each here). Unused for ``KEEP_SECONDS``, they
 are killed, so that an idle driver does not hold a shared cluster's CPUs.
 
-An actor that dies mid-round (its node lost, its process killed) is replaced by a new actor
-and its clients are trained again there: their work is a pure function of the payload and
-their jobs, so the round's result does not change. Up to ``RETRIES`` replacements a round.
+An actor that dies mid-round (its node lost, its process killed) has its clients trained again
+on another actor: the first one free, a survivor or the replacement asked for at once. Their
+work is a pure function of the payload and their jobs, so the round's result does not change;
+one line says so. When no actor survives and Ray places no replacement within
+``REPLACE_SECONDS`` (the lost node was the only one with a free CPU), the run stops as after a
+lost head (below). Up to ``RETRIES`` actors lost a round.
 
 A lost head node (its machine gone, its processes killed) takes the cluster with it: no actor
 can be made and Ray's own core would wait 60 s for it, then end the driver with a C++ log
 line. So while a round trains the driver checks every ``PROBE_SECONDS`` that the head still
 takes connections, and before each round and before it makes actors (Ray's own wait is made
-an hour: ``GCS_WAIT``); ``LOST_AFTER`` failed checks in a row raise
+``GCS_WAIT``); ``LOST_AFTER`` failed checks in a row raise
 :class:`ClusterLostError`: the run stops as at Ctrl-C (``interrupted`` in ``summary.json``,
 its checkpoint kept, one line naming ``fedrift run --resume``), and a resume may name another
 head or an executor with equal results (``engine/checkpoint.py``).
 
-A cluster with token authentication that refuses this driver's token (none set, or another
-one) is named as such at once (``check_token``), where ``ray.init`` would retry for 20 s and
-say only that it found no cluster.
+No wait is silent. An address is checked before ``ray.init`` (:func:`check_head`): nothing
+listening, another service on the port (a plain TCP server, an HTTP server, another gRPC
+server such as Ray Client's) or a cluster refusing this driver's token is one line within
+``HEAD_SECONDS``, where ``ray.init`` would retry for minutes, printing Ray's own GCS errors.
+More ``engine.workers`` than the cluster has CPUs are lowered to its CPUs with a line (one
+actor a CPU); while actors wait for CPUs that other jobs hold, a line every ``SAY_EVERY``
+seconds says what they wait for.
 
 Ray is an optional extra (``pip install 'fedrift[ray]'``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -55,17 +63,25 @@ from fedrift.engine.executors.worker import (
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.errors import ClusterLostError, ConfigError
 
-RETRIES = 3  # actors replaced per round before the round fails
+log = logging.getLogger("fedrift")
+
+RETRIES = 3  # actors lost per round before the round fails
 PROBE_SECONDS = 1.0  # while a round trains: how often the driver checks that the head node answers
 LOST_AFTER = 3  # failed checks in a row that mean the head is lost (one refused connection may be a blip)
+HEAD_SECONDS = 5.0  # how long check_head waits for the address to answer as a Ray head node does
+REPLACE_SECONDS = 30.0  # with every actor of a round lost: how long a replacement may take to be placed
+SAY_EVERY = 30.0  # while actors wait for CPUs: seconds between the lines that say so
 TOKEN_SOURCES = "RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
 # Ray's own wait for a lost head (60 s), after which its core ends the driver with a C++ log line
-# even while the driver does nothing with Ray (the server evaluating): an hour, so that the check
-# at the next round start says what happened first. Read once, by ray.init; a user's value stays.
-GCS_WAIT = ("RAY_gcs_rpc_server_reconnect_timeout_s", "3600")
+# even while the driver does nothing with Ray (the server evaluating): 10 minutes, so that the
+# check at the next round start says what happened first (an evaluation of up to 10 minutes).
+# Read once, by ray.init, which is reached only once check_head found a head node answering
+# (Ray's wait for one that never answers was this long too: an hour, before). A user's value stays.
+GCS_WAIT = ("RAY_gcs_rpc_server_reconnect_timeout_s", "600")
 KEEP_SECONDS = 30.0  # how long a finished run's actors wait for the next run of this driver (0: killed at once)
 _KEPT: dict[str, list[tuple[Any, object]]] = {}  # a cluster's GCS address -> (actor, its stay's token)
 _KEPT_LOCK = threading.Lock()
+_JOINED: dict[str, str] = {}  # "address": the cluster this process's Ray connection joined (a run's engine.ray_address)
 
 
 def require_ray() -> Any:
@@ -76,32 +92,37 @@ def require_ray() -> Any:
     return ray
 
 
-def _check_reachable(address: str) -> None:
-    """Refuse at once an address where nothing listens (``ray.init`` would retry for minutes)."""
+def host_port(address: str) -> tuple[str, int]:
+    """``(host, port)`` of ``[ray://]HOST:PORT`` (config.py has checked its form)."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5):
-            pass
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"engine.ray_address: no Ray head node answers at {address!r} ({err}); allowed: "
-                          "host:port of a running head node (ray start --head), or null for a local Ray") from None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+ALLOWED = "allowed: HOST:PORT of a running head node's GCS (ray start --head prints it; port 6379 by default), or null for a local Ray"
 
 
 def _answers(address: str) -> bool:
     """Whether anything takes connections at ``host:port`` (a head node's GCS)."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=2):
+        with socket.create_connection(host_port(address), timeout=2):
             return True
-    except (OSError, ValueError):
+    except OSError:
         return False
 
 
-def check_token(address: str) -> None:
-    """Refuse at once a cluster that refuses this driver's token, naming what is wrong: token
-    authentication off here, no token found, or another token than the cluster's. One call
-    the head answers before anything else (its cluster id) with the token ``ray.init`` would
-    send; any other outcome is left to ``ray.init``."""
+def check_head(address: str) -> None:
+    """Refuse at once, in one line, an address where no Ray head node answers, naming what
+    answers instead: nothing (connection refused), a service that is not Ray's GCS (a TCP
+    server that says nothing, an HTTP server, another gRPC service such as Ray Client's
+    server), or a cluster that refuses this driver's token (token authentication off here,
+    no token found, or another token than the cluster's). One call the head answers before
+    anything else (its cluster id), with the token ``ray.init`` would send, bounded by
+    ``HEAD_SECONDS``: ``ray.init`` would retry for minutes, printing Ray's GCS errors."""
+    try:
+        with socket.create_connection(host_port(address), timeout=HEAD_SECONDS):
+            pass
+    except OSError as err:
+        raise ConfigError(f"engine.ray_address: no Ray head node answers at {address!r} ({err}); {ALLOWED}") from None
     if address.startswith("ray://"):  # Ray Client: a handshake of its own
         return
     import grpc
@@ -119,11 +140,16 @@ def check_token(address: str) -> None:
     with grpc.insecure_channel(address) as channel:
         try:
             gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
-                gcs_service_pb2.GetClusterIdRequest(), timeout=10, metadata=metadata)
+                gcs_service_pb2.GetClusterIdRequest(), timeout=HEAD_SECONDS, metadata=metadata)
             return
         except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNAUTHENTICATED:
-                return
+            code, details = err.code(), " ".join(str(err.details() or "").split())
+    if code != grpc.StatusCode.UNAUTHENTICATED:
+        what = {grpc.StatusCode.DEADLINE_EXCEEDED: f"a service that does not speak gRPC answers there (no reply in {HEAD_SECONDS:g} s)",
+                grpc.StatusCode.UNIMPLEMENTED: "a gRPC service that is not Ray's GCS answers there (Ray Client's server port? "
+                                               "give the GCS port, or ray://HOST:PORT for Ray Client)"}
+        said = what.get(code, f"a service that is not Ray's GCS answers there ({code.name}: {details[:160]})")
+        raise ConfigError(f"engine.ray_address: {address!r} is not a Ray head node: {said}; {ALLOWED}")
     where = f"engine.ray_address: the Ray cluster at {address!r}"
     if not token_mode:
         raise ConfigError(f"{where} requires a token and this driver sends none (token authentication is off here: "
@@ -173,8 +199,8 @@ class RayExecutor:
 
     def __init__(self, cfg: Config) -> None:
         self.ray = require_ray()
-        if cfg.engine.ray_address and not self.ray.is_initialized():
-            _check_reachable(cfg.engine.ray_address)  # refused before the run folder is made
+        if cfg.engine.ray_address and not (self.ray.is_initialized() and _JOINED.get("address") == cfg.engine.ray_address):
+            check_head(cfg.engine.ray_address)  # refused before the run folder is made
         self.cfg = cfg
         self.workers = cfg.engine.workers
         self._prepared: Any = None
@@ -190,6 +216,7 @@ class RayExecutor:
         self._round = 0
         self._lost = False  # the cluster went away: nothing more is asked of it
         self._misses = 0  # checks in a row that found no head
+        self._coming: list[tuple[Any, Any]] = []  # replacements asked for, not yet ready: (actor, its ready ref)
         self._device = "cpu"  # where the run's server works (a resume without Ray needs the cpu)
 
     def use_prepared(self, prepared: Any) -> None:
@@ -217,24 +244,7 @@ class RayExecutor:
         for b, bucket in enumerate(buckets):
             mine = [portable(jobs[i]) for i in bucket]
             work.append((mine, teacher or teacher_rows(tools, mine)))
-        futures = {b: self._actors[b].train.remote(round_, tools.lr, mine, payload_ref, part) for b, (mine, part) in enumerate(work)}
-        results: dict[int, list[ClientOutput]] = {}
-        lost = 0
-        while futures:
-            b, ref = next(iter(futures.items()))
-            self._wait([ref])
-            try:
-                results[b] = ray.get(ref)
-                del futures[b]
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
-                self._check_head(at_once=True)  # a lost head takes its node's actors with it
-                lost += 1
-                if lost > RETRIES:
-                    raise RuntimeError(f"ray executor: {lost} actors lost in round {round_}; last: {err}") from err
-                self._actors[b] = self._new_actors(1)[0]
-                self.replaced += 1
-                mine, part = work[b]
-                futures[b] = self._actors[b].train.remote(round_, tools.lr, mine, payload_ref, part)
+        results = self._train_all(round_, tools.lr, work, payload_ref)
         out: list[ClientOutput | None] = [None] * len(jobs)
         device = tools.x.device
         for b, bucket in enumerate(buckets):
@@ -242,7 +252,81 @@ class RayExecutor:
                 out[i] = o if device.type == "cpu" else portable(o, device)
         return out  # type: ignore[return-value]
 
+    def _train_all(self, round_: int, lr: float | None, work: list[tuple[Any, Any]], payload_ref: Any) -> dict[int, list[ClientOutput]]:
+        """Bucket ``b`` of ``work`` trained on actor ``b``; the outputs by bucket. A bucket whose
+        actor is lost goes to the first actor free: a survivor done with its own bucket, or the
+        replacement asked for at once (:meth:`_lost_actor`)."""
+        ray = self.ray
+        running = {self._actors[b].train.remote(round_, lr, mine, payload_ref, part): (b, self._actors[b])
+                   for b, (mine, part) in enumerate(work)}
+        results: dict[int, list[ClientOutput]] = {}
+        idle: list[Any] = []
+        todo: list[int] = []  # buckets whose actor was lost
+        lost = 0
+        alone_since: float | None = None  # since when lost buckets wait with no actor left
+        while running or todo:
+            while todo and idle:
+                b, actor = todo.pop(0), idle.pop(0)
+                mine, part = work[b]
+                running[actor.train.remote(round_, lr, mine, payload_ref, part)] = (b, actor)
+            coming = {ref: actor for actor, ref in self._coming}
+            refs = [*running, *coming]
+            done = ray.wait(refs, num_returns=1, timeout=PROBE_SECONDS)[0] if refs else []
+            if not done:
+                self._check_head()
+                if todo and not running:  # every actor lost: only a replacement can train them
+                    alone_since = alone_since or time.monotonic()
+                    if time.monotonic() - alone_since > REPLACE_SECONDS:
+                        self._lost = True
+                        raise ClusterLostError(
+                            f"engine.ray_address: the Ray cluster at {self._gcs!r} lost every actor of round {round_} "
+                            f"and placed none anew within {REPLACE_SECONDS:g} s (their nodes gone, no CPU free elsewhere)",
+                            hint=self._resume_hint())
+                continue
+            ref = done[0]
+            if ref in coming:
+                self._coming = [(a, r) for a, r in self._coming if r is not ref]
+                try:
+                    self._admit(ray.get(ref))
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                    continue  # lost before it was ready: the next loss asks again
+                self._actors.append(coming[ref])
+                idle.append(coming[ref])
+                alone_since = None
+                continue
+            b, actor = running.pop(ref)
+            try:
+                results[b] = ray.get(ref)
+                idle.append(actor)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
+                self._check_head(at_once=True)  # a lost head takes its node's actors with it
+                lost += 1
+                if lost > RETRIES:
+                    raise RuntimeError(f"ray executor: {lost} actors lost in round {round_}; last: {err}") from err
+                self._lost_actor(actor, round_, len(work[b][0]))
+                todo.append(b)
+        return results
+
+    def _lost_actor(self, actor: Any, round_: int, clients: int) -> None:
+        """An actor lost mid-round: out of the pool, a replacement asked for (not waited for)."""
+        self._actors = [a for a in self._actors if a is not actor]
+        new = self._ask_actors(1)[0]
+        self._coming.append((new, new.ready.remote()))
+        self.replaced += 1
+        log.warning(f"ray executor: round {round_}: an actor was lost (its process or its node gone); its {clients} "
+                    f"client(s) train again on the first actor free, a replacement is asked for "
+                    f"({len(self._actors)} actor(s) left on the Ray cluster at {self._gcs})")
+
+    def _resume_hint(self) -> str:
+        same = self.cfg.engine.threads == 1 and self._device == "cpu"  # engine/checkpoint.py EQUAL_EXECUTORS
+        return ("; on another cluster: add engine.ray_address=HOST:PORT"
+                + ("; without Ray: add engine.executor=sequential engine.ray_address=null (the same results with "
+                   "engine.threads=1)" if same else ""))
+
     def close(self) -> None:
+        if not self._lost:  # replacements not placed yet: they would hold a CPU once placed
+            _kill(self.ray, [a for a, _ in self._coming])
+        self._coming = []
         if self._lost:  # asking a lost cluster to kill its actors would wait for its head
             self._actors = []
             with _KEPT_LOCK:
@@ -262,10 +346,22 @@ class RayExecutor:
 
     # -- a lost head -------------------------------------------------------------------
 
-    def _wait(self, refs: list[Any]) -> None:
-        """Until ``refs`` are ready (or failed), checking the head every ``PROBE_SECONDS``."""
-        while not self.ray.wait(refs, num_returns=len(refs), timeout=PROBE_SECONDS)[0]:
+    def _wait(self, refs: list[Any], actors: bool = False) -> None:
+        """Until ``refs`` are ready (or failed), checking the head every ``PROBE_SECONDS``;
+        for new ``actors``, a line every ``SAY_EVERY`` seconds while some are not placed."""
+        start = said = time.monotonic()
+        while True:
+            ready = self.ray.wait(refs, num_returns=len(refs), timeout=PROBE_SECONDS)[0]
+            if len(ready) == len(refs):
+                return
             self._check_head()
+            if actors and time.monotonic() - said >= SAY_EVERY:
+                said = time.monotonic()
+                free = self.ray.available_resources().get("CPU", 0.0)
+                total = self.ray.cluster_resources().get("CPU", 0.0)
+                log.warning(f"ray executor: waiting {said - start:.0f} s for {len(refs) - len(ready)} of {len(refs)} "
+                            f"actor(s) to start on the Ray cluster at {self._gcs} (1 CPU each; {free:g} of {total:g} "
+                            "CPUs free: an actor starts once Ray has a CPU for it); Ctrl-C stops the run")
 
     def _check_head(self, at_once: bool = False) -> None:
         """Raise :class:`ClusterLostError` when the head node no longer takes connections:
@@ -285,23 +381,23 @@ class RayExecutor:
         if self._misses < LOST_AFTER:
             return
         self._lost = True
-        same = self.cfg.engine.threads == 1 and self._device == "cpu"  # engine/checkpoint.py EQUAL_EXECUTORS
         raise ClusterLostError(
             f"engine.ray_address: the Ray cluster at {self._gcs!r} was lost in round {self._round}: its head node stopped answering",
-            hint="; on another cluster: add engine.ray_address=HOST:PORT"
-            + ("; without Ray: add engine.executor=sequential (the same results with engine.threads=1)" if same else ""))
+            hint=self._resume_hint())
 
     # -- actors ------------------------------------------------------------------------
 
     def _start(self) -> None:
         ray = self.ray
+        address = self.cfg.engine.ray_address
+        if ray.is_initialized() and address and _JOINED.get("address") not in (None, address):
+            ray.shutdown()  # joined another cluster for an earlier run: this run names its own
         if not ray.is_initialized():
+            _JOINED.pop("address", None)
             with _KEPT_LOCK:
                 _KEPT.clear()  # actors of an earlier connection: gone with it
-            address = self.cfg.engine.ray_address
             if address:
-                _check_reachable(address)
-                check_token(address)
+                check_head(address)
             longer = bool(address) and GCS_WAIT[0] not in os.environ  # a local Ray's processes would inherit it
             if longer:
                 os.environ[GCS_WAIT[0]] = GCS_WAIT[1]
@@ -317,6 +413,8 @@ class RayExecutor:
                 if longer:
                     os.environ.pop(GCS_WAIT[0], None)
             self._started_ray = not address  # a cluster's connection stays for the next run
+            if address:
+                _JOINED["address"] = address
         if not self._gcs:  # the address given (a Ray Client's server, for ray://), or the local Ray's head
             self._gcs = self.cfg.engine.ray_address or ray.get_runtime_context().gcs_address
         if self._actors:
@@ -324,7 +422,15 @@ class RayExecutor:
         if self._prepared is None:  # not given by the API: load it as the run did
             self._prepared = prepare(self.cfg)
         self._prepared_ref = ray.put(self._prepared)
-        n = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        if cpus < 1:
+            raise ConfigError(f"engine.ray_address: the Ray cluster at {self._gcs} has no CPUs for actors (one CPU each); "
+                              "allowed: a cluster whose nodes offer CPUs (ray start --num-cpus=N)")
+        n = self.workers or cpus
+        if n > cpus:  # more would wait for CPUs forever (a local Ray is started with engine.workers CPUs)
+            log.warning(f"engine.workers: {n} actors asked for, and the Ray cluster at {self._gcs} has {cpus} CPUs "
+                        f"(one an actor): {cpus} actors train the clients (the results do not change)")
+            n = cpus
         self._actors = self._kept_actors(n)
         self._actors += self._new_actors(n - len(self._actors))
 
@@ -348,15 +454,18 @@ class RayExecutor:
     def _new_actors(self, n: int) -> list[Any]:
         if n <= 0:
             return []
-        ray = self.ray
-        self._check_head(at_once=True)  # making an actor without a head would wait for it
-        cls = ray.remote(num_cpus=1, max_restarts=0)(_ClientActor)
-        actors = [cls.remote(self._prepared_ref) for _ in range(n)]
+        actors = self._ask_actors(n)
         ready = [a.ready.remote() for a in actors]
-        self._wait(ready)
-        for answer in ray.get(ready):
+        self._wait(ready, actors=True)
+        for answer in self.ray.get(ready):
             self._admit(answer)
         return actors
+
+    def _ask_actors(self, n: int) -> list[Any]:
+        """``n`` new actors asked of the cluster (placed and built by Ray meanwhile)."""
+        self._check_head(at_once=True)  # making an actor without a head would wait for it
+        cls = self.ray.remote(num_cpus=1, max_restarts=0)(_ClientActor)
+        return [cls.remote(self._prepared_ref) for _ in range(n)]
 
     def _admit(self, answer: tuple[int, str, dict[str, Any]]) -> None:
         """An actor's ``ready`` answer: its node noted, its tools checked against the run's."""
