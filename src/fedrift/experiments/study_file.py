@@ -228,8 +228,16 @@ def _entries(file: StudyFile, where: str) -> list[Entry]:
                     raise ConfigError(f"{where}: entries: {spec.entry}: space.{key}: {name} has no option {key!r}")
             for key, value in {**default_space(name), **space}.items():
                 dotted = key if "." in key else f"algorithm.{key}"
-                if value is not None and str(value).strip().lower() != "none":
+                if value is None or str(value).strip().lower() == "none":
+                    continue
+                kind = str(value).partition(":")[0].strip() if isinstance(value, str) and ":" in value else None
+                if kind is not None and kind not in ("log", "float", "int"):
+                    raise ConfigError(f"{where}: tune space of {spec.entry}: space.{key}: {value!r} is not a space; "
+                                      "allowed: log:LOW:HIGH, float:LOW:HIGH, int:LOW:HIGH or a list of values")
+                try:
                     Dim.parse(dotted, value)  # a bad space is refused now, in one line
+                except ConfigError as err:
+                    raise ConfigError(f"{where}: tune space of {spec.entry}: {err}") from None
         if any(e.entry == spec.entry for e in out):
             raise ConfigError(f"{where}: entries: {spec.entry} given twice")
         out.append(Entry(spec.entry, tuned, space if tuned else {}))

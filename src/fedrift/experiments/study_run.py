@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from fedrift.errors import ConfigError, writing
+from fedrift.experiments.space import takes
 from fedrift.experiments.study_file import Entry, Study, load_study
 from fedrift.experiments.study_status import finished_trials, progress, tune_target
 from fedrift.report.table import flatten
@@ -123,7 +124,7 @@ def _validate_tunes(study: Study, entries: Sequence[Entry], built: Mapping[str, 
     for e in entries:
         groups.setdefault(json.dumps(e.space, sort_keys=True, default=str), []).append(e)
     for group in groups.values():
-        space = {k: v for k, v in group[0].space.items() if "." in k or any(_takes(e.name, k) for e in group)}
+        space = {k: v for k, v in group[0].space.items() if "." in k or any(takes(e.name, k) for e in group)}
         tune = build_tune(study.config, [e.entry for e in group], space, study.tune_overrides, study.tune_dir,
                           t.trials, 0, t.pruner)
         for s in tune.studies:
@@ -139,6 +140,7 @@ def _storage(study: Study) -> str:
 def _retire(study: Study, name: str, echo: Echo) -> Path:
     """Move study ``name`` (its Optuna study and its trial folders) to ``<tune>/retired/NAME-K``."""
     from fedrift.experiments.studies import load_optuna
+    from fedrift.experiments.tune import DESCRIPTION
 
     optuna = load_optuna()
     k = 1
@@ -156,6 +158,10 @@ def _retire(study: Study, name: str, echo: Echo) -> Path:
     if trials.is_dir():
         (dest / "trials").mkdir()
         shutil.move(str(trials), str(dest / "trials" / name))
+    desc = _read_json(study.tune_dir / DESCRIPTION)  # the tune's description forgets it
+    if name in (desc.get("studies") or {}):
+        del desc["studies"][name]
+        _write_json(study.tune_dir / DESCRIPTION, desc)
     return dest
 
 
@@ -230,6 +236,7 @@ def _tune_step(study: Study, upto: Sequence[Entry], built: Mapping[str, Any], he
                          for k in sorted(set(old.get("space") or {}) | set(here))
                          if (old.get("space") or {}).get(k) != here.get(k)) or "its entry"
         dest = _retire(study, tstudy.name, echo)
+        known.pop(tstudy.name, None)
         echo(f"{entry.entry}: its tune's space changed ({what}); its trials are moved to {dest}, its tune starts again")
     wanted = [built[e.entry] for e in upto if e.tuned]
     names = {s.name for s, _ in wanted}
@@ -360,9 +367,7 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
     ``budget``: a duration (``15m``, ``2h``, seconds) after which the study stops as at Ctrl-C.
     A Ctrl-C raises KeyboardInterrupt after the work in progress recorded itself; the budget's
     stop returns an :class:`Outcome` that is not ``finished``."""
-    from fedrift.experiments.grid import build_grid, run_state
     from fedrift.experiments.select import parse_duration
-    from fedrift.report.html import ReportOptions
 
     echo: Echo = print if verbose else (lambda _m: None)
     study = load_study(path, out)
@@ -372,6 +377,39 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
     seconds = parse_duration(str(budget)) if budget is not None else None
     if seconds is not None and seconds <= 0:
         raise ConfigError(f"--budget: {budget!r} is no time; allowed: a positive duration such as 15m")
+    timer = _Budget(seconds)  # from the command's start: a device's quarter hour counts its set-up too
+    finished = False
+    description: dict[str, Any] | None = None
+    try:
+        description, opts, steps = _prepare(study, jobs, echo)
+        steps(verbose)
+        finished = True
+    except KeyboardInterrupt:
+        if not timer.hit:
+            timer.cancel()
+            if description is not None:
+                _write_description(study, description)
+            raise
+    finally:
+        timer.cancel()
+    if description is None:  # stopped before anything ran
+        echo("study: stopped at the budget before any trial or run started")
+        return Outcome(False, True)
+    try:
+        return _finish(study, description, opts, finished, timer.hit, seconds, report, echo)
+    except KeyboardInterrupt:
+        if timer.hit and not finished:  # the budget's signal came as the last step ended
+            return _finish(study, description, opts, finished, True, seconds, report, echo)
+        raise
+
+
+def _prepare(study: Study, jobs: int, echo: Echo) -> tuple[dict[str, Any], Any, Callable[[bool], None]]:
+    """Everything checked before anything runs (every run of the grid, the tunes that will
+    run), the entries' changes said, the ledger written; returns the grid's description, the
+    report options and the steps to run."""
+    from fedrift.experiments.grid import build_grid, run_state
+    from fedrift.report.html import ReportOptions
+
     built, head = _tune_studies(study) if study.tuned_entries else ({}, {})
     if study.tuned_entries:
         from fedrift.experiments.studies import load_optuna
@@ -381,8 +419,7 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
     old = _read_json(_ledger_path(study))
     for line in _changes(study, old):
         echo(line)
-    # everything is validated before anything runs (every run of the grid, every tune study),
-    # and the steps whose runs all finished before, at the values they take now, are known
+    # the steps whose runs all finished before, at the values they take now, are known now
     ready = [e for e in study.entries if not e.tuned or _tune_ready(study, e, built, old)]
     _validate_tunes(study, [e for e in study.tuned_entries if e not in ready], built)
     grid = build_grid(study.config, [e.entry for e in study.entries], study.seeds, study.sweep or None,
@@ -395,16 +432,14 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
         "version": 1, "file": str(study.path), "order": [e.entry for e in study.entries], "seeds": study.seeds,
         "entries": {e.entry: {"hash": study.entry_hash(e), "tuned": e.tuned,
                               "study": e.study_name if e.tuned else None,
-                              "dirs": [s.dir for s in grid.settings if s.algorithm == e.entry],
                               "settings": json.loads(json.dumps(study.settings(e), default=str))}
                     for e in study.entries},
         "tune": dict(old.get("tune") or {}),
     }
     _save_ledger(study, ledger)
-    description = {**grid.description, "report": opts.as_json(), "study": str(study.path)}
-    timer = _Budget(seconds)
-    finished = False
-    try:
+
+    def steps(verbose: bool) -> None:
+        values = None
         for k, entry in enumerate(study.entries):  # each entry's tune and seed 0, the reference first
             if entry.tuned:
                 _tune_step(study, study.entries[:k + 1], built, head, ledger, jobs, echo)
@@ -418,21 +453,9 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
                 echo(f"== study: seed {seed} of " + ("every entry" if len(todo) == len(study.entries)
                                                      else ", ".join(e.entry for e in todo)))
                 _run_step(study, todo, seed, values, jobs, verbose)
-        finished = True
-    except KeyboardInterrupt:
-        if not timer.hit:
-            timer.cancel()
-            _write_description(study, description)
-            raise
-    finally:
-        timer.cancel()
-    _save_ledger(study, ledger)
-    try:
-        return _finish(study, description, opts, finished, timer.hit, seconds, report, echo)
-    except KeyboardInterrupt:
-        if timer.hit and not finished:  # the budget's signal came as the last step ended
-            return _finish(study, description, opts, finished, True, seconds, report, echo)
-        raise
+        _save_ledger(study, ledger)
+
+    return {**grid.description, "report": opts.as_json(), "study": str(study.path)}, opts, steps
 
 
 def _write_description(study: Study, description: Mapping[str, Any]) -> None:

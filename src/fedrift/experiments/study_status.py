@@ -3,8 +3,8 @@ an estimate of the rest from the cost measured so far.
 
 Read from the folders alone (no data is loaded, nothing is validated but the study file): the
 tune folder's database (finished trials of each entry's study), the run folders' summaries, and
-``<runs>/study.json`` (the folders of each entry's runs, its settings' hash). An entry new or
-changed since the last ``study run`` is said so; its runs count as left. The estimate is the
+``<runs>/study.json`` (each entry's settings' hash at the last ``study run``). An entry new or
+changed since that run is said so. The estimate is the
 seconds a round measured here (each entry's own runs and trials, else all of them) times the
 rounds left, in one process (``--jobs N`` divides it by about N).
 """
@@ -21,7 +21,10 @@ from typing import Any
 
 from fedrift.config import entry_doc
 from fedrift.engine.folder_lock import LOCK_NAME
+from fedrift.experiments.naming import fmt_value, safe_name
 from fedrift.experiments.study_file import Entry, Study, load_study
+from fedrift.overrides import parse_value
+from fedrift.report.table import short_names
 
 FINISHED = ("completed", "diverged", "no_clients")  # compare's finished runs: not run again
 
@@ -88,6 +91,17 @@ def holder(folder: Path) -> str | None:
     return text
 
 
+def setting_dirs(study: Study, entry: Entry) -> list[str]:
+    """The folders of an entry's settings in the compare root, one per swept combination, by
+    compare's rule (:func:`fedrift.experiments.grid.build_grid`: the entry and the swept values)."""
+    short = short_names(list(study.sweep))
+    combos: list[list[tuple[str, Any]]] = [[]]
+    for key, values in study.sweep.items():
+        combos = [c + [(key, parse_value(v) if isinstance(v, str) else v)] for c in combos for v in values]
+    return [safe_name("_".join([entry.entry.replace(":", "-"), *(f"{short[k]}={fmt_value(v)}" for k, v in c)]))
+            for c in combos]
+
+
 def _rounds(study: Study, entry: Entry, tune: bool = False) -> int:
     doc = entry_doc(study.base, entry.entry)
     if tune and study.file.tune is not None and study.file.tune.rounds is not None:
@@ -97,14 +111,15 @@ def _rounds(study: Study, entry: Entry, tune: bool = False) -> int:
 
 def entry_progress(study: Study, entry: Entry, ledger: dict[str, Any]) -> dict[str, Any]:
     """An entry's trials (finished, target) and runs (finished, stopped, total), whether it is
-    new or changed since the last run, and the seconds a round its runs and trials took."""
+    new or changed since the last ``study run`` (by ``study.json``), and the seconds a round its runs and trials took."""
     combos = math.prod(len(v) for v in study.sweep.values()) if study.sweep else 1
     total = combos * len(study.seeds)
     known = (ledger.get("entries") or {}).get(entry.entry)
-    state = "new" if known is None else "changed" if known.get("hash") != study.entry_hash(entry) else ""
+    last = bool(ledger.get("entries"))  # folders no study ran (an earlier hand-run tune and compare) know no last run
+    state = "" if not last else "new" if known is None else "changed" if known.get("hash") != study.entry_hash(entry) else ""
     finished = stopped = 0
     per_round: list[float] = []
-    for d in (known or {}).get("dirs") or []:
+    for d in setting_dirs(study, entry):
         for seed in study.seeds:
             run = study.runs_dir / d / f"seed{seed}"
             s = _summary(run)
@@ -179,4 +194,4 @@ def study_status(path: str | Path, out: str | Path | None = None) -> list[str]:
     return head + progress(study)
 
 
-__all__ = ["entry_progress", "finished_trials", "holder", "progress", "study_status", "tune_target"]
+__all__ = ["entry_progress", "finished_trials", "holder", "progress", "setting_dirs", "study_status", "tune_target"]

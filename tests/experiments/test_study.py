@@ -1,0 +1,262 @@
+"""fedrift study: a study file's tunes and runs in order, resumed after SIGKILL and a budget stop
+with the same results, an entry added or changed (only it reruns), status, bad files refused,
+and a study over committed benchmark results that reruns nothing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import fedrift.api
+from fedrift.cli import main
+from fedrift.experiments.study_run import run_study
+from fedrift.experiments.study_status import study_status
+
+from conftest import grid_config
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRIES = ["fedavg", "fedprox:mu=0.01", {"entry": "fedavgm", "tune": False}]
+
+
+def write_study(folder: Path, entries=None, **changes) -> Path:
+    """A study of 3 entries x 2 seeds on the tiny config (digits): two of them tuned on a grid
+    of two learning rates at 2 rounds, the runs at 3 rounds (so a seed-0 run is not a trial)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = grid_config(folder, partition={"val_share": 0.2}, train={"rounds": 3})
+    (folder / "base.yaml").write_text(yaml.safe_dump(base))
+    doc = {"base": "base.yaml", "entries": entries if entries is not None else ENTRIES, "seeds": [0, 1],
+           "tune": {"space": {"train.lr": [0.02, 0.1]}, "rounds": 2, "trials": 2},
+           "report": {"claims": ["fedprox>fedavg"], "tsne": "none"}, "out": "out", **changes}
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def results(out: Path) -> dict[str, object]:
+    """Every run's final accuracy, every completed trial's score at its point, the tuned values:
+    what must not depend on whether the study was stopped on the way (a trial's number may: a
+    trial killed running is run again under the next number)."""
+    found: dict[str, object] = {}
+    for p in sorted((out / "runs").glob("*/seed*/summary.json")):
+        s = json.loads(p.read_text())
+        found[str(p.parent.relative_to(out))] = (s["status"], round(s["final_accuracy"], 12))
+    with open(out / "tune" / "trials.csv") as f:
+        found["trials"] = sorted((r["entry"], r["train.lr"], r["val_accuracy"]) for r in csv.DictReader(f)
+                                 if r["state"] == "complete")
+    best = yaml.safe_load((out / "tune" / "best.yaml").read_text())
+    found["best"] = {k: v["overrides"] for k, v in best.items()}
+    return found
+
+
+def mtimes(out: Path) -> dict[str, int]:
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.glob("**/summary.json")}
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The output folders of the runs and trials started, in order."""
+    started: list[str] = []
+    real = fedrift.api.run
+
+    def recorded(config, *args, **kwargs):
+        started.append(str(config["output"]["dir"]))
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(fedrift.api, "run", recorded)
+    return started
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """The study run once, from start to end, never stopped: what the others are checked against."""
+    folder = tmp_path_factory.mktemp("finished")
+    outcome = run_study(write_study(folder), verbose=False)
+    assert outcome.finished and not outcome.budget_hit
+    return folder
+
+
+def copy(finished: Path, tmp_path: Path) -> Path:
+    shutil.copytree(finished, tmp_path / "s")
+    return tmp_path / "s"
+
+
+def test_the_order_is_most_informative_first_and_a_rerun_runs_nothing(tmp_path, calls):
+    out = tmp_path / "out"
+    outcome = run_study(write_study(tmp_path), verbose=False, report=False)
+    assert outcome.finished
+    steps = [str(Path(c).relative_to(out)) for c in calls]
+    assert steps == ["tune/trials/fedavg/trial0", "tune/trials/fedavg/trial1", "runs/fedavg/seed0",
+                     "tune/trials/fedprox-mu=0.01/trial0", "tune/trials/fedprox-mu=0.01/trial1",
+                     "runs/fedprox-mu=0.01/seed0", "runs/fedavgm/seed0",
+                     "runs/fedavg/seed1", "runs/fedprox-mu=0.01/seed1", "runs/fedavgm/seed1"]
+    values = yaml.safe_load((out / "tune" / "study-best.yaml").read_text())
+    assert values["fedavgm"] == {"overrides": {}, "base": {}}  # not tuned: the config's values, not fedavg's
+    assert yaml.safe_load((out / "runs" / "fedavgm" / "seed0" / "config.yaml").read_text())["train"]["lr"] == 0.05
+    tuned = values["fedavg"]["overrides"]["train.lr"]
+    assert yaml.safe_load((out / "runs" / "fedavg" / "seed1" / "config.yaml").read_text())["train"]["lr"] == tuned
+    assert "algorithm.mu" not in values["fedprox:mu=0.01"]["overrides"]  # the entry fixes mu: not tuned
+
+    calls.clear()
+    before = mtimes(out)
+    assert run_study(write_study(tmp_path), verbose=False, report=False).finished
+    assert calls == [] and mtimes(out) == before
+
+
+def test_the_report_has_the_table_and_the_claims(finished):
+    runs = finished / "out" / "runs"
+    for name in ("report.html", "results.md", "claims.md", "study.md", "compare.json"):
+        assert (runs / name).is_file(), name
+    page = (runs / "study.md").read_text()
+    assert "fedrift study run" in page and "## Results" in page and "## Claims" in page
+    assert "fedprox:mu=0.01 > fedavg" in page
+    grid = json.loads((runs / "compare.json").read_text())
+    assert grid["algorithms"] == ["fedavg", "fedprox:mu=0.01", "fedavgm"] and grid["seeds"] == [0, 1]
+    assert grid["report"]["reference"] == "fedavg"
+
+
+def test_status_finds_the_folders_compare_makes(tmp_path):
+    from fedrift.experiments.grid import build_grid
+    from fedrift.experiments.study_file import load_study
+    from fedrift.experiments.study_status import setting_dirs
+
+    study = load_study(write_study(tmp_path, sweep={"partition.alpha": [0.1, 1.0], "train.local_epochs": [1]}))
+    grid = build_grid(study.config, [e.entry for e in study.entries], study.seeds, study.sweep, study.overrides,
+                      study.runs_dir)
+    assert [d for e in study.entries for d in setting_dirs(study, e)] == [
+        s.dir for e in study.entries for s in grid.settings if s.algorithm == e.entry]
+    assert "\n".join(study_status(study.path)).endswith("0 of 4 tune trials, 0 of 12 runs; left: no cost measured yet")
+
+
+def _kill_when(proc: subprocess.Popen, pattern: str, root: Path) -> None:
+    deadline = time.monotonic() + 180
+    while not list(root.glob(pattern)):
+        assert proc.poll() is None, "the study ended before it was killed"
+        assert time.monotonic() < deadline, f"no {pattern} in 180 s"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def test_killed_in_its_tune_and_in_its_compare_it_resumes_to_the_same_results(finished, tmp_path, calls):
+    path = write_study(tmp_path)
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "fedrift.cli", "study", "run", str(path), "--no-report"]
+    for pattern in ("tune/trials/*/trial*/summary.json", "runs/*/seed*/summary.json"):
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _kill_when(proc, pattern, out)
+        finally:
+            proc.kill()
+            proc.wait()
+    kept = {k: t for k, t in mtimes(out).items() if k.startswith("runs/")
+            and json.loads((out / k).read_text())["status"] == "completed"}
+    assert kept and len(mtimes(out)) < 10  # killed in its compare, not at its end
+    assert run_study(path, verbose=False, report=False).finished
+    assert all(mtimes(out)[k] == t for k, t in kept.items())  # the finished runs are not redone
+    assert not {str(out / Path(k).parent) for k in kept} & set(calls)
+    assert results(out) == results(finished / "out")
+
+
+def test_a_budget_stops_it_as_ctrl_c_and_the_next_run_continues(finished, tmp_path, monkeypatch, capsys):
+    path = write_study(tmp_path)
+    real = fedrift.api.run
+    n = [0]
+
+    def slow_third(config, *args, **kwargs):
+        n[0] += 1
+        if n[0] == 3:  # the reference's seed-0 run waits for the budget's end
+            time.sleep(60)
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(fedrift.api, "run", slow_third)
+    start = time.monotonic()
+    outcome = run_study(path, budget="8s", report=False)
+    assert time.monotonic() - start < 45
+    assert outcome.budget_hit and not outcome.finished
+    out = capsys.readouterr().out
+    assert "stopped at the budget" in out and "run the same command again" in out
+    status = "\n".join(study_status(path))
+    assert "finished:" in status and "fedavg (reference): tune" in status and "runs 0/2 finished" in status
+    assert "left:" in status
+    monkeypatch.setattr(fedrift.api, "run", real)
+    assert run_study(path, verbose=False, report=False).finished
+    assert results(tmp_path / "out") == results(finished / "out")
+    assert "nothing left" in "\n".join(study_status(path))
+
+
+def test_an_entry_added_later_is_tuned_and_run_alone(finished, tmp_path, calls, capsys):
+    folder = copy(finished, tmp_path)
+    before = mtimes(folder / "out")
+    path = write_study(folder, entries=[*ENTRIES, "fedavg:train.momentum=0.5"])
+    status = "\n".join(study_status(path))
+    assert "fedavg:train.momentum=0.5 (new since the last run): tune 0/2 trials, runs 0/2 finished" in status
+    assert run_study(path, report=False).finished
+    assert "fedavg:train.momentum=0.5: new since the last run: tuned and run alone" in capsys.readouterr().out
+    assert calls and all("fedavg-train.momentum=0.5" in c for c in calls)
+    assert len(calls) == 4  # its two trials and its two runs
+    assert all(mtimes(folder / "out")[k] == t for k, t in before.items())
+
+
+def test_a_changed_entry_is_rerun_alone_and_said_so(finished, tmp_path, calls, capsys):
+    folder = copy(finished, tmp_path)
+    before = mtimes(folder / "out")
+    changed = {"entry": "fedprox:mu=0.01", "space": {"train.lr": [0.3]}}
+    path = write_study(folder, entries=["fedavg", changed, ENTRIES[2]])
+    assert "fedprox:mu=0.01 (changed since the last run" in "\n".join(study_status(path))
+    assert run_study(path, report=False).finished
+    said = capsys.readouterr().out
+    assert "fedprox:mu=0.01: changed since the last run (tune.space.train.lr" in said
+    assert "fedprox:mu=0.01: its tune's space changed (train.lr: '0.02,0.1' there, '0.3' here)" in said
+    assert all("fedprox-mu=0.01" in c for c in calls) and len(calls) == 3  # one trial, two runs at lr 0.3
+    assert (folder / "out" / "tune" / "retired" / "fedprox-mu=0.01-1" / "trials" / "fedprox-mu=0.01").is_dir()
+    after = mtimes(folder / "out")
+    assert all(after[k] == t for k, t in before.items() if "fedprox" not in k)
+    run = folder / "out" / "runs" / "fedprox-mu=0.01" / "seed1" / "config.yaml"
+    assert yaml.safe_load(run.read_text())["train"]["lr"] == 0.3
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"entries": ["fedavg", "fedsomething"]}, "fedsomething"),
+    ({"colour": "red"}, "colour: unknown key"),
+    ({"tune": {"space": {"train.lr": "grid:0.1:1"}, "rounds": 2}}, "space.train.lr"),
+    ({"tune": {"spaces": {}}}, "tune.spaces: unknown key"),
+    ({"report": {"paper": "fedgkd-table9"}}, "report.paper"),
+    ({"reference": "scaffold"}, "reference"),
+    ({"entries": [{"entry": "fedprox:mu=0.1", "space": {"mu": "log:1e-3:1"}}]}, "the entry fixes mu"),
+    ({"sweep": {"partition.alpha": []}}, "sweep.partition.alpha"),
+])
+def test_bad_study_files_are_refused_in_one_line(tmp_path, capsys, change, key):
+    path = write_study(tmp_path, **change)
+    for command in ("run", "status"):
+        assert main(["study", command, str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("fedrift: error: ") and key in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_study_over_committed_results_reruns_nothing(tmp_path, monkeypatch):
+    """benchmarks/studies/d.yaml over copies of the committed tune-d-new and workload-d-new:
+    every trial and run is found finished (nothing runs, nothing is rewritten)."""
+    for name in ("tune-d-new", "workload-d-new"):
+        shutil.copytree(REPO / "benchmarks" / "results" / name, tmp_path / name)
+    before = mtimes(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"ran {args[0]['output']['dir']}")
+
+    monkeypatch.setattr(fedrift.api, "run", refuse)
+    outcome = run_study(REPO / "benchmarks" / "studies" / "d.yaml", out=tmp_path, verbose=False, report=False)
+    assert outcome.finished
+    assert mtimes(tmp_path) == before
+    assert outcome.lines[-1] == "finished: 136 of 136 tune trials, 51 of 51 runs; nothing left"
