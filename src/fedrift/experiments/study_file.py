@@ -20,7 +20,7 @@ The file names the base config and every choice a table's reproduction makes::
       overrides: {partition.val_share: 0.1} # the trials only
     tuned: ../tuned/workload-b.yaml         # values for the entries the study does not tune
     report: {paper: fedgkd-table3-cifar10, claims: [papers], at_rounds: [10, 20, 40]}
-    out: ../results                         # default: runs/study-<file name> (from the current folder)
+    out: ../results                         # default: runs/study-<file name less .study.yaml> (from here)
     folders: {tune: tune, runs: runs}       # the tune folder and the compare root under out
     jobs: 2                                 # default --jobs
 
@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fedrift.config import apply_overrides, config_dict, plugin_list, read_yaml
 from fedrift.errors import ConfigError
 from fedrift.experiments.naming import safe_name
-from fedrift.experiments.space import Dim, default_space, takes
+from fedrift.experiments.space import Dim, default_space, resolve_space, takes
 from fedrift.experiments.tuned import read_tuned
 from fedrift.overrides import parse_algorithm
 
@@ -238,6 +238,10 @@ def _entries(file: StudyFile, where: str) -> list[Entry]:
                     Dim.parse(dotted, value)  # a bad space is refused now, in one line
                 except ConfigError as err:
                     raise ConfigError(f"{where}: tune space of {spec.entry}: {err}") from None
+            try:
+                resolve_space(name, space)
+            except ConfigError as err:  # it fixes every key its tune would search
+                raise ConfigError(f"{where}: entries: {spec.entry}: {err}, or tune: false for this entry") from None
         if any(e.entry == spec.entry for e in out):
             raise ConfigError(f"{where}: entries: {spec.entry} given twice")
         out.append(Entry(spec.entry, tuned, space if tuned else {}))
@@ -302,7 +306,8 @@ def load_study(path: str | Path, out: str | Path | None = None) -> Study:
     check_report_names(opts, names)
     tuned_path = here / file.tuned if file.tuned is not None else None
     table = read_tuned(tuned_path) if tuned_path is not None else {}
-    root = Path(out) if out is not None else here / file.out if file.out is not None else Path("runs") / f"study-{path.stem}"
+    stem = path.stem[: -len(".study")] if path.stem.endswith(".study") else path.stem  # x.study.yaml: study-x
+    root = Path(out) if out is not None else here / file.out if file.out is not None else Path("runs") / f"study-{stem}"
     return Study(path, file, config, base, overrides, entries, list(file.seeds), dict(file.sweep), tune_overrides,
                  table, tuned_path, report, root, root / file.folders.tune, root / file.folders.runs)
 
