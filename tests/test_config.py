@@ -38,7 +38,7 @@ def test_unknown_key_names_the_key_and_the_allowed_ones():
 @pytest.mark.parametrize("override, allowed", [
     ("algorithm.nmae=fedprox", "algorithm.nmae: unknown key; allowed: name, aggregation"),
     ("algorithm.mux=1", "algorithm.mux: unknown key; allowed: name, aggregation, mu"),
-    ("data.nmae=cifar10", "data.nmae: unknown key; allowed: name, augment, crop_padding, flip, root, split_seed, "
+    ("data.nmae=cifar10", "data.nmae: unknown key; allowed: name, accept_changed, augment, crop_padding, flip, root, split_seed, "
                           "test_fraction"),
     ("partition.nmae=iid", "partition.nmae: unknown key; allowed: name, holdout, val_share, alpha, "),
     ("model.foo=1", "model.foo: unknown key; allowed: name (this model takes no options of its own)"),

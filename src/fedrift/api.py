@@ -14,6 +14,7 @@ import yaml
 
 from fedrift.algorithms.base import Algorithm
 from fedrift.config import Config, apply_overrides, read_yaml
+from fedrift.data.fingerprint import dataset_fingerprint
 from fedrift.engine.build import (  # noqa: F401 - the API's names for them (tools and tests use them)
     SECTION_REGISTRIES, Prepared, build_algorithm, build_run, final_state, prepare, resolve_device, resolve_options,
     resolved_yaml, run_facts, run_folder, shared_options,
@@ -107,7 +108,8 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
     config_text = resolved_yaml(prep)
     doc = yaml.safe_load(config_text)
     doc["engine"].update(executor=executor_name, device=str(prep.device))  # as resolved: both change results
-    checkpoints = Checkpointer(out_dir, doc, cfg.engine.checkpoint_every)
+    checkpoints = Checkpointer(out_dir, doc, cfg.engine.checkpoint_every, data=dataset_fingerprint(prep.dataset),
+                               accept_changed=cfg.data.accept_changed)
     snap = _resume_point(out_dir, checkpoints, prep.device) if resume else None
     if executor is None:
         executor = EXECUTORS.get(executor_name, "engine.executor").factory(cfg)

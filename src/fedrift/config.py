@@ -50,6 +50,9 @@ class DataConfig(NamedSection):
     crop_padding: Annotated[int, Field(ge=0, description=(
         "pixels of padding on each side before the crop (0: no crop)"))] = 4
     flip: bool = Field(True, description="with `augment`: mirror left-right with probability 1/2")
+    accept_changed: bool = Field(False, description=(
+        "go on when a Flower SuperNode's data, or a resumed run's, differs from the data the run was "
+        "built with (fingerprints: sample counts, labels, a hash of the rows), with a warning; false: refused"))
 
 
 class PartitionConfig(NamedSection):

@@ -10,13 +10,14 @@ function of (seed, round, client) (``functional/rng.py``), so the next round dra
 
 Files, in the run folder's ``checkpoint/``: ``state-r<round>.pt`` (``torch.save``; read back
 with ``weights_only=True``), ``clients-r<round>.bin`` (a disk store's rows, when the store is
-on disk) and ``manifest.json`` (the round, the config's fingerprint and each file's size and
-SHA-256). Each is written to a temporary file in that folder, flushed to the disk and
+on disk) and ``manifest.json`` (the round, the config's fingerprint, the data's fingerprints
+(``fedrift.data.fingerprint``) and each file's size and SHA-256). Each is written to a temporary file in that folder, flushed to the disk and
 renamed into place; the manifest goes last, so it names complete files only, and the files
 of older checkpoints are deleted after it. A run killed at any moment leaves the last
 complete checkpoint. Loading checks the fingerprint (a checkpoint of another config is
 refused, naming a key that differs; ``NOT_RESULTS`` and ``EQUAL_EXECUTORS`` below say what a
-resume may change) and every file's size and hash (a corrupt or truncated
+resume may change), the data's (files under ``data.root`` replaced since the run started are
+refused, unless ``data.accept_changed``) and every file's size and hash (a corrupt or truncated
 checkpoint is refused); a refusal is a :class:`CheckpointError`, never a silent fresh start.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +43,10 @@ MANIFEST = "manifest.json"
 # What a resume may change: the one place that says it (README "Checkpoints and resume").
 # Keys that do not change a run's results: a checkpoint taken under other values is still its own.
 # plugins: where names come from; engine.ray_address: which cluster runs the actors (a lost head's
-# run continues on another one); engine.divergence_*: where a diverging run stops, not any round's numbers
+# run continues on another one); engine.divergence_*: where a diverging run stops, not any round's numbers;
+# data.accept_changed: whether data that changed under the run is accepted (the data's fingerprint is checked apart)
 NOT_RESULTS = ("engine.checkpoint_every", "engine.client_state", "plugins", "engine.ray_address",
-               "engine.divergence_factor", "engine.divergence_loss")
+               "engine.divergence_factor", "engine.divergence_loss", "data.accept_changed")
 # Executors whose results are equal bit for bit (README "Executors"): ``processes`` and ``ray`` run
 # ``sequential``'s own code on one thread per worker and the server aggregates in client order, so
 # on the CPU with ``engine.threads: 1`` a run may stop under one of them and continue under
@@ -113,12 +116,16 @@ class Checkpointer:
     change results but are resolved at run time (the executor ``auto`` chose).
     """
 
-    def __init__(self, run_dir: Path, config: Mapping[str, Any], every: int) -> None:
+    def __init__(self, run_dir: Path, config: Mapping[str, Any], every: int, data: Mapping[str, str] | None = None,
+                 accept_changed: bool = False) -> None:
         self.dir = Path(run_dir) / FOLDER
         self.keys = result_keys(config)
         self.fingerprint = fingerprint(self.keys)
         self.every = every
         self.last_round = 0  # of the last checkpoint saved or loaded
+        # the data's fingerprints (fedrift.data.fingerprint.dataset_fingerprint): a resume refuses
+        # data that changed under the run (data.root's files replaced), unless accept_changed
+        self.data, self.accept_changed = dict(data or {}), accept_changed
 
     def due(self, t: int, rounds: int) -> bool:
         """After round ``t``: every ``every`` rounds, not after the last (the run ends then)."""
@@ -146,7 +153,8 @@ class Checkpointer:
         with _Atomic(self.dir / name) as f:
             torch.save(vars(snap), f.file)
         files[name] = {"bytes": f.size, "sha256": f.sha256}
-        manifest = {"format": FORMAT, "round": snap.round, "fingerprint": self.fingerprint, "config": self.keys, "files": files}
+        manifest = {"format": FORMAT, "round": snap.round, "fingerprint": self.fingerprint, "config": self.keys, "files": files,
+                    "data": self.data}
         with _Atomic(self.dir / MANIFEST) as f:
             f.file.write((json.dumps(manifest, indent=1, default=str) + "\n").encode())
         _sync_dir(self.dir)
@@ -196,6 +204,7 @@ class Checkpointer:
                 "engine.client_state, engine.ray_address, engine.divergence_*, plugins, and with engine.threads=1 on the cpu, "
                 "engine.executor among sequential, processes and ray, and engine.workers)"
             )
+        self._check_data(manifest.get("data"))
         for name, want in files.items():
             p = self.dir / name
             if not p.is_file() or p.stat().st_size != want["bytes"] or _sha256(p) != want["sha256"]:
@@ -212,6 +221,27 @@ class Checkpointer:
             raise self._corrupt(f"{state_name} holds round {snap.round}, the manifest says {rnd}")
         self.last_round = rnd
         return snap
+
+    def _check_data(self, stored: Any) -> None:
+        """Refuse (or, under ``data.accept_changed``, say in a warning line) data whose
+        fingerprints differ from those the run started with: the run would continue on other
+        samples than its checkpoint trained on, and finish with numbers of neither."""
+        from fedrift.data.fingerprint import difference
+
+        if not isinstance(stored, dict) or not self.data:  # a checkpoint written before fingerprints were kept
+            return
+        diff = [f"{split}: {difference(self.data.get(split, ''), want)}" for split, want in stored.items()
+                if difference(self.data.get(split, ""), want)]
+        if not diff:
+            return
+        root = self.keys.get("data.root") or f"the embedded {self.keys.get('data.name')}"
+        said = (f"data.root: the data read from {root} differs from the data the run started with "
+                f"({'; '.join(diff)})")
+        if self.accept_changed:
+            logging.getLogger("fedrift").warning(f"{said}; the run continues on it (data.accept_changed)")
+            return
+        raise CheckpointError(f"{said}; a run resumes only on its own data; allowed: the files it started with, or "
+                              "data.accept_changed=true to continue on these knowingly")
 
     def load_clients(self, snap: Snapshot, store: ClientStateStore) -> None:
         path = self.dir / f"clients-r{snap.round:06d}.bin"
