@@ -137,12 +137,14 @@ def test_status_finds_the_folders_compare_makes(tmp_path):
     assert "\n".join(study_status(study.path)).endswith("0 of 4 tune trials, 0 of 12 runs; left: no cost measured yet")
 
 
-def _kill_when(proc: subprocess.Popen, pattern: str, root: Path) -> None:
+def _kill_when(proc: subprocess.Popen, pattern: str, root: Path, path: Path) -> None:
     deadline = time.monotonic() + 180
     while not list(root.glob(pattern)):
         assert proc.poll() is None, "the study ended before it was killed"
         assert time.monotonic() < deadline, f"no {pattern} in 180 s"
         time.sleep(0.01)
+    if pattern.startswith("tune/"):  # status sees who holds the folder
+        assert f"running: the tune folder is held by pid {proc.pid} on " in "\n".join(study_status(path))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
@@ -155,7 +157,7 @@ def test_killed_in_its_tune_and_in_its_compare_it_resumes_to_the_same_results(fi
     for pattern in ("tune/trials/*/trial*/summary.json", "runs/*/seed*/summary.json"):
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            _kill_when(proc, pattern, out)
+            _kill_when(proc, pattern, out, path)
         finally:
             proc.kill()
             proc.wait()
@@ -260,3 +262,31 @@ def test_a_study_over_committed_results_reruns_nothing(tmp_path, monkeypatch):
     assert outcome.finished
     assert mtimes(tmp_path) == before
     assert outcome.lines[-1] == "finished: 136 of 136 tune trials, 51 of 51 runs; nothing left"
+
+
+BENCH_STUDIES = sorted((REPO / "benchmarks" / "studies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BENCH_STUDIES, ids=lambda p: p.stem)
+def test_a_benchmark_study_continues_its_committed_tune_and_compare(path):
+    """Each benchmark study file against the folders its chain committed (read only, no data
+    loaded): its tune is the committed one (base, and the space of every study it shares), and
+    its runs' folders are the committed compare's (compare's naming rule); d.yaml's full reuse
+    is the test above."""
+    from fedrift.experiments import study_run
+    from fedrift.experiments.study_file import load_study
+    from fedrift.experiments.study_status import setting_dirs
+
+    study = load_study(path)
+    assert study.runs_dir.parent == REPO / "benchmarks" / "results"
+    if study.tuned_entries:
+        built, head = study_run._tune_studies(study)
+        study_run._check_tune_head(study, head)  # refuses another base config
+        stored = json.loads((study.tune_dir / "tune.json").read_text())["studies"]
+        shared = [spec for _, spec in built.values() if spec["entry"] in {s["entry"] for s in stored.values()}]
+        assert shared and all(stored[built[spec["entry"]][0].name] == spec for spec in shared)
+    grid = json.loads((study.runs_dir / "compare.json").read_text())
+    committed = {s["dir"] for s in grid["settings"]}
+    ours = {d for e in study.entries for d in setting_dirs(study, e)}
+    assert committed & ours and {s["dir"] for s in grid["settings"] if s["algorithm"] in
+                                 {e.entry for e in study.entries}} <= ours

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
@@ -262,8 +263,12 @@ def load_study(path: str | Path, out: str | Path | None = None) -> Study:
     except ValidationError as err:
         raise ConfigError(_one_line(err, where)) from None
     here = path.parent
+
+    def beside(name: str) -> Path:  # a path of the file, relative to its folder
+        return Path(os.path.normpath(here / name))
+
     if isinstance(file.base, str):
-        base_path = here / file.base
+        base_path = beside(file.base)
         if not base_path.is_file():
             raise ConfigError(f"{where}: base: {str(base_path)!r} is not a file; allowed: a config file (a path "
                               "relative to the study file) or the config as a mapping")
@@ -304,10 +309,10 @@ def load_study(path: str | Path, out: str | Path | None = None) -> Study:
     report.setdefault("reference", ref)
     opts = ReportOptions.parse(report)  # an unknown option or published table is refused here
     check_report_names(opts, names)
-    tuned_path = here / file.tuned if file.tuned is not None else None
+    tuned_path = beside(file.tuned) if file.tuned is not None else None
     table = read_tuned(tuned_path) if tuned_path is not None else {}
     stem = path.stem[: -len(".study")] if path.stem.endswith(".study") else path.stem  # x.study.yaml: study-x
-    root = Path(out) if out is not None else here / file.out if file.out is not None else Path("runs") / f"study-{stem}"
+    root = Path(out) if out is not None else beside(file.out) if file.out is not None else Path("runs") / f"study-{stem}"
     return Study(path, file, config, base, overrides, entries, list(file.seeds), dict(file.sweep), tune_overrides,
                  table, tuned_path, report, root, root / file.folders.tune, root / file.folders.runs)
 

@@ -25,9 +25,11 @@ What the study adds
       new (tuned and run alone), changed (said with the keys that changed; its tune starts again
       when its space changed, the old study moved to ``<tune>/retired/``; its runs rerun where
       their config changed) or gone (kept on disk, no longer reported).
-    - ``--budget 15m`` stops the study as a Ctrl-C does when the time is up (the trial or run in
-      progress records itself as interrupted; nothing finished is lost) and writes the report of
-      what finished; the same command continues it.
+    - ``--budget 15m`` stops the study as a Ctrl-C does when the time is up, counted from the
+      command's start (the trial or run in progress records itself as interrupted; nothing
+      finished is lost) and writes the report of what finished; the same command continues it.
+    - One ``study run`` a folder at a time (``<runs>/.study`` holds its lock; ``study status``
+      names the process holding it).
     - The report (``<runs>/report.html``, ``results.md``, ``claims.md``, and ``study.md`` which
       holds them with the progress): compare's report of the whole grid, with the published
       table (``report.paper``) and the claims (``report.claims``).
@@ -40,13 +42,13 @@ import os
 import shutil
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.space import takes
 from fedrift.experiments.study_file import Entry, Study, load_study
@@ -54,6 +56,7 @@ from fedrift.experiments.study_status import finished_trials, progress, tune_tar
 from fedrift.report.table import flatten
 
 LEDGER = "study.json"
+LOCK = ".study"  # in the runs folder: the folder whose lock a study run holds
 VALUES = "study-best.yaml"  # in the tune folder: every entry's values, what compare's tuned= reads
 RETIRED = "retired"
 STUDY_MD = "study.md"
@@ -257,7 +260,7 @@ def _tune_step(study: Study, upto: Sequence[Entry], built: Mapping[str, Any], he
 
 
 def _values(study: Study, entries: Sequence[Entry], built: Mapping[str, Any], echo: Echo) -> Path | None:
-    """``<tune>/study-best.yaml``: each entry's values (its tune's best, the ``tuned:`` file's,
+    """``<tune>/study-best.yaml`` (``<runs>/`` when the study tunes nothing): each entry's values (its tune's best, the ``tuned:`` file's,
     or none: the config's), what compare's ``tuned=`` reads (by entry, so that an entry not
     tuned never takes another entry's values by its algorithm name). None when no entry
     takes any."""
@@ -276,16 +279,18 @@ def _values(study: Study, entries: Sequence[Entry], built: Mapping[str, Any], ec
         best = _read_best(study.tune_dir / BEST)
     doc: dict[str, Any] = {}
     for e in entries:
-        if e.tuned:
-            if e.entry not in best:
-                raise ConfigError(f"study: {e.entry}: its tune in {study.tune_dir} chose no values (no trial "
-                                  "finished); see its tune.md")
+        if e.tuned and e.entry in best:
             doc[e.entry] = best[e.entry]
+        elif e.tuned:  # every trial failed or diverged: said, and its runs take the config's values
+            echo(f"{e.entry}: its tune chose no values (no trial finished, see {study.tune_dir / 'tune.md'}); "
+                 "its runs take the config's")
+            doc[e.entry] = {"overrides": {}, "base": {}}
         else:  # the tuned: file's values, else none (base {}: nothing to check against)
             doc[e.entry] = study.table_values(e) or {"overrides": {}, "base": {}}
+    folder = study.tune_dir if study.tuned_entries else study.runs_dir  # beside the trials compare may copy
     with writing("out", "; allowed: a folder this user can create and write", "create or write"):
-        study.tune_dir.mkdir(parents=True, exist_ok=True)
-        path = study.tune_dir / VALUES
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / VALUES
         text = ("# fedrift study: each entry's values (its tune's best, the study's tuned: file's, or none: the "
                 "config's); what compare's tuned= reads\n" + yaml.safe_dump(doc, sort_keys=False))
         if not path.is_file() or path.read_text() != text:
@@ -377,6 +382,15 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
     seconds = parse_duration(str(budget)) if budget is not None else None
     if seconds is not None and seconds <= 0:
         raise ConfigError(f"--budget: {budget!r} is no time; allowed: a positive duration such as 15m")
+    with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
+        (study.runs_dir / LOCK).mkdir(parents=True, exist_ok=True)
+        lock = FolderLock(study.runs_dir / LOCK, "study")  # one study run a folder at a time
+    with lock:
+        return _run(study, jobs, seconds, verbose, report, echo)
+
+
+def _run(study: Study, jobs: int, seconds: float | None, verbose: bool, report: bool, echo: Echo) -> Outcome:
+    """The study under its lock: prepared, its steps run, its report written (run_study)."""
     timer = _Budget(seconds)  # from the command's start: a device's quarter hour counts its set-up too
     finished = False
     description: dict[str, Any] | None = None

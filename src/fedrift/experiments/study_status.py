@@ -187,10 +187,10 @@ def study_status(path: str | Path, out: str | Path | None = None) -> list[str]:
     """The lines ``fedrift study status`` prints."""
     study = load_study(path, out)
     head = [f"study {study.path}: runs in {study.runs_dir}" + (f", tune in {study.tune_dir}" if study.tuned_entries else "")]
-    for folder, what in ((study.runs_dir, "runs"), (study.tune_dir, "tune")):
+    for folder, what in ((study.runs_dir / ".study", "study"), (study.runs_dir, "runs"), (study.tune_dir, "tune")):
         who = holder(folder)
         if who is not None:
-            head.append(f"running: the {what} folder is held by {who}")
+            head.append(f"running: the {what} folder is held by {who}" if what != "study" else f"running: {who}")
     return head + progress(study)
 
 
