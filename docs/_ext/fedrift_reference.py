@@ -29,6 +29,12 @@ NAMED = {"data": "datasets", "partition": "partitions", "model": "models", "algo
 # Small formatting helpers
 
 
+def built_in(registry: Any) -> list[Any]:
+    """The registry's own entries: a plugin loaded in this process (an installed package's entry
+    point, a test's) is the user's, not fedrift's reference."""
+    return [entry for entry in registry if entry.source == "built in"]
+
+
 def text(value: Any) -> str:
     """Prose from the code (help, descriptions, registry lines) as Markdown shows it as
     written: ``*``, ``_``, ``<``, ``>``, ``[`` and ``]`` escaped outside its `code` spans."""
@@ -246,9 +252,9 @@ def fence(text: str) -> list[str]:
 
 def registry_page(registry: Any, kind: str) -> str:
     """Every entry of ``registry``: its line, its options, and where it is defined."""
-    lines = [f"{len(registry.names())} {kind}: " + ", ".join(f"[`{n}`](#{kind}-{n.replace('_', '-')})"
-                                                       for n in registry.names()) + ".", ""]
-    for entry in registry:
+    names = [entry.name for entry in built_in(registry)]
+    lines = [f"{len(names)} {kind}s: " + ", ".join(f"[`{n}`](#{kind}-{n.replace('_', '-')})" for n in names) + ".", ""]
+    for entry in built_in(registry):
         module = entry.factory.__module__
         lines.extend([f"({kind}-{entry.name.replace('_', '-')})=", f"## `{entry.name}`", "", cell(text(entry.doc)), "",
                       f"Defined in `{module}` ({entry.source}).", ""])
@@ -264,9 +270,9 @@ def algorithms_page(registry: Any, default_space: Any, lr_space: dict[str, str])
     paper, its equations, the released code and where fedrift departs), then per algorithm
     its line, options with defaults and ``fedrift tune``'s default search space."""
     by_module: dict[str, list[Any]] = {}
-    for entry in registry:
+    for entry in built_in(registry):
         by_module.setdefault(entry.factory.__module__, []).append(entry)
-    lines = [f"{len(registry.names())} algorithms in {len(by_module)} modules. Every one also takes "
+    lines = [f"{sum(len(v) for v in by_module.values())} algorithms in {len(by_module)} modules. Every one also takes "
              "`aggregation` (`samples`, the default, or `uniform`). `fedrift tune` searches "
              + ", ".join(f"`{k}` `{v}`" for k, v in lr_space.items())
              + " for every algorithm, plus the space listed under each.", ""]
@@ -295,7 +301,7 @@ def algorithms_page(registry: Any, default_space: Any, lr_space: dict[str, str])
 def summary_table(registry: Any, kind: str) -> str:
     """One row per entry: its name (a link to its section), its line, its options with defaults."""
     lines = [f"| {kind} | what | options (defaults) |", "|---|---|---|"]
-    for entry in registry:
+    for entry in built_in(registry):
         fields = getattr(entry.params, "__pydantic_fields__", None) or {}
         options = ", ".join(f"`{name}` {code(info.get_default(call_default_factory=True)).strip('`')}"
                             for name, info in fields.items() if name != "aggregation")
@@ -317,8 +323,8 @@ def pages() -> dict[str, str]:
     from fedrift.experiments.space import LR_SPACE, default_space
     from fedrift.models import MODELS
 
-    names = {"data": DATASETS.names(), "partition": PARTITIONS.names(), "model": MODELS.names(),
-             "algorithm": ALGORITHMS.names()}
+    names = {section: [e.name for e in built_in(registry)] for section, registry in
+             (("data", DATASETS), ("partition", PARTITIONS), ("model", MODELS), ("algorithm", ALGORITHMS))}
     return {
         "cli.md": cli_page(_parser()),
         "config.md": config_page(Config, names),

@@ -73,7 +73,8 @@ def test_the_algorithm_page_follows_the_registry():
         tau: Annotated[float, Field(ge=0)] = 1.5
 
     registry = Registry("algorithm")
-    registry.register("toy", "a toy remedy", ToyParams, space={"tau": "log:0.1:10"})(lambda hp, setup: None)
+    registry.register("toy", "a toy remedy", ToyParams, source="built in",  # as fedrift's own modules register
+                      space={"tau": "log:0.1:10"})(lambda hp, setup: None)
     page = ref.algorithms_page(registry, lambda name: {"train.lr": "log:0.005:0.5", "algorithm.tau": "log:0.1:10"},
                                {"train.lr": "log:0.005:0.5"})
     assert "#### `toy`" in page and "a toy remedy" in page and "tau: how strongly." in page

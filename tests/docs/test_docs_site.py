@@ -50,7 +50,7 @@ def test_the_reference_pages_are_generated_from_the_code(site):
     row = next(r for r in rows if r.startswith("train.rounds "))
     assert row.startswith(f"train.rounds int {rounds.default} >= 1 {rounds.description}"), row
     algorithms = (site / "reference" / "algorithms.html").read_text()
-    for name in ALGORITHMS.names():
+    for name in [entry.name for entry in ALGORITHMS if entry.source == "built in"]:  # not a plugin loaded here
         assert f'id="algorithm-{name.replace("_", "-")}"' in algorithms, f"algorithm {name} has no section"
     cli = (site / "reference" / "cli.html").read_text()
     commands = [a for a in _parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict)][0].choices
