@@ -78,10 +78,23 @@ def calls(monkeypatch):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """The study run once, from start to end, never stopped: what the others are checked against."""
+    """The study run once, from start to end, never stopped: what the others are checked
+    against; ``started.txt`` lists the runs and trials it started, in order."""
     folder = tmp_path_factory.mktemp("finished")
-    outcome = run_study(write_study(folder), verbose=False)
+    started: list[str] = []
+    real = fedrift.api.run
+
+    def recorded(config, *args, **kwargs):
+        started.append(str(config["output"]["dir"]))
+        return real(config, *args, **kwargs)
+
+    fedrift.api.run = recorded
+    try:
+        outcome = run_study(write_study(folder), verbose=False)
+    finally:
+        fedrift.api.run = real
     assert outcome.finished and not outcome.budget_hit
+    (folder / "started.txt").write_text("\n".join(str(Path(c).relative_to(folder / "out")) for c in started))
     return folder
 
 
@@ -90,15 +103,12 @@ def copy(finished: Path, tmp_path: Path) -> Path:
     return tmp_path / "s"
 
 
-def test_the_order_is_most_informative_first_and_a_rerun_runs_nothing(tmp_path, calls):
-    out = tmp_path / "out"
-    outcome = run_study(write_study(tmp_path), verbose=False, report=False)
-    assert outcome.finished
-    steps = [str(Path(c).relative_to(out)) for c in calls]
-    assert steps == ["tune/trials/fedavg/trial0", "tune/trials/fedavg/trial1", "runs/fedavg/seed0",
-                     "tune/trials/fedprox-mu=0.01/trial0", "tune/trials/fedprox-mu=0.01/trial1",
-                     "runs/fedprox-mu=0.01/seed0", "runs/fedavgm/seed0",
-                     "runs/fedavg/seed1", "runs/fedprox-mu=0.01/seed1", "runs/fedavgm/seed1"]
+def test_the_order_is_most_informative_first_and_a_rerun_runs_nothing(finished, tmp_path, calls):
+    assert (finished / "started.txt").read_text().splitlines() == [
+        "tune/trials/fedavg/trial0", "tune/trials/fedavg/trial1", "runs/fedavg/seed0",
+        "tune/trials/fedprox-mu=0.01/trial0", "tune/trials/fedprox-mu=0.01/trial1", "runs/fedprox-mu=0.01/seed0",
+        "runs/fedavgm/seed0", "runs/fedavg/seed1", "runs/fedprox-mu=0.01/seed1", "runs/fedavgm/seed1"]
+    out = finished / "out"
     values = yaml.safe_load((out / "tune" / "study-best.yaml").read_text())
     assert values["fedavgm"] == {"overrides": {}, "base": {}}  # not tuned: the config's values, not fedavg's
     assert yaml.safe_load((out / "runs" / "fedavgm" / "seed0" / "config.yaml").read_text())["train"]["lr"] == 0.05
@@ -106,10 +116,10 @@ def test_the_order_is_most_informative_first_and_a_rerun_runs_nothing(tmp_path, 
     assert yaml.safe_load((out / "runs" / "fedavg" / "seed1" / "config.yaml").read_text())["train"]["lr"] == tuned
     assert "algorithm.mu" not in values["fedprox:mu=0.01"]["overrides"]  # the entry fixes mu: not tuned
 
-    calls.clear()
-    before = mtimes(out)
-    assert run_study(write_study(tmp_path), verbose=False, report=False).finished
-    assert calls == [] and mtimes(out) == before
+    folder = copy(finished, tmp_path)
+    before = mtimes(folder / "out")
+    assert run_study(folder / "study.yaml", verbose=False, report=False).finished
+    assert calls == [] and mtimes(folder / "out") == before
 
 
 def test_the_report_has_the_table_and_the_claims(finished):

@@ -109,6 +109,16 @@ def _rounds(study: Study, entry: Entry, tune: bool = False) -> int:
     return int((doc.get("train") or {}).get("rounds") or 50)
 
 
+def _trial_is_run(study: Study, entry: Entry) -> bool:
+    """Whether an entry's chosen trial is its seed-0 run (tuned at the runs' rounds, seed and
+    config: compare copies it), so that run costs nothing more."""
+    t = study.file.tune
+    if not entry.tuned or t is None or study.sweep or t.overrides:
+        return False
+    seed = t.seed if t.seed is not None else int(study.base.get("seed", 0) or 0)
+    return t.rounds in (None, _rounds(study, entry)) and seed == study.seeds[0]
+
+
 def entry_progress(study: Study, entry: Entry, ledger: dict[str, Any]) -> dict[str, Any]:
     """An entry's trials (finished, target) and runs (finished, stopped, total), whether it is
     new or changed since the last ``study run`` (by ``study.json``), and the seconds a round its runs and trials took."""
@@ -117,7 +127,7 @@ def entry_progress(study: Study, entry: Entry, ledger: dict[str, Any]) -> dict[s
     known = (ledger.get("entries") or {}).get(entry.entry)
     last = bool(ledger.get("entries"))  # folders no study ran (an earlier hand-run tune and compare) know no last run
     state = "" if not last else "new" if known is None else "changed" if known.get("hash") != study.entry_hash(entry) else ""
-    finished = stopped = 0
+    finished = stopped = free = 0
     per_round: list[float] = []
     for d in setting_dirs(study, entry):
         for seed in study.seeds:
@@ -127,8 +137,9 @@ def entry_progress(study: Study, entry: Entry, ledger: dict[str, Any]) -> dict[s
                 finished += 1
                 if s.get("seconds_per_round"):
                     per_round.append(float(s["seconds_per_round"]))
-            elif s or (run / "metrics.jsonl").is_file():
-                stopped += 1
+            else:
+                stopped += bool(s or (run / "metrics.jsonl").is_file())
+                free += seed == study.seeds[0] and _trial_is_run(study, entry)
     trials = target = 0
     if entry.tuned:
         target = tune_target(study, entry)
@@ -138,7 +149,7 @@ def entry_progress(study: Study, entry: Entry, ledger: dict[str, Any]) -> dict[s
             if s.get("status") == "completed" and s.get("seconds_per_round"):
                 per_round.append(float(s["seconds_per_round"]))
     return {"entry": entry.entry, "state": state, "trials": trials, "target": target, "runs": finished,
-            "stopped": stopped, "total": total, "per_round": sum(per_round) / len(per_round) if per_round else None}
+            "stopped": stopped, "total": total, "free": free, "per_round": sum(per_round) / len(per_round) if per_round else None}
 
 
 def progress(study: Study) -> list[str]:
@@ -157,7 +168,7 @@ def progress(study: Study) -> list[str]:
     for e, r in zip(study.entries, rows):
         cost = r["per_round"] if r["per_round"] is not None else overall
         trials_left = max(0, r["target"] - r["trials"])
-        runs_left = r["total"] - r["runs"]
+        runs_left = r["total"] - r["runs"] - r["free"]  # a seed-0 run its chosen trial gives costs nothing
         rounds_left = trials_left * _rounds(study, e, tune=True) + runs_left * _rounds(study, e)
         if cost is None and rounds_left:
             unknown = True
