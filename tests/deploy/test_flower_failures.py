@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch
 
 assert importlib.util.find_spec("flwr") is not None, "the flower extra is missing: make test installs it (pip install 'fedrift[flower]')"
 
+import fedrift  # noqa: E402
 from fedrift.cli import main  # noqa: E402
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
@@ -38,10 +40,10 @@ VICTIM = 1  # the SuperNode (and client) stopped after round 1
 WAIT = 900  # seconds a run may take: generous, as the machine may be busy with other tests
 
 
-def _config(root: Path, out: Path, rounds: int = ROUNDS, **engine) -> dict:
+def _config(root: Path, out: Path, rounds: int = ROUNDS, file: str = "data.npz", **engine) -> dict:
     return {
         "seed": 0,
-        "data": {"name": "npz", "root": str(root)},
+        "data": {"name": "npz", "root": str(root), "file": file},
         "partition": {"name": "iid", "num_clients": CLIENTS},
         "model": {"name": "mlp", "hidden": [8]},
         "algorithm": {"name": "fedavg"},
@@ -61,19 +63,31 @@ def failures(tmp_path_factory):
     """{name: (flwr ls entry, run folder, the run's log)} for the runs ``accept`` (accept_failures),
     ``stop`` (without) and ``config`` (an embedded dataset, refused by SuperNode 2's data-root)."""
     base = tmp_path_factory.mktemp("flower-failures")
-    data = base / "data"
+    data, node2 = base / "data", base / "node2"  # the server's (and nodes 0 and 1's) files, SuperNode 2's
     data.mkdir()
-    np.savez(data / "data.npz", **gaussian_blobs(120, 40, dim=6, classes=3, spread=2.0))
-    configs = {  # submitted in this order
+    node2.mkdir()
+    blobs = gaussian_blobs(120, 40, dim=6, classes=3, spread=2.0)
+    np.savez(data / "data.npz", **blobs)
+    np.savez(node2 / "data.npz", **blobs)
+    digits = fedrift.api.prepare({"data": {"name": "digits"}}).dataset
+    arrays = {"x_train": digits.x_train.numpy(), "y_train": digits.y_train.numpy(),
+              "x_test": digits.x_test.numpy(), "y_test": digits.y_test.numpy()}
+    np.savez(data / "digits.npz", **arrays)
+    order = np.random.default_rng(0).permutation(len(arrays["y_train"]))  # SuperNode 2's copy: rows permuted
+    np.savez(node2 / "digits.npz", **{**arrays, "x_train": arrays["x_train"][order], "y_train": arrays["y_train"][order]})
+    configs = {  # submitted in this order, the first alone (it ends in round 1), the others together
+        "permuted": _config(data, base / "run-permuted", rounds=2, file="digits.npz"),
         "stop": _config(data, base / "run-stop"),
         "config": {**_config(data, base / "run-config"), "data": {"name": "digits"}},
         "accept": _config(data, base / "run-accept", rounds=LONGER, accept_failures=True),
     }
-    with LoopbackFederation(base / "federation", CLIENTS, {2: f'data-root="{data}"'}, isolation="fork") as fed:
+    with LoopbackFederation(base / "federation", CLIENTS, {2: f'data-root="{node2}"'}, isolation="fork") as fed:
         ids = {}
         for name, cfg in configs.items():
             write_app(base / f"app-{name}", cfg)
             ids[name] = fed.submit(base / f"app-{name}")
+            if name == "permuted":  # alone: four ServerApps starting at once on a loaded machine outlast their tokens
+                fed.wait(ids[name], base / "run-permuted" / "summary.json", timeout=WAIT)
         deadline = time.monotonic() + WAIT
         while min(_rows(base / "run-accept"), _rows(base / "run-stop")) < 1:  # both finished round 1
             assert time.monotonic() < deadline, "round 1 did not finish"
@@ -123,6 +137,10 @@ def test_a_stopped_supernode_stops_the_run_without_accept_failures(failures):
     assert len(errors) == 1 and s["message"] in errors[0]
     assert f"fedrift: failed after {s['rounds']} of {ROUNDS} rounds; run folder {folder}" in log
     assert s["message"] in entry["status-details"]  # flwr ls says why
+    # the log's last words are fedrift's: Flower's traceback and exit-code paragraph left out
+    assert "Traceback" not in log and "Exit Code" not in log, log[-3000:]
+    assert log.rstrip().splitlines()[-1].rstrip().endswith("(summary.json, final_model.pt: the model after that round)")
+    assert s["clients_failed_total"] == 1  # the failure that stopped it
 
 
 def test_a_device_config_error_names_the_node(failures):
@@ -134,6 +152,43 @@ def test_a_device_config_error_names_the_node(failures):
     assert s["message"].startswith("SuperNode ") and "accept_failures" not in s["message"]
     assert not (folder / "final_model.pt").exists()  # no round finished
     assert "fedrift: error: SuperNode" in log
+
+
+def test_a_supernode_with_other_data_is_refused_by_name(failures):
+    """SuperNode 2 holds digits.npz with its rows permuted: its client's data fingerprint is
+    not the one the app recorded, so the run stops in round 1 as a config error naming the
+    node and what differs, before its update is used (it would finish with other numbers)."""
+    entry, folder, log = failures["permuted"]
+    assert entry["status"] == "finished:failed"
+    s = _summary(folder)
+    assert s["status"] == "config_error" and s["rounds"] == 0, s
+    assert re.match(r"SuperNode \d+ \(client 2\): client 2's training data read from data-root .*node2 differs from "
+                    r"the data the app was built with: ", s["message"]), s["message"]
+    assert "data.accept_changed=true" in s["message"]
+    assert not (folder / "metrics.jsonl").exists() or not (folder / "metrics.jsonl").read_text()
+
+
+def test_report_on_a_deployed_run_says_how_it_ended(failures, tmp_path):
+    """``fedrift report`` on a deployed run that failed names its status and reason; given the
+    run folder itself, it writes its files beside it, never inside."""
+    import shutil
+
+    from fedrift.report.html import build_report
+
+    _, folder, _ = failures["stop"]
+    runs = tmp_path / "runs"
+    shutil.copytree(folder, runs / "stop")
+    said: list[str] = []
+    build_report(runs, {"plots": False}, echo=said.append)
+    message = _summary(folder)["message"]
+    line = next(x for x in said if str(runs / "stop") in x)
+    assert f"failed after round {_summary(folder)['rounds']}: {message}" in line and "flwr run APP SUPERLINK" in line
+    before = sorted(p.name for p in (runs / "stop").iterdir())
+    said.clear()
+    _, html = build_report(runs / "stop", {"plots": False}, echo=said.append)
+    assert sorted(p.name for p in (runs / "stop").iterdir()) == before
+    assert html == runs / "stop-report" / "report.html" and html.is_file() and (runs / "stop-report" / "results.csv").is_file()
+    assert any("a run folder: the report goes beside it" in x for x in said)
 
 
 def test_resume_of_a_deployed_run_is_refused(failures, capsys):
@@ -158,7 +213,7 @@ def test_resume_of_a_deployed_run_is_refused(failures, capsys):
     (["engine.dropout=0.2"], "engine.dropout: simulates clients that fail"),
     (["engine.stragglers=0.5"], "engine.stragglers: simulates clients that fail"),
     (["engine.executor=ray"], "engine.executor: a Flower deployment trains each client on its own SuperNode"),
-    (["engine.ray_address=10.0.0.1:6379"], "engine.ray_address: a Flower deployment trains each client"),
+    (["engine.ray_address=10.0.0.1:6379"], "engine.ray_address: '10.0.0.1:6379' is read by engine.executor ray only"),
     (["engine.checkpoint_every=5"], "engine.checkpoint_every: 5; a deployed run keeps no checkpoints"),
 ])
 def test_what_a_deployment_cannot_honour_is_refused(tmp_path, args, message, capsys):

@@ -21,10 +21,17 @@ Failures end legibly: a device that cannot be reached (its SuperNode stopped: th
 SuperLink's own error reply, matched to the client by the message it answers), whose
 ClientApp crashes, or that does not reply within ``reply-seconds`` is a client failure, left
 out under ``engine.accept_failures`` and counted, else the run stops (status ``failed``, the
-model so far kept). A fedrift error on a device (its node config, its data) comes back as
-such and stops the run as a config error naming the node. The ServerApp's log (``flwr run
+model so far kept, the failed clients counted in ``clients_failed_total``). A fedrift error on
+a device (its node config, its data) comes back as such and stops the run as a config error
+naming the node; among them a device whose client's data fingerprint (``fedrift.data.
+fingerprint``) differs from the one the app recorded where it was built (rows permuted, another
+version of the files), unless ``data.accept_changed``. The ServerApp's log (``flwr run
 --stream``, ``flwr log``) has a line per round, one ``fedrift: error:`` line on failure, and
-the run folder; ``flwr ls`` shows the run failed, since Flower's exit code does not.
+the run folder (absolute: a relative ``output.dir`` is the ServerApp's working folder's);
+``flwr ls`` shows the run failed, since Flower's exit code does not. Flower marks a run failed
+only when its ServerApp raises, and logs every such exception with its traceback and an
+exit-code paragraph: both are left out of the run's log by a filter on Flower's logger
+(:func:`_last_words`), so that the log ends with fedrift's lines.
 
 Importing this module needs ``flwr`` (the ``flower`` extra).
 """
@@ -44,8 +51,8 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-from fedrift.deploy.project import (AGAIN, CONFIG_KEY, INSTALL, MARKER, NODE_CLIENT, NODE_ROOT, REPLY_KEY, WAIT_KEY,
-                                    check_deployable)
+from fedrift.deploy.project import (AGAIN, CONFIG_KEY, RESUBMIT, FINGERPRINTS_KEY, INSTALL, MARKER, NODE_CLIENT, NODE_ROOT,
+                                    OVERRIDES_KEY, REPLY_KEY, WAIT_KEY, check_deployable, submitted_config)
 from fedrift.errors import ConfigError, FedriftError
 
 if TYPE_CHECKING:  # torch is imported where used: a SuperNode answering who it serves loads none
@@ -137,9 +144,14 @@ server_app = ServerApp()
 
 class DeviceError(FedriftError):
     """A device failed (its SuperNode unreachable or gone, its ClientApp crashed, no reply in
-    time) and ``engine.accept_failures`` is off: the deployed run stops there."""
+    time) and ``engine.accept_failures`` is off: the deployed run stops there. ``clients``: the
+    round's clients that failed (counted in ``clients_failed_total``)."""
 
     status = "failed"
+
+    def __init__(self, message: str, clients: list[int]) -> None:
+        super().__init__(message)
+        self.clients = clients
 
 
 class DeployedRunFailed(Exception):
@@ -149,12 +161,28 @@ class DeployedRunFailed(Exception):
 
 @server_app.main()
 def _server_main(grid: Grid, context: Context) -> None:
-    doc = json.loads(str(context.run_config[CONFIG_KEY]))
     try:
+        try:
+            doc = submitted_config(context.run_config)
+        except FedriftError as err:
+            say(f"error: {err}")
+            raise
         serve(grid, doc, float(context.run_config.get(WAIT_KEY, 600.0)), float(context.run_config.get(REPLY_KEY, 3600.0)),
               run_id=context.run_id)
     except FedriftError as err:  # already said in one line and in summary.json; Flower's status: failed
+        logging.getLogger("flwr").addFilter(_last_words)
         raise DeployedRunFailed(str(err)) from None
+
+
+def _last_words(record: logging.LogRecord) -> bool:
+    """Flower's log lines for a run that fedrift has ended legibly, left out of the run's log:
+    the traceback of :class:`DeployedRunFailed` and the exit-code paragraph after it (Flower
+    logs every exception a ServerApp raises with its traceback, and raising one is the only
+    way to mark the run failed in ``flwr ls``), so that the log ends with fedrift's lines."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, DeployedRunFailed):
+        return False
+    return not str(record.msg).startswith("Exit Code: ")
 
 
 def say(line: str) -> None:
@@ -187,7 +215,12 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float, ru
         raise
     if cfg.engine.threads is not None:
         torch.set_num_threads(cfg.engine.threads)
-    writer = RunWriter(run_folder(cfg), cfg.output.overwrite)
+    try:  # a relative output.dir is relative to the ServerApp's working folder: resolved, and said absolute
+        writer = RunWriter(run_folder(cfg).absolute(), cfg.output.overwrite)
+    except ConfigError as err:  # a folder that holds a run: resubmitted without an overwrite or a new folder
+        said = ConfigError(str(err) if RESUBMIT in str(err) else f"{err}; in a deployment: {RESUBMIT}")
+        say(f"error: {said}")
+        raise said from None
     facts = {**run_facts(prep, model, "flower"), "threads": torch.get_num_threads()}
     server = None
     try:
@@ -214,6 +247,8 @@ def serve(grid: Grid, doc: dict[str, Any], wait: float, reply_timeout: float, ru
             status = getattr(err, "status", "config_error" if isinstance(err, ConfigError) else "failed")
             summary = {**(server.result(status, str(err)).summary if server else {"status": status, "message": str(err)}),
                        **facts}
+            if isinstance(err, DeviceError):  # the round it stopped in was never closed: its failures counted here
+                summary["clients_failed_total"] = summary.get("clients_failed_total", 0) + len(err.clients)
             done = summary.get("rounds", 0)
             if server is not None and done and status != "diverged" and cfg.output.save_model:
                 writer.save_model(final_state(server.state["params"], model))  # the model after the last round that finished
@@ -358,7 +393,9 @@ def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: fl
     for k in sorted(why):
         what = f"round {rnd.t}: client {k} failed on SuperNode {nodes[k]}: {why[k]}"
         if not accept:
-            raise DeviceError(f"{what}; the run stopped (set engine.accept_failures=true to leave failed clients out)")
+            more = f" (and {len(why) - 1} more client(s))" if len(why) > 1 else ""
+            raise DeviceError(f"{what}{more}; the run stopped (set engine.accept_failures=true to leave failed clients out)",
+                              sorted(why))
         log.warning(f"{what}; left out (engine.accept_failures)")
     up = sum(message_bytes(r) for r in replies.values())
     return replies, sorted(why), down, up
@@ -466,7 +503,7 @@ def client_id(context: Context) -> int:
 class Device:
     """A device's copy of the run: its data, the training tools, the initial model's params."""
 
-    def __init__(self, doc: dict[str, Any], root: str | None, k: int) -> None:
+    def __init__(self, doc: dict[str, Any], root: str | None, k: int, expected: str | None = None) -> None:
         import torch
 
         from fedrift.engine.build import build_run, build_tools, prepare
@@ -478,6 +515,8 @@ class Device:
         if not 0 <= k < prep.partition.num_clients:
             raise ConfigError(f"node config {NODE_CLIENT}: {k}; allowed: 0 to {prep.partition.num_clients - 1}")
         self.cfg, self.k = prep.config, k
+        if expected is not None:
+            check_data(prep, k, expected, root)
         if self.cfg.engine.threads is not None:
             torch.set_num_threads(self.cfg.engine.threads)
         model, self.algorithm = build_run(prep)
@@ -498,6 +537,27 @@ class Device:
         return self.algorithm.init_client(self.params)
 
 
+def check_data(prep: Any, k: int, expected: str, root: str | None) -> None:
+    """Refuse (a ConfigError, which the server reports naming this SuperNode) a device whose
+    client ``k`` would train on other data than the app was built for: its fingerprint
+    (``fedrift.data.fingerprint``) differs from the one the app recorded; under
+    ``data.accept_changed`` a warning line on the device instead."""
+    from fedrift.data.fingerprint import difference, rows_fingerprint
+
+    found = rows_fingerprint(prep.dataset.x_train, prep.dataset.y_train, prep.partition.train[k])
+    what = difference(found, expected)
+    if not what:
+        return
+    data = prep.config.data
+    where = f"data-root {root}" if root is not None else f"data.root {data.root}" if data.root else f"data.name {data.name}"
+    said = f"client {k}'s training data read from {where} differs from the data the app was built with: {what}"
+    if prep.config.data.accept_changed:
+        log.warning(f"fedrift: {said}; trained on as it is (data.accept_changed)")
+        return
+    raise ConfigError(f"{said}; allowed: the files the app's config names, unchanged, or data.accept_changed=true to "
+                      f"train on them knowingly (flwr run APP SUPERLINK --run-config '{OVERRIDES_KEY}=\"data.accept_changed=true\"')")
+
+
 _DEVICES: dict[tuple[str, str | None, int], Device] = {}  # one per process (a ClientApp process may serve many messages)
 
 
@@ -506,13 +566,15 @@ def _prepare_client(msg: Message, context: Context) -> tuple[Device, dict[str, A
     from fedrift.engine.federation import client_job
     from fedrift.engine.teacher import with_teacher
 
-    text = str(context.run_config[CONFIG_KEY])
+    doc = submitted_config(context.run_config)
+    text = json.dumps(doc, sort_keys=True)
     root = context.node_config.get(NODE_ROOT)
     k = client_id(context)
     key = (text, None if root is None else str(root), k)
     if key not in _DEVICES:
         _DEVICES.clear()
-        _DEVICES[key] = Device(json.loads(text), key[1], k)
+        expected = json.loads(str(context.run_config.get(FINGERPRINTS_KEY, "{}") or "{}")).get(str(k))
+        _DEVICES[key] = Device(doc, key[1], k, expected)
     dev = _DEVICES[key]
     meta = msg.content["fedrift"]
     if int(meta["client"]) != k:

@@ -3,7 +3,11 @@
 The project is a ``pyproject.toml`` whose ``[tool.flwr.app.components]`` point at fedrift's
 ServerApp and ClientApp (:mod:`fedrift.deploy.flower`) and whose run config carries the
 resolved fedrift config (JSON). ``flwr run DIR SUPERLINK`` sends it to a SuperLink; the
-ServerApp runs the server half there, each SuperNode's ClientApp the client half.
+ServerApp runs the server half there, each SuperNode's ClientApp the client half. The run
+config also carries each client's data fingerprint, taken here from the data the config
+names (a SuperNode whose data differs is refused by name), and ``fedrift-overrides``, for a
+submission that changes only the run folder: ``flwr run DIR SUPERLINK --run-config
+'fedrift-overrides="output.overwrite=true"'``.
 Needs the ``flower`` extra (``flwr``); checked here so that a missing package is one line.
 """
 
@@ -13,7 +17,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from fedrift.engine.deployed_run import AGAIN, MARKER, deployed  # noqa: F401 - MARKER, deployed: their import path
+from fedrift.engine.deployed_run import AGAIN, MARKER, RESUBMIT, deployed  # noqa: F401 - MARKER, RESUBMIT, deployed: their import path
 from fedrift.errors import ConfigError, writing
 
 if TYPE_CHECKING:  # imported where used: a SuperNode answering who it serves loads no torch
@@ -23,6 +27,9 @@ if TYPE_CHECKING:  # imported where used: a SuperNode answering who it serves lo
 CONFIG_KEY = "fedrift-config"  # run config: the resolved fedrift config, as JSON
 WAIT_KEY = "wait-seconds"  # run config: how long the ServerApp waits for every client's SuperNode
 REPLY_KEY = "reply-seconds"  # run config: how long it waits for a round's replies
+FINGERPRINTS_KEY = "data-fingerprints"  # run config: each client's data fingerprint where the app was built (JSON)
+OVERRIDES_KEY = "fedrift-overrides"  # run config: key=value overrides at submission (flwr run --run-config)
+RESUBMITTABLE = ("output.", "data.accept_changed")  # what OVERRIDES_KEY may change: nothing the clients' work depends on
 NODE_CLIENT = "partition-id"  # node config: the fedrift client id a SuperNode serves
 NODE_ROOT = "data-root"  # node config: where that SuperNode reads the dataset (data.root)
 INSTALL = "pip install 'fedrift[flower]'"
@@ -109,15 +116,19 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
     text = resolved_yaml(prep)
     doc = yaml.safe_load(text)
     name = f"fedrift-{prep.config.algorithm.name}".replace("_", "-")
+    from fedrift.data.fingerprint import client_fingerprints
+
+    prints = client_fingerprints(prep.dataset, prep.partition)  # what each SuperNode's data must match
     project = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
         "project": {"name": name, "version": "1.0.0", "description": "fedrift deployed with Flower",
-                    "dependencies": ["fedrift[flower]"]},
+                    "license": "Apache-2.0", "dependencies": ["fedrift[flower]"]},
         "tool": {"flwr": {"app": {
             "publisher": "fedrift",
             "components": {"serverapp": "fedrift.deploy.flower:server_app",
                            "clientapp": "fedrift.deploy.flower:client_app"},
-            "config": {CONFIG_KEY: json.dumps(doc, sort_keys=True), WAIT_KEY: float(wait_seconds), REPLY_KEY: 3600.0},
+            "config": {CONFIG_KEY: json.dumps(doc, sort_keys=True), WAIT_KEY: float(wait_seconds), REPLY_KEY: 3600.0,
+                       FINGERPRINTS_KEY: json.dumps({str(k): v for k, v in prints.items()}), OVERRIDES_KEY: ""},
         }}},
     }
     with writing("DIR", "; allowed: a folder this user can write"):
@@ -126,6 +137,30 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
         (out / "fedrift.yaml").write_text(text)  # to read; the run uses pyproject's copy
         (out / CHECKLIST).write_text(checklist(prep.config, prep.partition.num_clients, out, wait_seconds))
     return out
+
+
+def submitted_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The fedrift config of a submitted app: the app's, with the run config's ``fedrift-overrides``
+    (``flwr run APP SUPERLINK --run-config 'fedrift-overrides="output.overwrite=true"'``): a
+    run folder that exists is overwritten, or another one named, without rebuilding the app.
+    Only ``output.*`` and ``data.accept_changed`` may change there: the clients' work is the
+    app's, which the data fingerprints were taken for."""
+    import shlex
+
+    from fedrift.config import apply_overrides
+
+    doc = json.loads(str(run_config[CONFIG_KEY]))
+    raw = str(run_config.get(OVERRIDES_KEY, "") or "")
+    try:
+        overrides = shlex.split(raw)
+    except ValueError as err:
+        raise ConfigError(f"run config {OVERRIDES_KEY}: {raw!r} is not key=value pairs ({err})") from None
+    for item in overrides:
+        key = item.partition("=")[0]
+        if "=" not in item or not key.startswith(RESUBMITTABLE) or (key.startswith("data.") and key != "data.accept_changed"):
+            raise ConfigError(f"run config {OVERRIDES_KEY}: {item!r}; allowed: output.KEY=VALUE (e.g. output.overwrite=true, "
+                              "output.dir=/abs/folder) and data.accept_changed=true; other keys: a new app (fedrift flower app)")
+    return apply_overrides(doc, overrides)
 
 
 CHECKLIST = "DEPLOY.md"  # in the app folder: the steps from this config to separate machines
@@ -154,5 +189,7 @@ def checklist(cfg: "Config", n: int, out: Path, wait_seconds: float) -> str:
         "6. Restarts: start the SuperLink with --database state.db so that registrations and runs survive a restart.",
         f"7. Run: flwr run {out} SUPERLINK --stream; Flower's exit code does not carry the outcome: check "
         "flwr ls SUPERLINK --run-id ID, or status in the run folder's summary.json.",
+        f"8. Again (a run folder is never reused silently): flwr run {out} SUPERLINK --stream --run-config "
+        f"'{OVERRIDES_KEY}=\"output.overwrite=true\"' (or \"output.dir=/a/new/folder\"); no rebuild needed.",
     ]
     return "\n".join([f"# Deploying {out}", "", *steps, ""])

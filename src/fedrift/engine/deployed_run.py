@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 MARKER = "flower.json"  # in a deployed run's folder: the Flower run it was (written first, so a killed run has it)
-AGAIN = ("a deployed run keeps no checkpoints: submit the app again (flwr run APP SUPERLINK), into a new "
-         "output.dir or with output.overwrite=true; it starts from round 1")
+# an app submitted again, over its run folder or into a new one, without rebuilding it (deploy/project.py)
+RESUBMIT = ("flwr run APP SUPERLINK --run-config 'fedrift-overrides=\"output.overwrite=true\"' "
+            "(or \"output.dir=/a/new/folder\")")
+AGAIN = f"a deployed run keeps no checkpoints: submit the app again: {RESUBMIT}; it starts from round 1"
 
 
 def deployed(run_dir: Path) -> bool:

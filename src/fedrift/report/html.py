@@ -226,15 +226,25 @@ def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = Non
     groups, grid = load_groups(root)
     opts = _merged_options(grid, raw)
     check_report_names(opts, list(dict.fromkeys(g.algorithm for g in groups)))
-    for run in (r for g in groups for r in g.runs if r.status == "interrupted"):
-        if deployed(Path(run.dir)):  # a Flower deployment's run: no checkpoints, no --resume
-            echo(f"{run.dir}: a deployed run, stopped after round {run.last_round}; {AGAIN}")
-        else:
-            echo(f"{run.dir}: interrupted after round {run.last_round}; continue with: fedrift run --resume {run.dir}")
-    rows, at_rounds, checked = _tables(root, groups, opts, echo)
-    with _writing(root):
-        plots = make_figures(root, groups, opts, echo, rows) if opts.plots else []
-    out = Path(html_path) if html_path is not None else root / "report.html"
+    for run in (r for g in groups for r in g.runs):
+        said = str(run.summary.get("message") or "")
+        if deployed(Path(run.dir)) and run.status not in ("completed", "missing"):  # no checkpoints, no --resume
+            how = f"stopped after round {run.last_round}" if run.status == "interrupted" else \
+                f"{run.status} after round {run.last_round}" + (f": {said}" if said else "")
+            echo(f"{run.dir}: a deployed run, {how}; {AGAIN}")
+        elif run.status == "interrupted":  # the run's own resume command (a lost Ray head's names the address)
+            cont = said[said.index("continue with: "):] if "continue with: " in said else f"continue with: fedrift run --resume {run.dir}"
+            echo(f"{run.dir}: interrupted after round {run.last_round}; {cont}")
+    dest = root
+    if (root / "config.yaml").is_file():  # a run folder: its files stay the run's own
+        dest = root.parent / f"{root.name}-report"
+        echo(f"{root}: a run folder: the report goes beside it, in {dest}")
+        with _writing(dest):
+            dest.mkdir(exist_ok=True)
+    rows, at_rounds, checked = _tables(dest, groups, opts, echo)
+    with _writing(dest):
+        plots = make_figures(dest, groups, opts, echo, rows) if opts.plots else []
+    out = Path(html_path) if html_path is not None else dest / "report.html"
     page = render_html(root, groups, grid, rows, at_rounds, plots, opts, checked)
     with _writing(root):
         out.parent.mkdir(parents=True, exist_ok=True)
