@@ -57,6 +57,10 @@ def test_views_are_a_pure_function_of_seed_round_client_step():
     assert (counts - 1 / 9).abs().max() < 0.02  # uniform offsets, as RandomCrop's
     assert abs(big[:, 2].double().mean().item() - 0.5) < 0.02
     assert Augment(padding=0, flip=False).views(0, 1, 1, 1, 50, cpu).abs().sum() == 0
+    # a vectorised group's whole round of views at once: each step's views, drawn as they are
+    table = aug.draws(3, 2, 7, range(4, 8), 64)
+    assert table.shape == (4, 64, 3)
+    assert torch.equal(torch.from_numpy(table[1]), a)
 
 
 def _npz(tmp_path):
@@ -74,7 +78,7 @@ def test_every_executor_trains_on_the_same_augmented_batches(tiny, tmp_path, alg
     the same order); batched within float tolerance (vmap's kernels round differently)."""
     root = _npz(tmp_path)
     results = {}
-    for ex in ("sequential", "batched", "processes"):
+    for ex in ("sequential", "batched", "processes", "stacked"):
         cfg = tiny(data={"name": "npz", "root": root, "augment": True, "crop_padding": 2},
                    model={"name": "mlp", "hidden": [16]}, algorithm=algorithm,
                    train={"rounds": 2, "clients_per_round": 3, "local_epochs": 2, "batch_size": 8},
@@ -85,6 +89,7 @@ def test_every_executor_trains_on_the_same_augmented_batches(tiny, tmp_path, alg
         assert torch.equal(seq[k], results["processes"].global_state[k]), k
         scale = seq[k].abs().max().clamp(min=1e-3)
         assert ((seq[k] - results["batched"].global_state[k]).abs().max() / scale).item() < 1e-4, k
+        assert torch.equal(results["stacked"].global_state[k], results["batched"].global_state[k]), k  # a stack of one
     plain = fedrift.run(tiny(data={"name": "npz", "root": root}, model={"name": "mlp", "hidden": [16]}, algorithm=algorithm,
                              train={"rounds": 2, "clients_per_round": 3, "local_epochs": 2, "batch_size": 8},
                              output={"dir": str(tmp_path / "plain")}))

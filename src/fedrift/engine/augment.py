@@ -17,7 +17,9 @@ teacher table (see ``engine.teacher``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 import torch
 from torch.nn import functional as F
@@ -37,11 +39,19 @@ class Augment:
 
     def views(self, seed: int, round_: int, client: int, step: int, rows: int, device: torch.device) -> torch.Tensor:
         """int64 ``(rows, 3)``: each sample's crop offsets (dy, dx in 0..2*padding) and flip (0/1)."""
-        u = torch.from_numpy(rng.generator(seed, rng.AUGMENT, round_, client, step).random((rows, 3)))
-        out = torch.empty((rows, 3), dtype=torch.int64)
-        out[:, :2] = (u[:, :2] * (2 * self.padding + 1)).long().clamp(max=2 * self.padding)
-        out[:, 2] = (u[:, 2] < 0.5).long() if self.flip else 0
-        return out.to(device)
+        return torch.from_numpy(self.draws(seed, round_, client, [step], rows)[0]).to(device)
+
+    def draws(self, seed: int, round_: int, client: int, steps: Sequence[int], rows: int) -> np.ndarray:
+        """:meth:`views` of each of ``steps`` at once, int64 ``(len(steps), rows, 3)`` on the host:
+        the same draws (one generator per step, keyed as ``views``), without a tensor per step,
+        so that a vectorised group moves its whole round's views to the device in one copy."""
+        out = np.zeros((len(steps), rows, 3), dtype=np.int64)
+        for i, step in enumerate(steps):
+            u = rng.generator(seed, rng.AUGMENT, round_, client, step).random((rows, 3))
+            out[i, :, :2] = np.minimum((u[:, :2] * (2 * self.padding + 1)).astype(np.int64), 2 * self.padding)
+            if self.flip:
+                out[i, :, 2] = u[:, 2] < 0.5
+        return out
 
     def __call__(self, x: torch.Tensor, views: torch.Tensor) -> torch.Tensor:
         """``x`` ``(n, C, H, W)`` with sample i padded, cropped back to H x W at its offsets,

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fedrift.engine.local import optimizer_init
+from fedrift.engine.profiling import labeller
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.errors import FedriftError
 
@@ -37,12 +38,15 @@ def train_client(tools: RoundTools, payload: dict[str, Any], job: ClientJob, rou
         opt_state = optimizer_init(tools.optimizer, params, tools.apply)  # BatchNorm statistics: not optimised
         loss_sum = torch.zeros((), device=params[next(iter(params))].device)
         aux_sum: dict[str, torch.Tensor] = {}
+        label = labeller()
         for s, idx in enumerate(job.schedule):
             w = torch.full((idx.numel(),), 1.0 / idx.numel(), device=idx.device)
             n = idx.numel()
-            batch = tools.batch(payload, idx, w, noise=tools.noise(round_, job.client_id, s, n),
-                                views=tools.views(round_, job.client_id, s, n), dp_noise=tools.dp_noise(round_, job.client_id, s))
-            params, opt_state, loss, aux = tools.step(params, opt_state, batch, payload, ctx)
+            with label("fedrift.batch"):
+                batch = tools.batch(payload, idx, w, noise=tools.noise(round_, job.client_id, s, n),
+                                    views=tools.views(round_, job.client_id, s, n), dp_noise=tools.dp_noise(round_, job.client_id, s))
+            with label("fedrift.step"):
+                params, opt_state, loss, aux = tools.step(params, opt_state, batch, payload, ctx)
             loss_sum = loss_sum + loss
             for k, v in aux.items():
                 aux_sum[k] = aux_sum.get(k, 0.0) + v

@@ -418,7 +418,10 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
         return statuses
 
     with run_pool(min(jobs, len(tasks))) as pool:
-        pending = {pool.submit(*start(task)): task for task in tasks}
+        pending = {}
+        for task in tasks:
+            fn, args = start(task)
+            pending[pool.submit(fn, *args)] = task
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:

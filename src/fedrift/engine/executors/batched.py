@@ -21,10 +21,12 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch.func import vmap
 
 from fedrift.engine.local import make_step, optimizer_init
+from fedrift.engine.profiling import labeller
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.functional.tree import cat, split, stack
 
@@ -165,12 +167,16 @@ class BatchedExecutor:
         active_all = torch.arange(max(steps), device=dev)[:, None] < torch.tensor(steps, device=dev)[None, :]
         loss_sum = torch.zeros(n, device=dev)
         aux_sum: dict[str, torch.Tensor] = {}
+        views_all = _views_table(parts, max(steps), batch_size, dev)
+        label = labeller()
         for s in range(max(steps)):
             if stop is not None:
                 stop()
             active = active_all[s]
-            batch = _step_batch(parts, idx_all[s], w_all[s], s, batch_size)
-            new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
+            with label("fedrift.batch"):  # labels for torch.profiler (benchmarks/gpu_throughput.py)
+                batch = _step_batch(parts, idx_all[s], w_all[s], s, batch_size, None if views_all is None else views_all[s])
+            with label("fedrift.step"):
+                new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
             if s < min(steps):  # every client still training: nothing to mask (and no pass over the stack)
                 params, opt_state = new_params, new_state
             else:
@@ -213,28 +219,46 @@ def batch_width(parts: list[Part]) -> int:
     return max((j.table.shape[1] for part in parts for j in part.jobs), default=1)
 
 
-def _step_batch(parts: list[Part], idx: torch.Tensor, w: torch.Tensor, s: int, batch_size: int) -> dict[str, Any]:
+def _views_table(parts: list[Part], steps: int, batch_size: int, dev: torch.device) -> torch.Tensor | None:
+    """The augmentation views of every client of the group at every step, ``(steps, clients,
+    batch, 3)`` on the device in one copy (each client's own draws, ``Augment.draws``; zeros
+    past its last step, where its steps are masked); None without augmentation."""
+    if parts[0].tools.augment is None:
+        return None
+    table = np.zeros((steps, sum(len(p.jobs) for p in parts), batch_size, 3), dtype=np.int64)
+    i = 0
+    for part in parts:
+        aug, seed = part.tools.augment, part.tools.seed
+        for job in part.jobs:
+            table[: job.num_steps, i] = aug.draws(seed, part.round_, job.client_id, range(job.num_steps), batch_size)
+            i += 1
+    return torch.from_numpy(table).to(dev)
+
+
+def _step_batch(parts: list[Part], idx: torch.Tensor, w: torch.Tensor, s: int, batch_size: int,
+                views: torch.Tensor | None) -> dict[str, Any]:
     """Step ``s``'s batch of the whole group: the rows ``idx`` (client x batch) gathered with
-    each client's own draws (noise, augmentation views, DP noise: keyed by its run's seed, its
-    round, itself and the step). One gather for the group when the parts share their
-    training set and no teacher reads the batch; else one per part, joined."""
-    def draws(part: Part) -> tuple[Any, Any, Any]:
+    each client's own draws (noise, DP noise: keyed by its run's seed, its round, itself and
+    the step; ``views``, the step's rows of :func:`_views_table`). One gather for the group
+    when the parts share their training set and no teacher reads the batch; else one per
+    part, joined."""
+    def draws(part: Part) -> tuple[Any, Any]:
         t, r = part.tools, part.round_
         noise = None if t.algorithm.noise_dim is None else torch.stack([t.noise(r, j.client_id, s, batch_size) for j in part.jobs])
-        views = None if t.augment is None else torch.stack([t.views(r, j.client_id, s, batch_size) for j in part.jobs])
         dp = stack([t.dp_noise(r, j.client_id, s) for j in part.jobs]) if t.dp is not None else None
-        return noise, views, dp
+        return noise, dp
 
     t0 = parts[0].tools
     if len(parts) == 1 or (t0.algorithm.teacher is None and all(p.tools.x is t0.x and p.tools.y is t0.y for p in parts)):
         got = [draws(p) for p in parts]
-        noise, views, dp = (None if got[0][k] is None else cat([g[k] for g in got]) for k in range(3))
+        noise, dp = (None if got[0][k] is None else cat([g[k] for g in got]) for k in range(2))
         return t0.batch(parts[0].payload, idx, w, noise=noise, views=views, dp_noise=dp)
     out, at = [], 0
     for part in parts:
         n = len(part.jobs)
-        noise, views, dp = draws(part)
-        out.append(part.tools.batch(part.payload, idx[at : at + n], w[at : at + n], noise=noise, views=views, dp_noise=dp))
+        noise, dp = draws(part)
+        mine = None if views is None else views[at : at + n]
+        out.append(part.tools.batch(part.payload, idx[at : at + n], w[at : at + n], noise=noise, views=mine, dp_noise=dp))
         at += n
     return cat(out)
 

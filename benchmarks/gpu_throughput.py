@@ -1,0 +1,259 @@
+"""G1 and G2 of ../shared/BENCH.md (issue 49): ResNet-8 training samples a second on one device,
+per path (sequential, batched, stacked runs at 1, 3, 12, 48 runs) and precision (fp32, bf16),
+and a profile of the local step.
+
+Workload R1 at paper settings but for the data's content: ResNet-8 (GroupNorm, 16 channels a
+group), CIFAR-sized uint8 images (50,000 train, 10,000 test; random pixels and labels, made
+here into an .npz: throughput does not depend on what the pixels show, and nothing has to
+travel to the device), Dirichlet alpha 0.1 over 20 clients, 4 a round, batch 64, SGD lr 0.05,
+momentum 0.9, wd 1e-5, clip 10, the papers' crop-and-flip augmentation, holdout 0.1,
+val_share 0.1, FedAvg. Each row trains ``--rounds`` rounds (the first one a warm-up, not
+counted) of ``--epochs`` local epochs; samples a second = the rounds' training samples (each
+sampled client's samples x epochs, from the run's own sampler and partition) over the rounds'
+``seconds`` (metrics.jsonl: a round's federated work, evaluation excluded), of all runs at
+once for stacked rows (they train together, and their rounds overlap).
+
+Rows are written as they are measured to ``--out``/throughput-<device>.json in BENCH.md's form
+(``{"device", "torch", "cuda", "date", "rows": [{"path", "runs", "clients", "precision",
+"samples_per_second", "fraction_of_peak", ...}]}``); a rerun skips the rows already there (a
+device call cut short resumes), most informative rows first. ``fraction_of_peak``: samples a
+second x the model's training FLOPs a sample (3 x the forward pass's, counted by
+``torch.utils.flop_counter`` on a batch) over the device's dense rate for the precision
+(H100/H200: 989 TFLOP/s bf16, 67 TFLOP/s fp32 without tensor cores; ``peak`` in each row says
+which); null on a CPU.
+
+``--profile``: G2, one round of the sequential path and of 12 stacked runs under
+``torch.profiler`` (after a warm-up run): wall time, steps, kernels a step, kernel time a
+step, the device's busy share of the wall time (the rest is the host's: launches, Python,
+the batch's assembly), and the top kernels; to profile-<device>.json and a markdown summary.
+
+    python benchmarks/gpu_throughput.py --device cuda --out benchmarks/results/gpu-throughput
+    python benchmarks/gpu_throughput.py --device cuda --profile --out ...
+    # here, to check it end to end (tiny sizes, a minute):
+    .venv/bin/python benchmarks/gpu_throughput.py --device cpu --quick --out /tmp/gpu-tp --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import fedrift
+from fedrift.api import prepare
+from fedrift.engine.sampling import SAMPLERS, cohort_size
+from fedrift.experiments.stacked import run_stacked
+
+PEAK_FLOPS = {"bf16": 989e12, "fp32": 67e12}  # H100/H200 SXM dense (NVIDIA's data sheets)
+ORDER = [  # most informative first: the baseline, then the stacks that should fill the device
+    ("sequential", 1, "fp32"), ("stacked", 12, "fp32"), ("stacked", 48, "fp32"), ("batched", 1, "fp32"),
+    ("stacked", 48, "bf16"), ("stacked", 3, "fp32"), ("stacked", 1, "fp32"), ("sequential", 1, "bf16"),
+    ("stacked", 12, "bf16"), ("batched", 1, "bf16"), ("stacked", 3, "bf16"), ("stacked", 1, "bf16"),
+]
+
+
+def make_data(folder: Path, n_train: int, n_test: int) -> Path:
+    """CIFAR-sized uint8 images and labels in an .npz (seeded): the workload's shapes."""
+    path = folder / "cifar-shaped.npz"
+    if not path.is_file():
+        g = np.random.default_rng(0)
+        np.savez(path, x_train=g.integers(0, 256, (n_train, 32, 32, 3), dtype=np.uint8),
+                 y_train=g.integers(0, 10, n_train), x_test=g.integers(0, 256, (n_test, 32, 32, 3), dtype=np.uint8),
+                 y_test=g.integers(0, 10, n_test))
+    return path
+
+
+def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed: int, out: Path) -> dict[str, Any]:
+    return {
+        "seed": seed,
+        "data": {"name": "npz", "root": str(data), "augment": True},
+        "partition": {"name": "dirichlet", "alpha": 0.1, "num_clients": 20, "holdout": 0.1, "val_share": 0.1},
+        "model": {"name": "resnet8", "group_channels": 16},
+        "algorithm": {"name": "fedavg"},
+        "train": {"rounds": args.rounds, "clients_per_round": 4, "local_epochs": args.epochs, "batch_size": 64, "lr": 0.05,
+                  "momentum": 0.9, "weight_decay": 1e-5, "clip_grad_norm": 10, "precision": precision},
+        "eval": {"every": 1},  # a metrics line a round: its `seconds` (evaluation excluded) are what is timed
+        "engine": {"executor": path, "device": args.device},
+        "output": {"dir": str(out / f"s{seed}"), "progress": False, "save_model": False, "overwrite": True},
+    }
+
+
+def samples_per_round(cfg: dict[str, Any], rounds: range) -> list[int]:
+    """Training samples of each round: the sampled clients' samples x local epochs, from the
+    run's own partition and sampler (the engine's draws, not an estimate)."""
+    prep = prepare(cfg)
+    part, tc = prep.partition, prep.config.train
+    sizes = part.sizes()
+    m = cohort_size(part.num_clients, tc.clients_per_round, tc.participation)
+    sampler = SAMPLERS.get(prep.config.engine.sampling, "engine.sampling").factory
+    out = []
+    for t in rounds:
+        ids = sampler(part.num_clients, m, prep.config.seed, t, None, retries=100)
+        out.append(int(sum(int(sizes[k]) for k in ids)) * tc.local_epochs)
+    return out
+
+
+def round_seconds(folder: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return {r["round"]: r["seconds"] for r in rows}
+
+
+def flops_per_sample(device: str) -> float:
+    """Training FLOPs a sample of ResNet-8 on 3x32x32: 3 x the forward pass (counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedrift.models import build_model
+    from fedrift.params import params as _  # noqa: F401 - the registries' options
+
+    prep = prepare({"data": {"name": "digits"}, "model": {"name": "resnet8", "group_channels": 16}})
+    model = build_model("resnet8", prep.options["model"], (3, 32, 32), 10, 0).to(device)
+    x = torch.zeros(64, 3, 32, 32, device=device)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(x)
+    return 3.0 * counter.get_total_flops() / 64
+
+
+def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, work: Path) -> dict[str, Any]:
+    folder = work / f"{path}-{runs}-{precision}"
+    engine_path = "stacked" if path == "stacked" else path
+    configs = [config(data, args, engine_path, precision, seed, folder) for seed in range(runs)]
+    start = time.perf_counter()
+    if path == "stacked":
+        results = run_stacked(configs)
+        bad = [r for r in results if isinstance(r, BaseException)]
+        if bad:
+            raise bad[0]
+    else:
+        fedrift.run(configs[0])
+    wall = time.perf_counter() - start
+    timed = range(2, args.rounds + 1)  # round 1: the warm-up (kernels chosen, caches filled)
+    samples = sum(sum(samples_per_round(c, timed)) for c in configs)
+    per_run = [round_seconds(Path(c["output"]["dir"])) for c in configs]
+    # the runs of a stack train together: the stack's round takes the longest of theirs
+    seconds = sum(max(s[t] for s in per_run) for t in timed)
+    return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision,
+            "samples_per_second": samples / seconds, "samples": samples, "seconds": seconds, "wall_seconds": wall,
+            "rounds_timed": len(timed), "local_epochs": args.epochs}
+
+
+def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: str) -> None:
+    """G2: one round of the sequential path and of 12 stacked runs under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    report: dict[str, Any] = {"device": tag, "cases": []}
+    one = argparse.Namespace(**{**vars(args), "rounds": 1})
+    for path, runs in (("sequential", 1), ("stacked", 3 if args.quick else 12)):
+        measure(data, one, path, runs, "fp32", work / "warm")  # warm-up: kernels chosen, code loaded
+        start = time.perf_counter()
+        with torch_profile(activities=acts) as prof:
+            measure(data, one, path, runs, "fp32", work / "prof")
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        events = prof.key_averages()
+        steps = sum(e.count for e in events if e.key == "fedrift.step")
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        kernel_s = sum(e.device_time_total for e in kernels) / 1e6 if kernels else 0.0
+        by_name: dict[str, list[float]] = {}
+        for e in kernels:
+            by_name.setdefault(e.name, []).append(e.device_time_total)
+        top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+        labels = {e.key: {"count": e.count, "cpu_ms": e.cpu_time_total / 1e3} for e in events if e.key.startswith("fedrift.")}
+        report["cases"].append({
+            "path": path, "runs": runs, "wall_seconds": wall, "steps": steps, "kernels": len(kernels),
+            "kernels_per_step": len(kernels) / steps if steps else None,
+            "kernel_ms_per_step": 1e3 * kernel_s / steps if steps else None,
+            "wall_ms_per_step": 1e3 * wall / steps if steps else None,
+            "device_busy_share": kernel_s / wall if kernels else None,
+            "labels": labels,
+            "top_kernels": [{"name": n[:120], "count": len(v), "ms": sum(v) / 1e3} for n, v in top],
+            "top_cpu_ops": [{"name": e.key, "count": e.count, "cpu_ms": e.self_cpu_time_total / 1e3}
+                            for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]],
+        })
+        print(f"profile {path} x{runs}: {steps} steps, {len(kernels)} kernels, wall {wall:.2f} s", flush=True)
+    (out / f"profile-{tag}.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = [f"# G2 profile, {tag}", ""]
+    for c in report["cases"]:
+        lines.append(f"- {c['path']} x{c['runs']}: {c['steps']} steps in {c['wall_seconds']:.2f} s wall "
+                     f"({c['wall_ms_per_step']:.2f} ms a step), {c['kernels_per_step']} kernels a step, "
+                     f"kernel time {c['kernel_ms_per_step']} ms a step, device busy {c['device_busy_share']}")
+        for k in c["top_kernels"][:6]:
+            lines.append(f"  - {k['name'][:80]}: {k['count']} calls, {k['ms']:.1f} ms")
+    (out / f"profile-{tag}.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu-throughput"))
+    ap.add_argument("--rounds", type=int, default=3, help="rounds a row trains (the first is a warm-up)")
+    ap.add_argument("--epochs", type=int, default=1, help="local epochs (throughput does not depend on them)")
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds for all rows; a row is not started past it")
+    ap.add_argument("--rows", default="", help="path:runs:precision,... (default: BENCH.md's, most informative first)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a check of the script on a CPU")
+    ap.add_argument("--profile", action="store_true", help="G2 instead of G1")
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "fedrift-gpu-throughput")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_throughput: --device cuda but torch sees no GPU", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    n_train, n_test = (2_000, 500) if args.quick else (50_000, 10_000)
+    data = make_data(args.work, n_train, n_test)
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu"
+    tag = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:40]
+    if args.profile:
+        profile(data, args, args.work, args.out, tag)
+        return 0
+    path = args.out / f"throughput-{tag}.json"
+    doc = json.loads(path.read_text()) if path.is_file() else {
+        "device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "date": str(datetime.date.today()),
+        "workload": "R1 at paper settings (ResNet-8 GN16, batch 64, 20 clients Dirichlet 0.1, 4 a round, augmented), "
+                    "CIFAR-sized random uint8 images", "rows": []}
+    fps = flops_per_sample(args.device)
+    doc["train_flops_per_sample"] = fps
+    rows = [tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ORDER
+    if args.quick:
+        rows = [(p, min(int(r), 3), prec) for p, r, prec in rows]
+    start = time.perf_counter()
+    for p, r, prec in rows:
+        r = int(r)
+        if any(x["path"] == p and x["runs"] == r and x["precision"] == prec for x in doc["rows"]):
+            continue  # measured by an earlier call
+        if time.perf_counter() - start > args.budget:
+            print(f"budget spent: {p} x{r} {prec} not measured", flush=True)
+            continue
+        try:
+            row = measure(data, args, p, r, prec, args.work)
+        except Exception as err:  # noqa: BLE001 - one row's failure is written down, the rest go on
+            row = {"path": p, "runs": r, "clients": 4 * r, "precision": prec, "error": f"{type(err).__name__}: {err}"}
+        if "samples_per_second" in row:
+            on_gpu = args.device == "cuda"
+            row["fraction_of_peak"] = row["samples_per_second"] * fps / PEAK_FLOPS[prec] if on_gpu else None
+            row["peak"] = f"{PEAK_FLOPS[prec] / 1e12:.0f} TFLOP/s dense {prec} (H100/H200 SXM)" if on_gpu else None
+        doc["rows"].append(row)
+        path.write_text(json.dumps(doc, indent=1) + "\n")  # after every row: a cut call keeps what it measured
+        print(json.dumps(row), flush=True)
+    base = next((x for x in doc["rows"] if x["path"] == "sequential" and x["precision"] == "fp32" and "samples_per_second" in x), None)
+    for x in doc["rows"]:
+        if base and "samples_per_second" in x:
+            print(f"{x['path']:>10} x{x['runs']:<3} {x['precision']}: {x['samples_per_second']:>10.0f} samples/s "
+                  f"({x['samples_per_second'] / base['samples_per_second']:.2f}x sequential fp32)")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
