@@ -24,6 +24,10 @@ The file names the base config and every choice a table's reproduction makes::
     folders: {tune: tune, runs: runs}       # the tune folder and the compare root under out
     jobs: 2                                 # default --jobs
 
+The tune runs on the base config with the study's overrides and the tune's (``rounds``, ``seed``,
+``overrides``); a swept key keeps the base's value there, and the values chosen serve every swept
+value. An entry's own options (``fedprox:mu=0.01``) are fixed: its tune does not search them.
+
 Paths in the file (``base``, ``tuned``, ``out``) are relative to the file's folder; paths inside
 the config (``data.root``) keep their own meaning (relative to the current folder). Everything
 is checked when the file is read, before any data is loaded: an unknown key, algorithm, report

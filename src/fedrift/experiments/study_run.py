@@ -246,7 +246,9 @@ def _tune_step(study: Study, upto: Sequence[Entry], built: Mapping[str, Any], he
     with writing("out", "; allowed: a folder this user can create and write", "create or write"):
         study.tune_dir.mkdir(parents=True, exist_ok=True)
     if (study.tune_dir / DESCRIPTION).is_file():  # the tune goes on with the entries so far (the others stay in
-        desc = _read_json(study.tune_dir / DESCRIPTION)  # its database and in the ledger)
+        desc = _read_json(study.tune_dir / DESCRIPTION)  # its database, their spaces in the ledger)
+        for k, v in (desc.get("studies") or {}).items():
+            known.setdefault(k, v)
         desc["studies"] = {k: v for k, v in (desc.get("studies") or {}).items() if k in names}
         _write_json(study.tune_dir / DESCRIPTION, desc)
     known[tstudy.name] = spec
