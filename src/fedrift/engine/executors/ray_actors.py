@@ -20,7 +20,7 @@ on another actor: the first one free, a survivor or the replacement asked for at
 work is a pure function of the payload and their jobs, so the round's result does not change;
 one line says so. When no actor survives and Ray places no replacement within
 ``REPLACE_SECONDS`` (the lost node was the only one with a free CPU), the run stops as after a
-lost head (below). Up to ``RETRIES`` actors lost a round.
+lost head (below); so it does when more than ``RETRIES`` actors are lost in a round.
 
 A lost head node (its machine gone, its processes killed) takes the cluster with it: no actor
 can be made and Ray's own core would wait 60 s for it, then end the driver with a C++ log
@@ -301,8 +301,11 @@ class RayExecutor:
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
                 self._check_head(at_once=True)  # a lost head takes its node's actors with it
                 lost += 1
-                if lost > RETRIES:
-                    raise RuntimeError(f"ray executor: {lost} actors lost in round {round_}; last: {err}") from err
+                if lost > RETRIES:  # nodes failing one after another: stop as after a lost head, resumable
+                    self._lost = True
+                    raise ClusterLostError(
+                        f"engine.ray_address: the Ray cluster at {self._gcs!r} lost {lost} actors in round {round_} "
+                        f"(more than {RETRIES}; last: {type(err).__name__})", hint=self._resume_hint()) from None
                 self._lost_actor(actor, round_, len(work[b][0]))
                 todo.append(b)
         return results
