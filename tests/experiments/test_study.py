@@ -153,8 +153,8 @@ def _kill_when(proc: subprocess.Popen, pattern: str, root: Path, path: Path) -> 
         assert proc.poll() is None, "the study ended before it was killed"
         assert time.monotonic() < deadline, f"no {pattern} in 180 s"
         time.sleep(0.01)
-    if pattern.startswith("tune/"):  # status sees who holds the folder
-        assert f"running: the tune folder is held by pid {proc.pid} on " in "\n".join(study_status(path))
+    if pattern.startswith("tune/"):  # status names the process running the study
+        assert f"running: pid {proc.pid} on " in "\n".join(study_status(path))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
