@@ -36,7 +36,8 @@ def write_study(folder: Path, entries=None, **changes) -> Path:
     (folder / "base.yaml").write_text(yaml.safe_dump(base))
     doc = {"base": "base.yaml", "entries": entries if entries is not None else ENTRIES, "seeds": [0, 1],
            "tune": {"space": {"train.lr": [0.02, 0.1]}, "rounds": 2, "trials": 2},
-           "report": {"claims": ["fedprox>fedavg"], "tsne": "none"}, "out": "out", **changes}
+           "report": {"claims": ["fedprox>fedavg"], "tsne": "none", "paper": "fedgkd-table3-cifar10"}, "out": "out",
+           **changes}
     path = folder / "study.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -129,6 +130,8 @@ def test_the_report_has_the_table_and_the_claims(finished):
     page = (runs / "study.md").read_text()
     assert "fedrift study run" in page and "## Results" in page and "## Claims" in page
     assert "fedprox:mu=0.01 > fedavg" in page
+    # the published table's columns beside the measured ones (this tiny setting is none of its columns)
+    assert "published %" in page and "no published row" in page and "Published (fedgkd-table3-cifar10)" in page
     grid = json.loads((runs / "compare.json").read_text())
     assert grid["algorithms"] == ["fedavg", "fedprox:mu=0.01", "fedavgm"] and grid["seeds"] == [0, 1]
     assert grid["report"]["reference"] == "fedavg"
