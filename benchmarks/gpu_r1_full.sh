@@ -17,7 +17,9 @@
 # CPU tune's learning rates: tuned=benchmarks/results/r1-tune), engine.device=cuda, $JOBS
 # processes, into $OUT/r1-gpu-a<alpha>. Environment: ALGORITHMS (fedavg,fedgkd,fedadc), SEEDS
 # (0,1,2), ALPHAS (0.1 0.5), JOBS (3), DEVICE (cuda), INSTALL (1: $WHL into $SITE), BUDGET (500 s for the compares; SIGINT at the end of it,
-# so that finished runs and the report stay), PY (python3), SITE (/tmp/site).
+# so that finished runs and the report stay), PY (python3), SITE (/tmp/site), R1_MORE (more key=value for
+# the alpha compares: paper scale is "engine.executor=stacked train.local_epochs=20 train.rounds=100
+# data.augment=true engine.checkpoint_every=5", a setting's seeds then one stack, JOBS stacks at once).
 # CHAIN="...": a tune-and-compare chain (the block below says what it runs; R1 by default, any
 # workload by CFG and the rest).
 # R2_ROUNDS=N: FedADC Table I at s = 2, C = 0.2 without tuning (the block below): R2_ROUNDS (the
@@ -210,7 +212,7 @@ for alpha in $ALPHAS; do
   timeout -s INT -k 20 "$left" "${FEDRIFT[@]}" compare -c examples/workload_r1.yaml --jobs "$JOBS" seeds="$SEEDS" \
     algorithms="$ALGORITHMS" tuned=benchmarks/results/r1-tune data.root=/tmp/cifar10-jpeg engine.device="${DEVICE:-cuda}" \
     partition.alpha="$alpha" report.reference=fedavg report.tsne=none report.paper=fedgkd-table3-cifar10 \
-    output.progress=false --out "$OUT/r1-gpu-a$alpha"
+    output.progress=false ${R1_MORE:-} --out "$OUT/r1-gpu-a$alpha"
   echo "== exit $? after $(($(date +%s) - START)) s"
 done
 # what comes back from the device is limited in number of files (8 came back in one call) and in

@@ -190,6 +190,9 @@ def test_stacked_runs_refuse_runs_that_differ_in_more_than_the_seed(tiny, tmp_pa
     with pytest.raises(ConfigError, match=r"^engine.executor: stacked runs .*train.lr differs \(0.05 and 0.1\)"):
         run_stacked(configs)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before anything is written
+    configs = [tiny(seed=s, engine={"executor": "batched"}, output={"dir": str(tmp_path / f"c{s}")}) for s in (0, 1)]
+    with pytest.raises(ConfigError, match=r"^engine.executor: batched runs train one by one; allowed: stacked"):
+        run_stacked(configs)
 
 
 def test_a_stack_of_one_is_the_batched_executor(tiny, tmp_path):

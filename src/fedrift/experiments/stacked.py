@@ -50,7 +50,9 @@ def check_stackable(preps: Sequence[Prepared]) -> None:
     """Refuse, in one line, runs that cannot be one stack: another config than the first's in
     a key other than the seed and the output folder (those runs train with other steps), or
     an algorithm in :data:`UNSTACKABLE`."""
-    name = preps[0].config.algorithm.name
+    name, executor = preps[0].config.algorithm.name, preps[0].config.engine.executor
+    if executor != "stacked":  # each run's config.yaml and summary say how it trained
+        raise ConfigError(f"engine.executor: {executor} runs train one by one; allowed: stacked, for runs trained as one stack")
     if name in UNSTACKABLE:
         raise ConfigError(f"engine.executor: stacked cannot stack {name} ({UNSTACKABLE[name]}); "
                           f"allowed: batched or sequential with {name}")

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 49's device call (BENCH.md G2 then G1), prepared to run at once in a session with a lent
+# GPU: the profile of one round (sequential, 12 stacked runs), then the throughput rows, most
+# informative first, each written to $OUT as it is measured (a call cut short keeps its rows; the
+# next call, given the JSON back under benchmarks/results/gpu-throughput/, skips them).
+#
+# Here, once: `PARTS=r1 bash benchmarks/gpu_prepare.sh` (its .gpu/whl; only pydantic and its four
+# dependencies are needed: `mkdir -p .gpu/whlmin && cp .gpu/whl/{pydantic,pydantic_core,annotated_types,typing_extensions,typing_inspection}-*.whl .gpu/whlmin`).
+# Device (carry [".gpu/whlmin"], timeout_s 600):
+#   bash benchmarks/gpu_throughput.sh
+# Here, to check it end to end on the CPU (tiny sizes):
+#   QUICK=1 DEVICE=cpu PY=.venv/bin/python INSTALL=0 OUT=/tmp/gpu-tp bash benchmarks/gpu_throughput.sh
+# Environment: BUDGET (420 s for the throughput rows; the profile runs first, about a minute),
+# PROFILE (1), DEVICE (cuda), PY (python3), INSTALL (1), WHL (.gpu/whlmin), SITE (/tmp/site),
+# OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; WHL=${WHL:-.gpu/whlmin}; OUT=${OUT:-$PWD/runs/gpu-out}
+DEVICE=${DEVICE:-cuda}; BUDGET=${BUDGET:-420}
+mkdir -p "$OUT"
+if [ "${INSTALL:-1}" = 1 ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHL"/*.whl \
+    || { echo "gpu_throughput: installing $WHL failed"; exit 1; }
+fi
+export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+# the rows measured by earlier calls, committed here: this call measures the others
+mkdir -p benchmarks/results/gpu-throughput
+cp benchmarks/results/gpu-throughput/throughput-*.json "$OUT"/ 2>/dev/null
+args=(--device "$DEVICE" --out "$OUT")
+[ -n "${QUICK:-}" ] && args+=(--quick)
+if [ "${PROFILE:-1}" = 1 ] && ! ls "$OUT"/profile-*.json >/dev/null 2>&1; then
+  timeout -k 10 "${PROFILE_TIMEOUT:-150}" "$PY" benchmarks/gpu_throughput.py "${args[@]}" --profile 2>&1 | tail -n 30
+fi
+timeout -s INT -k 20 "$((BUDGET + 60))" "$PY" benchmarks/gpu_throughput.py "${args[@]}" --budget "$BUDGET" ${ROWS:+--rows "$ROWS"} 2>&1 | tail -n 40
+ls -la "$OUT"
