@@ -129,6 +129,7 @@ def entry_progress(study: Study, entry: Entry, ledger: dict[str, Any]) -> dict[s
     state = "" if not last else "new" if known is None else "changed" if known.get("hash") != study.entry_hash(entry) else ""
     finished = stopped = free = 0
     per_round: list[float] = []
+    per_run: list[float] = []
     for d in setting_dirs(study, entry):
         for seed in study.seeds:
             run = study.runs_dir / d / f"seed{seed}"
@@ -137,6 +138,8 @@ def entry_progress(study: Study, entry: Entry, ledger: dict[str, Any]) -> dict[s
                 finished += 1
                 if s.get("seconds_per_round"):
                     per_round.append(float(s["seconds_per_round"]))
+                if s.get("wall_seconds"):
+                    per_run.append(float(s["wall_seconds"]))
             else:
                 stopped += bool(s or (run / "metrics.jsonl").is_file())
                 free += seed == study.seeds[0] and _trial_is_run(study, entry)
@@ -149,7 +152,8 @@ def entry_progress(study: Study, entry: Entry, ledger: dict[str, Any]) -> dict[s
             if s.get("status") == "completed" and s.get("seconds_per_round"):
                 per_round.append(float(s["seconds_per_round"]))
     return {"entry": entry.entry, "state": state, "trials": trials, "target": target, "runs": finished,
-            "stopped": stopped, "total": total, "free": free, "per_round": sum(per_round) / len(per_round) if per_round else None}
+            "stopped": stopped, "total": total, "free": free, "per_round": sum(per_round) / len(per_round) if per_round else None,
+            "per_run": sum(per_run) / len(per_run) if per_run else None}
 
 
 def progress(study: Study) -> list[str]:
@@ -176,6 +180,8 @@ def progress(study: Study) -> list[str]:
         parts = [f"tune {r['trials']}/{r['target']} trials" if e.tuned else "not tuned",
                  f"runs {r['runs']}/{r['total']} finished" + (f" ({r['stopped']} stopped, continued next run)"
                                                               if r["stopped"] else "")]
+        if r["per_run"] is not None:
+            parts.append(f"{duration_text(r['per_run'])} a run")
         if r["per_round"] is not None:
             parts.append(f"{r['per_round']:.2f} s a round measured")
         note = {"new": " (new since the last run)", "changed": " (changed since the last run: rerun where it differs)"}
