@@ -39,7 +39,7 @@ def ray(cfg: Config):  # noqa: ANN201 - ray is an optional extra, imported on us
     return RayExecutor(cfg)
 
 
-@EXECUTORS.register("auto", "the default: batched on a GPU; processes for compute-bound models on CPUs; batched for small models with many clients")
+@EXECUTORS.register("auto", "the default: batched on a GPU (in fedrift compare: a setting's seeds stacked); processes for compute-bound models on CPUs; batched for small models with many clients")
 def auto(cfg: Config) -> SequentialExecutor:  # pragma: no cover - api.run resolves auto first
     raise RuntimeError("engine.executor auto is resolved by fedrift.api before executors are built")
 
