@@ -128,10 +128,11 @@ class BatchedExecutor:
     def train_group(self, parts: list["Part"], batch_size: int, stop: Callable[[], None] | None = None) -> list[list[ClientOutput]]:
         """One vectorised group: the clients of ``parts`` (each part one run's jobs, with its
         tools, payload and round) trained together, one ``vmap`` call a local step, every batch
-        padded to ``batch_size`` rows (the round's widest); their outputs, per part in job order. With one part the payload is shared by every client
-        (as it is); with several (stacked runs, ``executors.stacked``) each client gets its
-        run's payload as a row of a stacked one. ``stop`` is called before every step (it
-        raises to stop the group: a stacked run's Ctrl-C)."""
+        padded to ``batch_size`` rows (the round's widest); their outputs, per part in job
+        order. With one part the payload is shared by every client (as it is); with several
+        (stacked runs, ``executors.stacked``) each client gets its run's payload as a row of a
+        stacked one, and the step is the first part's (the runs share one config). ``stop`` is
+        called before every step (it raises to stop the group: a stacked run's Ctrl-C)."""
         first = parts[0]
         tools0, dev = first.tools, first.tools.x.device
         alg = tools0.algorithm  # every part's algorithm trains with this step (stacked runs: one config)
