@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any, Callable
 
 import torch
@@ -171,7 +172,7 @@ class DivergenceBound:
         if self.factor is None or self.reference is not None or not losses:
             return
         sizes = [n for o in outputs if (n := norms.get(o.client_id)) is not None and math.isfinite(n)]
-        self.totals[self.KEY] = {"loss": max(1.0, _median(losses)), "update": _median(sizes) if sizes else 0.0}
+        self.totals[self.KEY] = {"loss": max(1.0, median(losses)), "update": median(sizes) if sizes else 0.0}
 
     def judge(self, outputs: list[ClientOutput], norms: dict[int, float | None]) -> dict[int, str]:
         """Client id -> why its training diverged, for each finite loss or update beyond a
@@ -193,8 +194,3 @@ class DivergenceBound:
                 out[o.client_id] = (f"made an update of norm {norm:.4g}, beyond engine.divergence_factor {self.factor:g} "
                                     f"times the run's first round's ({ref['update']:.4g}, its clients' median)")
         return out
-
-
-def _median(values: list[float]) -> float:
-    v = sorted(values)
-    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
