@@ -51,6 +51,7 @@ import torch
 
 import fedrift
 from fedrift.api import prepare
+from fedrift.engine.batches import num_steps
 from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.experiments.stacked import run_stacked
 
@@ -88,8 +89,8 @@ def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed
     }
 
 
-def samples_per_round(cfg: dict[str, Any], rounds: range) -> list[int]:
-    """Training samples of each round: the sampled clients' samples x local epochs, from the
+def client_work(cfg: dict[str, Any], rounds: range) -> list[list[tuple[int, int]]]:
+    """Each round's sampled clients as (training samples x local epochs, local steps), from the
     run's own partition and sampler (the engine's draws, not an estimate)."""
     prep = prepare(cfg)
     part, tc = prep.partition, prep.config.train
@@ -99,8 +100,26 @@ def samples_per_round(cfg: dict[str, Any], rounds: range) -> list[int]:
     out = []
     for t in rounds:
         ids = sampler(part.num_clients, m, prep.config.seed, t, None, retries=100)
-        out.append(int(sum(int(sizes[k]) for k in ids)) * tc.local_epochs)
+        out.append([(int(sizes[k]) * tc.local_epochs, num_steps(int(sizes[k]), tc.batch_size, tc.local_epochs, None))
+                    for k in ids])
     return out
+
+
+def samples_per_round(cfg: dict[str, Any], rounds: range) -> list[int]:
+    """Training samples of each round (:func:`client_work`)."""
+    return [sum(n for n, _ in clients) for clients in client_work(cfg, rounds)]
+
+
+def steps_taken(configs: list[dict[str, Any]], path: str, rounds: range) -> int:
+    """Local steps the path takes over ``rounds``: one client's step at a time (sequential),
+    one vectorised call a step for the round's clients (batched) or for all runs' clients
+    (stacked, one group: ``auto_parallel`` on a GPU)."""
+    work = [client_work(c, rounds) for c in configs]
+    if path == "sequential":
+        return sum(s for run in work for clients in run for _, s in clients)
+    if path == "batched":
+        return sum(max(s for _, s in clients) for run in work for clients in run)
+    return sum(max(s for run in work for _, s in run[i]) for i in range(len(rounds)))
 
 
 def round_seconds(folder: Path) -> dict[int, float]:
@@ -155,6 +174,8 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
     one = argparse.Namespace(**{**vars(args), "rounds": 1})
     for path, runs in (("sequential", 1), ("stacked", 3 if args.quick else 12)):
         measure(data, one, path, runs, "fp32", work / "warm")  # warm-up: kernels chosen, code loaded
+        configs = [config(data, one, path, "fp32", seed, work / "prof") for seed in range(runs)]
+        steps = steps_taken(configs, path, range(1, 2))  # the labels of a stack's thread are not recorded
         start = time.perf_counter()
         with torch_profile(activities=acts) as prof:
             measure(data, one, path, runs, "fp32", work / "prof")
@@ -162,7 +183,6 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
                 torch.cuda.synchronize()
         wall = time.perf_counter() - start
         events = prof.key_averages()
-        steps = sum(e.count for e in events if e.key == "fedrift.step")
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
         kernel_s = sum(e.device_time_total for e in kernels) / 1e6 if kernels else 0.0
         by_name: dict[str, list[float]] = {}
@@ -172,6 +192,7 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
         labels = {e.key: {"count": e.count, "cpu_ms": e.cpu_time_total / 1e3} for e in events if e.key.startswith("fedrift.")}
         report["cases"].append({
             "path": path, "runs": runs, "wall_seconds": wall, "steps": steps, "kernels": len(kernels),
+            "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps if steps else None,
             "kernels_per_step": len(kernels) / steps if steps else None,
             "kernel_ms_per_step": 1e3 * kernel_s / steps if steps else None,
             "wall_ms_per_step": 1e3 * wall / steps if steps else None,
@@ -186,7 +207,7 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
     lines = [f"# G2 profile, {tag}", ""]
     for c in report["cases"]:
         lines.append(f"- {c['path']} x{c['runs']}: {c['steps']} steps in {c['wall_seconds']:.2f} s wall "
-                     f"({c['wall_ms_per_step']:.2f} ms a step), {c['kernels_per_step']} kernels a step, "
+                     f"({c['wall_ms_per_step']} ms a step), {c['kernels_per_step']} kernels a step, "
                      f"kernel time {c['kernel_ms_per_step']} ms a step, device busy {c['device_busy_share']}")
         for k in c["top_kernels"][:6]:
             lines.append(f"  - {k['name'][:80]}: {k['count']} calls, {k['ms']:.1f} ms")
