@@ -157,14 +157,32 @@ def _deploy_in_waves(fed: LoopbackFederation, algs: tuple[str, ...], base: Path,
             time.sleep(0.2)
         started = list(algs[wave * size:(wave + 1) * size])
         for alg in started:
-            write_app(base / f"app-{alg}", _config(base / "data" / "server", alg, base / f"deployed-{alg}"))
-            runs[alg] = fed.submit(base / f"app-{alg}")
+            runs[alg] = fed.submit(_app(base / f"app-{alg}", _config(base / "data" / "full", alg, base / f"deployed-{alg}"),
+                                        base / "data" / "server"))
         if long and wave == WAVES - 1:
-            cfg = _config(base / "data" / "server", "fedavg", base / "deployed-long")
+            cfg = _config(base / "data" / "full", "fedavg", base / "deployed-long")
             cfg["train"]["rounds"] = 10_000
-            fed.submit(write_app(base / "app-long", cfg))
+            fed.submit(_app(base / "app-long", cfg, base / "data" / "server"))
     entries = fed.wait_all({run: base / f"deployed-{alg}" / "summary.json" for alg, run in runs.items()}, timeout=WAIT)
     return {alg: entries[run] for alg, run in runs.items()}
+
+
+def _app(folder: Path, cfg: dict, server_root: Path) -> Path:
+    """The app of ``cfg``, built where the data is whole (its data fingerprints, which each
+    SuperNode's data must match, are of the full data), then pointed at the server's copy,
+    which holds no training inputs: the server never reads them."""
+    import tomllib
+
+    import tomli_w
+
+    write_app(folder, cfg)
+    project = tomllib.loads((folder / "pyproject.toml").read_text())
+    app = project["tool"]["flwr"]["app"]["config"]
+    doc = json.loads(app["fedrift-config"])
+    doc["data"]["root"] = str(server_root)
+    app["fedrift-config"] = json.dumps(doc, sort_keys=True)
+    (folder / "pyproject.toml").write_text(tomli_w.dumps(project))
+    return folder
 
 
 def _fed(feds: dict, algorithm: str) -> LoopbackFederation:
@@ -255,6 +273,10 @@ def test_app_project(tmp_path, capsys):
                                  "clientapp": "fedrift.deploy.flower:client_app"}
     doc = json.loads(app["config"]["fedrift-config"])
     assert doc["train"]["rounds"] == 3 and doc["algorithm"]["name"] == "fedavg"
+    assert project["project"]["license"] == "Apache-2.0"  # Flower warns of an app without one
+    prints = json.loads(app["config"]["data-fingerprints"])  # what each SuperNode's data must match
+    assert sorted(prints, key=int) == [str(k) for k in range(20)] and all(v.count(":") == 2 for v in prints.values())
+    assert app["config"]["fedrift-overrides"] == ""
     assert fedrift.api.prepare(doc).config.train.rounds == 3  # a config fedrift reads back
     out = capsys.readouterr().out
     assert "flwr run" in out
@@ -352,3 +374,75 @@ def test_a_submission_failing_every_try_says_why(tmp_path, monkeypatch):
     monkeypatch.setattr("fedrift.deploy.loopback.time.sleep", lambda s: None)
     with pytest.raises(RuntimeError, match="unavailable .try 3 of 3"):
         _SlowLink(tmp_path, 5, False).submit(tmp_path)
+
+
+def test_a_device_with_other_data_is_refused_unless_accepted(caplog):
+    """What a SuperNode's ClientApp does with its client's data fingerprint (the loopback
+    federation of test_flower_failures.py sees it end to end): refused, or with
+    data.accept_changed a warning line."""
+    from fedrift.data.fingerprint import difference, rows_fingerprint
+    from fedrift.deploy.flower import check_data
+    from fedrift.errors import ConfigError
+
+    prep = fedrift.api.prepare({"data": {"name": "digits"}, "partition": {"name": "iid", "num_clients": 3}})
+    x, y = prep.dataset.x_train, prep.dataset.y_train
+    check_data(prep, 1, rows_fingerprint(x, y, prep.partition.train[1]), None)  # the same data: nothing said
+    assert not caplog.records
+    other = rows_fingerprint(x.flip(0), y.flip(0), prep.partition.train[1])
+    with pytest.raises(ConfigError, match=r"^client 1's training data read from data.name digits differs from the data "
+                                          r"the app was built with: .*; allowed: .*data.accept_changed=true"):
+        check_data(prep, 1, other, None)
+    accepting = fedrift.api.prepare({"data": {"name": "digits", "accept_changed": True}, "partition": {"name": "iid", "num_clients": 3}})
+    check_data(accepting, 1, other, "/data/there")
+    assert [r.getMessage() for r in caplog.records] == [
+        "fedrift: client 1's training data read from data-root /data/there differs from the data the app was built with: "
+        + difference(rows_fingerprint(x, y, prep.partition.train[1]), other)
+        + "; trained on as it is (data.accept_changed)"]
+
+
+@pytest.mark.parametrize("overrides, expect", [
+    ("", None),
+    ('output.overwrite=true output.dir="/runs/again"', {"overwrite": True, "dir": "/runs/again"}),
+    ("data.accept_changed=true", {"accept_changed": True}),
+    ("train.rounds=5", "run config fedrift-overrides: 'train.rounds=5'; allowed: output.KEY=VALUE"),
+    ("data.root=/elsewhere", "run config fedrift-overrides: 'data.root=/elsewhere'; allowed:"),
+    ("output.overwrite", "run config fedrift-overrides: 'output.overwrite'; allowed:"),
+])
+def test_a_submission_may_change_the_output_keys(overrides, expect):
+    """``flwr run APP SUPERLINK --run-config 'fedrift-overrides="..."'``: the run folder (and
+    data.accept_changed) change without rebuilding the app; keys the clients' work depends
+    on are refused in one line."""
+    from fedrift.deploy.project import submitted_config
+    from fedrift.errors import ConfigError
+
+    doc = {"data": {"name": "digits"}, "output": {"dir": "/runs/first", "overwrite": False}}
+    run_config = {"fedrift-config": json.dumps(doc), "fedrift-overrides": overrides}
+    if isinstance(expect, str):
+        with pytest.raises(ConfigError, match=re.escape(expect)):
+            submitted_config(run_config)
+        return
+    got = submitted_config(run_config)
+    section = "data" if expect and "accept_changed" in expect else "output"
+    assert got[section] == {**doc[section], **(expect or {})}
+
+
+def test_a_relative_output_dir_is_resolved_and_said_absolute(tmp_path, monkeypatch, capsys):
+    """A relative output.dir is the ServerApp's working folder's: the run folder is made there
+    and every line says it absolute (a federation that never connects ends the run here)."""
+    from fedrift.deploy.flower import serve
+    from fedrift.errors import ConfigError
+
+    class NoSuperNodes:
+        def get_node_ids(self) -> list[int]:
+            return []
+
+    monkeypatch.chdir(tmp_path)
+    doc = {"data": {"name": "digits"}, "partition": {"name": "iid", "num_clients": 2}, "model": {"name": "mlp", "hidden": [8]},
+           "engine": {"executor": "sequential", "checkpoint_every": 0}, "output": {"dir": "runs/deployed", "progress": False}}
+    with pytest.raises(ConfigError, match="wait-seconds: no SuperNode served clients"):
+        serve(NoSuperNodes(), doc, wait=0.0, reply_timeout=1.0)
+    out = capsys.readouterr().out
+    folder = tmp_path / "runs" / "deployed"
+    assert f"fedrift: run folder {folder} on the ServerApp's machine" in out
+    assert f"fedrift: config_error after 0 of 50 rounds; run folder {folder} (summary.json)" in out
+    assert json.loads((folder / "summary.json").read_text())["status"] == "config_error"
