@@ -452,6 +452,12 @@ def test_a_lost_head_stops_the_run_in_one_line_and_it_resumes_elsewhere(cluster,
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["checkpoint_round"] == 2 and summary["rounds"] == 2
     assert summary["message"] == lines[0].removeprefix("fedrift: error: ")
+    from fedrift.report.html import build_report
+
+    said: list[str] = []  # fedrift report gives the run's own resume command, the address hint with it
+    build_report(tmp_path, {"plots": False}, echo=said.append)
+    line = next(x for x in said if x.startswith(f"{run_dir}: interrupted after round 2"))
+    assert f"continue with: fedrift run --resume {run_dir}" in line and "engine.ray_address=HOST:PORT" in line
     shutil.copytree(run_dir, tmp_path / "copy")
 
     ref_cfg = tiny(algorithm={"name": "scaffold"}, train=slow, engine={"executor": "sequential", "threads": 1})
