@@ -5,7 +5,9 @@ The order
     study tunes it) and its seed-0 runs (every swept value), so that after k steps the first k
     entries stand beside the reference on one seed; then every entry's seed 1, then seed 2 ...
     A tune at the runs' rounds and seed gives an entry's seed-0 runs for free (compare copies
-    the chosen trial: :func:`fedrift.experiments.grid.copy_trial`).
+    the chosen trial: :func:`fedrift.experiments.grid.copy_trial`). Where an entry's runs
+    train as one stack (compare's ``engine.executor: stacked``, or ``auto`` on a GPU), its
+    seeds run together right after its tune: a stack costs about what one run does.
 
 The machinery is ``fedrift tune``'s and ``fedrift compare``'s, called as they are
     One tune folder (``folders.tune``: one Optuna study per entry, ``best.yaml``) and one compare
@@ -359,11 +361,11 @@ def _changes(study: Study, old: Mapping[str, Any]) -> list[str]:
 # Running
 
 
-def _run_step(study: Study, entries: Sequence[Entry], seed: int, values: Path | None, jobs: int,
+def _run_step(study: Study, entries: Sequence[Entry], seeds: Sequence[int], values: Path | None, jobs: int,
               verbose: bool) -> None:
     from fedrift.experiments.compare import compare
 
-    compare(study.config, algorithms=[e.entry for e in entries], seeds=[seed], sweep=study.sweep or None,
+    compare(study.config, algorithms=[e.entry for e in entries], seeds=list(seeds), sweep=study.sweep or None,
             overrides=study.overrides, out=study.runs_dir, jobs=jobs, report=False, verbose=verbose,
             tuned=values)
 
@@ -424,6 +426,7 @@ def _prepare(study: Study, jobs: int, echo: Echo) -> tuple[dict[str, Any], Any, 
     run), the entries' changes said, the ledger written; returns the grid's description, the
     report options and the steps to run."""
     from fedrift.experiments.grid import build_grid, run_state
+    from fedrift.experiments.stacked import wants_stack
     from fedrift.report.html import ReportOptions
 
     built, head = _tune_studies(study) if study.tuned_entries else ({}, {})
@@ -454,21 +457,26 @@ def _prepare(study: Study, jobs: int, echo: Echo) -> tuple[dict[str, Any], Any, 
     }
     _save_ledger(study, ledger)
 
+    # an entry whose runs train as one stack (compare's engine.executor: stacked, or auto on a
+    # GPU) runs all its seeds at once: a stack costs about what one run does
+    stacked = {spec.setting.algorithm for spec in grid.runs if wants_stack(spec.doc)}
+
     def steps(verbose: bool) -> None:
         values = None
         for k, entry in enumerate(study.entries):  # each entry's tune and seed 0, the reference first
             if entry.tuned:
                 _tune_step(study, study.entries[:k + 1], built, head, ledger, jobs, echo)
             values = _values(study, study.entries[:k + 1], built, echo)
-            if (entry.entry, study.seeds[0]) in left:
-                echo(f"== study: {entry.entry}, seed {study.seeds[0]}")
-                _run_step(study, [entry], study.seeds[0], values, jobs, verbose)
+            seeds = [s for s in (study.seeds if entry.entry in stacked else study.seeds[:1]) if (entry.entry, s) in left]
+            if seeds:
+                echo(f"== study: {entry.entry}, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}")
+                _run_step(study, [entry], seeds, values, jobs, verbose)
         for seed in study.seeds[1:]:  # then each seed of every entry
-            todo = [e for e in study.entries if (e.entry, seed) in left]
+            todo = [e for e in study.entries if (e.entry, seed) in left and e.entry not in stacked]
             if todo:
                 echo(f"== study: seed {seed} of " + ("every entry" if len(todo) == len(study.entries)
                                                      else ", ".join(e.entry for e in todo)))
-                _run_step(study, todo, seed, values, jobs, verbose)
+                _run_step(study, todo, [seed], values, jobs, verbose)
         _save_ledger(study, ledger)
 
     return {**grid.description, "report": opts.as_json(), "study": str(study.path)}, opts, steps
