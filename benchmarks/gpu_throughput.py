@@ -22,10 +22,11 @@ second x the model's training FLOPs a sample (3 x the forward pass's, counted by
 (H100/H200: 989 TFLOP/s bf16, 67 TFLOP/s fp32 without tensor cores; ``peak`` in each row says
 which); null on a CPU.
 
-``--profile``: G2, one round of the sequential path and of 12 stacked runs under
-``torch.profiler`` (after a warm-up run): wall time, steps, kernels a step, kernel time a
-step, the device's busy share of the wall time (the rest is the host's: launches, Python,
-the batch's assembly), and the top kernels; to profile-<device>.json and a markdown summary.
+``--profile``: G2, round 2's training (round 1 warms up) of the sequential path and of 12
+stacked runs under ``torch.profiler``: wall time, steps, aten ops and kernels a step, kernel
+time a step, the device's busy share of the wall time (the rest is the host's: launches,
+Python, the batch's assembly), the top kernels and host ops; to profile-<device>.json and a
+markdown summary.
 
     python benchmarks/gpu_throughput.py --device cuda --out benchmarks/results/gpu-throughput
     python benchmarks/gpu_throughput.py --device cuda --profile --out ...
@@ -165,24 +166,78 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
             "rounds_timed": len(timed), "local_epochs": args.epochs}
 
 
-def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: str) -> None:
-    """G2: one round of the sequential path and of 12 stacked runs under torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+class Window:
+    """``torch.profiler`` over round 2's training only (round 1 warms up: kernels chosen, code
+    loaded; evaluation, aggregation and the run's start-up stay outside), in the thread that
+    trains (a stack's training thread: the labels of the other threads are not recorded)."""
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-    report: dict[str, Any] = {"device": tag, "cases": []}
-    one = argparse.Namespace(**{**vars(args), "rounds": 1})
-    for path, runs in (("sequential", 1), ("stacked", 3 if args.quick else 12)):
-        measure(data, one, path, runs, "fp32", work / "warm")  # warm-up: kernels chosen, code loaded
-        configs = [config(data, one, path, "fp32", seed, work / "prof") for seed in range(runs)]
-        steps = steps_taken(configs, path, range(1, 2))  # the labels of a stack's thread are not recorded
+    def __init__(self, device: str) -> None:
+        from torch.profiler import ProfilerActivity
+
+        self.device = device
+        self.acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        self.prof: Any = None
+        self.wall = 0.0
+
+    def around(self, round_: int, train: Any) -> Any:
+        if round_ != 2 or self.prof is not None:
+            return train()
+        from torch.profiler import profile as torch_profile
+
+        prof = torch_profile(activities=self.acts)
+        prof.start()
         start = time.perf_counter()
-        with torch_profile(activities=acts) as prof:
-            measure(data, one, path, runs, "fp32", work / "prof")
-            if args.device == "cuda":
+        try:
+            return train()
+        finally:
+            if self.device == "cuda":
                 torch.cuda.synchronize()
-        wall = time.perf_counter() - start
+            self.wall = time.perf_counter() - start
+            prof.stop()
+            self.prof = prof
+
+
+def profiled_run(data: Path, args: argparse.Namespace, path: str, runs: int, work: Path, window: Window) -> list[dict]:
+    """A 2-round run of ``path`` (``runs`` stacked runs) with ``window`` around round 2's training."""
+    from fedrift.api import run_prepared
+    from fedrift.engine.executors.sequential import SequentialExecutor
+    from fedrift.experiments import stacked
+
+    two = argparse.Namespace(**{**vars(args), "rounds": 2})
+    configs = [config(data, two, path, "fp32", seed, work) for seed in range(runs)]
+    if path == "sequential":
+        class Profiled(SequentialExecutor):
+            def run_round(self, tools, payload, jobs, round_, take=None):  # noqa: ANN001, ANN202
+                return window.around(round_, lambda: SequentialExecutor.run_round(self, tools, payload, jobs, round_, take))
+
+        run_prepared(prepare(configs[0]), executor=Profiled())
+        return configs
+
+    class ProfiledStack(stacked.RunStack):
+        def _train_together(self, requests):  # noqa: ANN001, ANN202
+            return window.around(requests[0].part.round_, lambda: stacked.RunStack._train_together(self, requests))
+
+    real = stacked.RunStack
+    stacked.RunStack = ProfiledStack  # type: ignore[misc]
+    try:
+        bad = [r for r in run_stacked(configs) if isinstance(r, BaseException)]
+    finally:
+        stacked.RunStack = real  # type: ignore[misc]
+    if bad:
+        raise bad[0]
+    return configs
+
+
+def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: str) -> None:
+    """G2: round 2's training of the sequential path and of 12 stacked runs under torch.profiler."""
+    report: dict[str, Any] = {"device": tag, "cases": []}
+    for path, runs in (("sequential", 1), ("stacked", 3 if args.quick else 12)):
+        window = Window(args.device)
+        configs = profiled_run(data, args, path, runs, work / f"prof-{path}", window)
+        prof, wall = window.prof, window.wall
         events = prof.key_averages()
+        labelled = sum(e.count for e in events if e.key == "fedrift.step")
+        steps = labelled or steps_taken(configs, path, range(2, 3))
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
         kernel_s = sum(e.device_time_total for e in kernels) / 1e6 if kernels else 0.0
         by_name: dict[str, list[float]] = {}
@@ -190,13 +245,13 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
             by_name.setdefault(e.name, []).append(e.device_time_total)
         top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
         labels = {e.key: {"count": e.count, "cpu_ms": e.cpu_time_total / 1e3} for e in events if e.key.startswith("fedrift.")}
+        samples = sum(samples_per_round(c, range(2, 3))[0] for c in configs)
         report["cases"].append({
-            "path": path, "runs": runs, "wall_seconds": wall, "steps": steps, "kernels": len(kernels),
-            "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps if steps else None,
-            "kernels_per_step": len(kernels) / steps if steps else None,
-            "kernel_ms_per_step": 1e3 * kernel_s / steps if steps else None,
-            "wall_ms_per_step": 1e3 * wall / steps if steps else None,
-            "device_busy_share": kernel_s / wall if kernels else None,
+            "path": path, "runs": runs, "wall_seconds": wall, "steps": steps, "samples": samples,
+            "samples_per_second": samples / wall, "kernels": len(kernels),
+            "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps,
+            "kernels_per_step": len(kernels) / steps, "kernel_ms_per_step": 1e3 * kernel_s / steps,
+            "wall_ms_per_step": 1e3 * wall / steps, "device_busy_share": kernel_s / wall if kernels else None,
             "labels": labels,
             "top_kernels": [{"name": n[:120], "count": len(v), "ms": sum(v) / 1e3} for n, v in top],
             "top_cpu_ops": [{"name": e.key, "count": e.count, "cpu_ms": e.self_cpu_time_total / 1e3}
@@ -204,13 +259,17 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
         })
         print(f"profile {path} x{runs}: {steps} steps, {len(kernels)} kernels, wall {wall:.2f} s", flush=True)
     (out / f"profile-{tag}.json").write_text(json.dumps(report, indent=1) + "\n")
-    lines = [f"# G2 profile, {tag}", ""]
+    lines = [f"# G2 profile, {tag}: round 2's training (round 1 a warm-up)", ""]
     for c in report["cases"]:
-        lines.append(f"- {c['path']} x{c['runs']}: {c['steps']} steps in {c['wall_seconds']:.2f} s wall "
-                     f"({c['wall_ms_per_step']} ms a step), {c['kernels_per_step']} kernels a step, "
-                     f"kernel time {c['kernel_ms_per_step']} ms a step, device busy {c['device_busy_share']}")
+        busy = "n/a" if c["device_busy_share"] is None else f"{c['device_busy_share']:.2f}"
+        lines.append(f"- {c['path']} x{c['runs']}: {c['steps']} steps, {c['wall_seconds']:.2f} s "
+                     f"({c['wall_ms_per_step']:.2f} ms a step, {c['samples_per_second']:.0f} samples/s), "
+                     f"{c['aten_ops_per_step']:.0f} aten ops and {c['kernels_per_step']:.0f} kernels a step "
+                     f"({c['kernel_ms_per_step']:.2f} ms of kernels), device busy {busy}")
         for k in c["top_kernels"][:6]:
             lines.append(f"  - {k['name'][:80]}: {k['count']} calls, {k['ms']:.1f} ms")
+        for k in c["top_cpu_ops"][:6]:
+            lines.append(f"  - host: {k['name'][:60]}: {k['count']} calls, {k['cpu_ms']:.1f} ms self")
     (out / f"profile-{tag}.md").write_text("\n".join(lines) + "\n")
 
 
