@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild Tiny-ImageNet-200 exactly as fedrift's R3 tables read it (README "Tiny-ImageNet-200").
+# Rebuild Tiny-ImageNet-200 exactly as fedrift's R3 tables read it (docs/tutorials/your-own-data.md, "Tiny-ImageNet-200, rebuilt exactly").
 #
 #   benchmarks/tiny_imagenet_tree.sh DLA_REPO IMAGENET_REPO OUT_DIR
 #

@@ -88,7 +88,7 @@ def test_fedrift_has_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-# The layers of the README's Layout section, lowest first: a unit (a top-level module, or a
+# The layers of docs/reference/layout.md, lowest first: a unit (a top-level module, or a
 # subpackage as a whole) imports units of its own layer or of layers below it, never above.
 LAYERS = [
     {"errors", "version", "_omp", "_malloc"},

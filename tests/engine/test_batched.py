@@ -170,7 +170,7 @@ def test_auto_sends_the_cnn_to_processes_only_when_clients_have_enough_work():
 
 
 def test_the_cnn_batched_is_within_the_stated_tolerance_after_one_round(tiny, tmp_path):
-    """README, Executors: the FedAvg CNN, batched against sequential, after one round: every
+    """docs/concepts/executors.md: the FedAvg CNN, batched against sequential, after one round: every
     parameter within 1e-4 of its tensor's largest value (convolutions: other kernels under vmap)."""
     results = {}
     for ex in ("sequential", "batched"):

@@ -1,7 +1,7 @@
 """A real Flower federation on this machine's loopback: a ``flower-superlink`` with TLS and
 SuperNode authentication, one ``flower-supernode`` per fedrift client, each with its own key
 registered first. What the deployment's tests and benchmark run against; the same steps as a
-deployment on several machines (README, "Deploying with Flower"), with certificates made here.
+deployment on several machines (docs/tutorials/deploy-flower.md), with certificates made here.
 
 Nothing leaves the machine: every address is 127.0.0.1, Flower's telemetry is off, and the
 SuperLink installs no app dependencies (fedrift is already importable).

@@ -168,15 +168,15 @@ CHECKLIST = "DEPLOY.md"  # in the app folder: the steps from this config to sepa
 
 def checklist(cfg: "Config", n: int, out: Path, wait_seconds: float) -> str:
     """The steps from a simulation config to a SuperLink and SuperNodes on other machines, for
-    this config (its client count and threads), as the README's checklist gives them: what a
-    first deployment gets wrong is the certificate's address, the client count, fedrift missing
-    on a device, and threads that make results differ from simulation."""
+    this config (its client count and threads), as the checklist in docs/tutorials/deploy-flower.md
+    gives them: what a first deployment gets wrong is the certificate's address, the client
+    count, fedrift missing on a device, and threads that make results differ from simulation."""
     threads = cfg.engine.threads
     equal = ("engine.threads is 1: the deployed run equals `fedrift run` of this config bit for bit" if threads == 1
              else f"engine.threads is {'auto' if threads is None else threads}: set engine.threads=1 for results equal to `fedrift run` of this config")
     steps = [
         "1. Certificates: a CA, and the SuperLink's certificate signed by it whose subjectAltName holds the address "
-        "the SuperNodes dial (README, 'Deploying with Flower', has the openssl commands); an ECDSA key pair per "
+        "the SuperNodes dial (the docs' 'Deploy with Flower' page, docs/tutorials/deploy-flower.md, has the openssl commands); an ECDSA key pair per "
         "device (ssh-keygen -t ecdsa -b 384 -N \"\" -f device0), registered once: flwr supernode register device0.pub SUPERLINK.",
         f"2. One SuperNode per client: the partition has {n} clients (partition.num_clients), so {n} SuperNodes, device K started with "
         f"--node-config 'partition-id=K data-root=\"...\"' for K = 0 ... {n - 1}; several on one machine each need "

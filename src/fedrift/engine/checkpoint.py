@@ -40,14 +40,14 @@ from fedrift.errors import FedriftError, writing
 FORMAT = 1
 FOLDER = "checkpoint"
 MANIFEST = "manifest.json"
-# What a resume may change: the one place that says it (README "Checkpoints and resume").
+# What a resume may change: the one place that says it (docs/howto/resume.md).
 # Keys that do not change a run's results: a checkpoint taken under other values is still its own.
 # plugins: where names come from; engine.ray_address: which cluster runs the actors (a lost head's
 # run continues on another one); engine.divergence_*: where a diverging run stops, not any round's numbers;
 # data.accept_changed: whether data that changed under the run is accepted (the data's fingerprint is checked apart)
 NOT_RESULTS = ("engine.checkpoint_every", "engine.client_state", "plugins", "engine.ray_address",
                "engine.divergence_factor", "engine.divergence_loss", "data.accept_changed")
-# Executors whose results are equal bit for bit (README "Executors"): ``processes`` and ``ray`` run
+# Executors whose results are equal bit for bit (docs/concepts/executors.md): ``processes`` and ``ray`` run
 # ``sequential``'s own code on one thread per worker and the server aggregates in client order, so
 # on the CPU with ``engine.threads: 1`` a run may stop under one of them and continue under
 # another; how many workers share the clients does not change results either.
