@@ -29,10 +29,11 @@ def tiny_config(tmp_path, **sections) -> dict:
 CLUSTER = ("tests/deploy/", "tests/engine/test_ray.py")
 # the longest other files (`pytest --durations=0`, summed by file: 20-90 s each), handed out next,
 # longest first, so that the two test processes do not end on a long file while the other waits
-LONGEST = ("tests/engine/test_checkpoint.py", "tests/test_readme.py", "tests/engine/test_processes.py",
-           "tests/experiments/test_select.py", "tests/algorithms/test_learning.py", "tests/experiments/test_compare.py",
-           "tests/models/test_text_model.py", "tests/experiments/test_tune.py", "tests/engine/test_batchnorm.py",
-           "tests/test_plugins.py")
+LONGEST = ("tests/engine/test_checkpoint.py", "tests/test_readme.py", "tests/docs/test_docs_commands.py",
+           "tests/engine/test_processes.py", "tests/experiments/test_study.py", "tests/engine/test_stacked_runs.py",
+           "tests/experiments/test_select.py", "tests/docs/test_docs_site.py", "tests/algorithms/test_learning.py",
+           "tests/test_portable.py", "tests/experiments/test_compare.py", "tests/models/test_text_model.py",
+           "tests/experiments/test_tune.py", "tests/engine/test_batchnorm.py", "tests/test_plugins.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown to a pytest without it
