@@ -13,8 +13,8 @@ without, on every executor, and a client's fate does not depend on who else was 
   upload is not finite, is left out of the round with a warning. Without it the first such
   client stops the run (an error, or a divergence with the metrics kept).
 - A finite blow-up is a divergence too (:class:`DivergenceBound`): a client whose training
-  loss or update norm is beyond ``engine.divergence_factor`` times the largest of the run's
-  first trained round, or whose loss is beyond ``engine.divergence_loss``, stops the run as a
+  loss or update norm is beyond ``engine.divergence_factor`` times the median of the run's
+  first trained round (over its clients), or whose loss is beyond ``engine.divergence_loss``, stops the run as a
   non-finite loss does (``Server.close``); under ``engine.accept_failures`` it is left out and
   counted as diverged, as a non-finite loss is.
 """
