@@ -83,7 +83,14 @@ class _Budget:
     def __init__(self, seconds: float | None) -> None:
         self.hit = False
         self._timer = None if seconds is None else threading.Timer(max(0.0, seconds), self._fire)
+        self._restore: Any = None
         if self._timer is not None:
+            # a process started with SIGINT ignored (a background job of a script, a test
+            # runner's worker) would never see the budget's Ctrl-C: Python's own handler while it runs
+            held = signal.getsignal(signal.SIGINT)
+            if held in (signal.SIG_IGN, signal.SIG_DFL) and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                self._restore = held
             self._timer.daemon = True
             self._timer.start()
 
@@ -94,6 +101,9 @@ class _Budget:
     def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._restore is not None:
+            signal.signal(signal.SIGINT, self._restore)
+            self._restore = None
 
 
 # ---------------------------------------------------------------------------------------
