@@ -74,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     sel.add_argument("--jobs", type=int, default=1, help="trials and runs at once, in processes (default 1)")
     sel.add_argument("--pruner", choices=("sha", "hyperband"), default="sha", help="successive halving (default) or Hyperband")
     sel.add_argument("--no-report", action="store_true", help="no figures")
+    sel.add_argument("--dry-run", action="store_true",
+                     help="print the plan (trials per entry, rungs, confirmation runs, estimated time) and run nothing")
     sel.add_argument("grid", nargs="*", metavar="key=value",
                      help="algorithms=fedavg,fedprox  seeds=1,2,3  top=3  startup=2  min_rounds=3  eta=3  "
                           "space.mu=log:1e-4:1  and overrides")
@@ -287,7 +289,7 @@ def _select(args: argparse.Namespace) -> int:
             overrides.append(item)
     select(args.config, algorithms=grid["algorithms"], overrides=overrides, out=args.out, budget=args.budget,
            budget_rounds=args.budget_rounds, seeds=grid["seeds"], jobs=args.jobs, pruner=args.pruner, space=space,
-           report=not args.no_report, **options)
+           report=not args.no_report, dry_run=args.dry_run, **options)
     return 0
 
 
