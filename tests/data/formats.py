@@ -98,12 +98,13 @@ def tinyimagenet(root: Path, wnids=("n01443537", "n01629819", "n01641577"), per_
     return base
 
 
-def femnist(root: Path, writers: int = 3, per_writer: int = 5, seed: int = 0) -> Path:
+def femnist(root: Path, writers: int = 3, per_writer: int = 5, seed: int = 0, unseen: int = 0) -> Path:
     """LEAF's ``data/femnist/data``: train/ and test/ JSON shards (users, num_samples,
-    user_data), pixels as LEAF writes them (floats k/255), split by sample per writer."""
+    user_data), pixels as LEAF writes them (floats k/255), split by sample per writer;
+    ``unseen`` more writers in test only (as a split by writer has them)."""
     rng = np.random.default_rng(seed)
     for split, n in (("train", per_writer), ("test", 2)):
-        users = [f"f{k:04d}_{k * 7 % 100:02d}" for k in range(writers)]
+        users = [f"f{k:04d}_{k * 7 % 100:02d}" for k in range(writers + (unseen if split == "test" else 0))]
         data = {}
         for u in users:
             x = rng.integers(0, 256, (n, 784)) / 255.0

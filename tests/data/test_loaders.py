@@ -253,6 +253,59 @@ def test_femnist_writers_are_the_natural_clients(tmp_path):
     assert part.num_clients == 3 and [len(t) for t in part.train] == [5, 5, 5] and [len(t) for t in part.test] == [2, 2, 2]
 
 
+def _fedrift_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "fedrift"]
+
+
+def test_femnist_test_writers_without_training_data_are_counted_once_and_can_be_left_out(tmp_path, caplog, monkeypatch):
+    """A split by writer (LEAF's ``-t user``) leaves test writers no client trained on: one
+    line counts them and their samples' share, once per command; ``data.writers=both`` drops them."""
+    from fedrift.data.notices import SAID
+
+    monkeypatch.delenv(SAID, raising=False)
+    writers, unseen, per_test = 3, 2, 2  # formats.femnist: 2 test samples per writer
+    formats.femnist(tmp_path, writers=writers, unseen=unseen)
+    everything = load("femnist", tmp_path)
+    again = load("femnist", tmp_path)  # a compare's second setting: said already
+    lines = _fedrift_lines(caplog)
+    orphans, total = unseen * per_test, (writers + unseen) * per_test
+    assert lines == [f"femnist: {writers} writers in train, {writers + unseen} in test, {writers} in both; {orphans} of "
+                     f"{total} test samples ({orphans / total:.1%}) are from the {unseen} test writers with no "
+                     "training data; data.writers=both keeps only the test writers present in train"], lines
+    assert everything.x_test.shape[0] == again.x_test.shape[0] == total  # the default reads every test sample
+
+    both = load("femnist", tmp_path, writers="both")
+    assert both.x_test.shape[0] == total - orphans and set(both.test_groups.tolist()) == set(range(writers))
+    assert "data.writers=both leaves them out" in _fedrift_lines(caplog)[-1]
+    # the samples kept are the same rows, in the same order
+    known = np.flatnonzero(everything.test_groups < writers)
+    assert torch.equal(both.x_test, everything.x_test[known]) and torch.equal(both.y_test, everything.y_test[known])
+
+    from fedrift.data.partition import PARTITIONS, partition_dataset
+
+    natural = PARTITIONS.get("natural").params()
+    for ds in (everything, both):  # the per-writer test sets do not change: unseen writers had no client anyway
+        assert [len(t) for t in partition_dataset(ds, "natural", natural, 0, 0.0).test] == [per_test] * writers
+
+
+def test_femnist_with_the_same_writers_in_train_and_test_says_nothing(tmp_path, caplog, monkeypatch):
+    from fedrift.data.notices import SAID
+
+    monkeypatch.delenv(SAID, raising=False)
+    formats.femnist(tmp_path)
+    assert load("femnist", tmp_path, writers="both").x_test.shape[0] == load("femnist", tmp_path).x_test.shape[0]
+    assert _fedrift_lines(caplog) == []
+
+
+def test_femnist_writers_option_is_refused_with_what_is_allowed(tmp_path):
+    from fedrift.api import prepare
+    from fedrift.errors import ConfigError
+
+    formats.femnist(tmp_path)
+    with pytest.raises(ConfigError, match="data.writers.*'all' or 'both'"):
+        prepare({"data": {"name": "femnist", "root": str(tmp_path), "writers": "some"}})
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [

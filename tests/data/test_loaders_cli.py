@@ -36,6 +36,31 @@ def test_femnist_natural_partition_runs_in_one_command(tmp_path):
     assert json.loads((out / "summary.json").read_text())["num_clients"] == 3
 
 
+NATURAL = "femnist has natural groups (3 writers); this run partitions it by iid over 3 clients; " \
+          "partition.name=natural uses the writers"
+
+
+def test_femnist_split_by_another_partition_says_so_once_per_command(tmp_path, monkeypatch, caplog):
+    """A dataset with natural groups run without ``partition.name=natural`` says so in one line
+    on stderr: once for the whole compare, its pool workers included, none with natural."""
+    import subprocess
+    import sys
+
+    from fedrift.data.notices import SAID
+
+    monkeypatch.delenv(SAID, raising=False)
+    formats.femnist(tmp_path / "leaf")
+    data = ["data.name=femnist", f"data.root={tmp_path / 'leaf'}", "partition.name=iid", "partition.num_clients=3"]
+    proc = subprocess.run([sys.executable, "-m", "fedrift.cli", "compare", "--jobs", "2", "--no-report",
+                           "--out", str(tmp_path / "grid"), "seeds=0,1", *FAST, *data],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines().count(NATURAL) == 1, proc.stderr
+    assert len(list((tmp_path / "grid").glob("*/seed*/summary.json"))) == 2  # both runs ran (in workers)
+    code, _ = _run(tmp_path, *data[:2], "partition.name=natural")
+    assert code == 0 and not [r for r in caplog.records if "natural groups" in r.getMessage()]
+
+
 @pytest.mark.parametrize(
     "name, make, damage, names",
     [

@@ -5,13 +5,20 @@ each of ``*.json`` shards ``{"users": [...], "num_samples": [...], "user_data": 
 {"x": [[784 floats]], "y": [ints]}}}``. Pixels are LEAF's floats in [0, 1]; being multiples
 of 1/255 they are kept as uint8 (``x * 255``, exact), else as float32 inputs. Writers are the
 ``natural`` partition's groups (``partition.name=natural``), numbered by sorted writer id.
+
+LEAF splits by sample within each writer (``--tf``) or by writer (``-t user``); in the
+second, and in samples cut from either, test writers may have no training data: the
+natural partition gives them no client, and the global test set measures writers no client
+trained on. A load where the train and test writers differ says so in one line (counts, and
+the share of test samples whose writer has no training data); ``data.writers=both`` keeps
+only the test samples of writers present in train.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -19,6 +26,8 @@ import torch
 from fedrift.data import DATASETS
 from fedrift.data.base import Dataset, image_dataset
 from fedrift.data.files import DataError, malformed, need_dir, need_root
+from fedrift.data.notices import say_once
+from fedrift.params import params
 
 CLASSES = 62  # digits, upper and lower case letters
 EXPECTED = 'a LEAF JSON shard: {"users": [...], "num_samples": [...], "user_data": {user: {"x": [[784 floats]], "y": [ints]}}}'
@@ -85,13 +94,49 @@ def _floats(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x
 
 
+@params
+class FemnistParams:
+    """``writers``: which test samples are read. ``all`` (the default): every test shard's
+    samples, as the shards give them, so that a test accuracy is the one LEAF's split defines
+    (a split by writer measures writers no client trained on, on purpose); ``both``: only those
+    of writers who also have training data, the test set a per-writer (natural) evaluation
+    means. A load whose train and test writers differ says how many samples that is."""
+
+    writers: Literal["all", "both"] = "all"
+
+
+def writers_line(train: list[str], test: list[str], writers: str) -> str | None:
+    """The one line about train and test writers that differ (None when they are the same):
+    writers in each and in both; test samples whose writer has no training data, and their share."""
+    a, b = set(train), set(test)
+    if a == b:
+        return None
+    known = a & b
+    orphans = sum(1 for u in test if u not in a)
+    share = orphans / len(test) if test else 0.0
+    line = (f"femnist: {len(a):,} writers in train, {len(b):,} in test, {len(known):,} in both; {orphans:,} of "
+            f"{len(test):,} test samples ({share:.1%}) are from the {len(b - a):,} test writers with no training data")
+    if writers == "both":
+        return line + f"; data.writers=both leaves them out ({len(test) - orphans:,} test samples kept)"
+    return line + "; data.writers=both keeps only the test writers present in train"
+
+
 @DATASETS.register(
-    "femnist", "FEMNIST from LEAF's JSON shards in data.root/train, test (1x28x28, 62 classes, writers: natural)"
+    "femnist", "FEMNIST from LEAF's JSON shards in data.root/train, test (1x28x28, 62 classes, writers: natural)",
+    FemnistParams,
 )
-def load_femnist(root: Path | None, options: None) -> Dataset:
+def load_femnist(root: Path | None, options: FemnistParams | None) -> Dataset:
     root = need_root(root, "femnist", "LEAF's train/ and test/ folders of JSON shards")
+    writers = (options or FemnistParams()).writers
     x_train, y_train, u_train = _split(root / "train")
     x_test, y_test, u_test = _split(root / "test")
+    line = writers_line(u_train, u_test, writers)
+    if line:
+        say_once(line)
+    if writers == "both":
+        trained = set(u_train)
+        keep = np.asarray([u in trained for u in u_test], dtype=bool)
+        x_test, y_test, u_test = x_test[keep], y_test[keep], [u for u, k in zip(u_test, keep) if k]
     # train writers first, so that client k is the k-th writer; writers seen only in test
     # get ids after them (no client's local test set takes their samples)
     names = sorted(set(u_train)) + sorted(set(u_test) - set(u_train))

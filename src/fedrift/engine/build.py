@@ -18,6 +18,7 @@ from fedrift.algorithms import ALGORITHMS
 from fedrift.algorithms.base import Algorithm, Setup
 from fedrift.config import Config, load_config, to_yaml, validate_options
 from fedrift.data import DATASETS, Dataset, load_dataset
+from fedrift.data.notices import natural_groups_notice, say_once
 from fedrift.data.partition import PARTITIONS, partition_dataset
 from fedrift.data.partition_base import Partition
 from fedrift.engine import privacy
@@ -112,6 +113,9 @@ def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: l
     partition = partition_dataset(
         dataset, cfg.partition.name, options["partition"], cfg.seed, cfg.partition.holdout, cfg.partition.val_share
     )
+    notice = natural_groups_notice(dataset, cfg.partition.name, partition.num_clients)
+    if notice:
+        say_once(notice)
     if cfg.output.tensorboard:
         summary_writer_class()  # a missing package is refused before anything is written
     return Prepared(cfg, options, dataset, partition, device)

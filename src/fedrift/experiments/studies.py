@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any, Callable
 
 from fedrift.errors import ConfigError
@@ -19,6 +20,9 @@ def load_optuna() -> Any:
     except ImportError:
         raise ConfigError("fedrift tune and select need the optuna package; install it with pip install 'fedrift[tune]'") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # select's sampler uses TPE's experimental ``group`` option on purpose: Optuna's notice that
+    # it is experimental is its business, not the user's (exactly that category, nothing else)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
 
 
