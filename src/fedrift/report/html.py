@@ -323,12 +323,13 @@ def _grid_rows(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None)
     return rows
 
 
-def page_head(title: str, meta: str) -> list[str]:
+def page_head(title: str, meta: str, generated: str | None = None) -> list[str]:
     """The opening of a self-contained page (report.html, tune.html, select.html): its title,
-    the shared style, and a line of who wrote it when, with ``meta`` after."""
+    the shared style, and a line of who wrote it when, with ``meta`` after; ``generated``: the
+    time to show instead of this minute's (select.html gives its seconds and time zone)."""
     from fedrift.version import __version__
 
-    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    now = generated or datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     return ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
             '<meta name="viewport" content="width=device-width, initial-scale=1">', f"<title>{_e(title)}</title>",
             f"<style>{CSS}</style>", "</head>", "<body>", f"<h1>{_e(title)}</h1>",
