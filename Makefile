@@ -8,15 +8,13 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-PLUGIN := examples/fedrift-example-plugin
-
 # The flower extra: flwr 1.42.0 asks for a certifi (>=2026.10.19) newer than some package indexes
 # hold; there flwr goes in without that one requirement (the certifi installed serves it).
-$(STAMP): pyproject.toml constraints.txt $(PLUGIN)/pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,privacy,ray,tune,tensorboard,text,docs]' -e $(PLUGIN)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,privacy,ray,tune,tensorboard,text,docs]'
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[flower]' || { \
 	  $(BIN)/python -m pip install -q --no-deps 'flwr>=1.42,<2' && \
 	  $(BIN)/python -c "import importlib.metadata as m; print('\n'.join(r for r in m.requires('flwr') if 'extra ==' not in r and not r.startswith('certifi')))" > $(VENV)/flwr-requirements.txt && \

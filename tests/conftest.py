@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -59,6 +61,72 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return ClusterFirst(config, log)
+
+
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "fedrift-example-plugin"
+
+
+def example_plugin_path(folder: Path) -> list[Path]:
+    """What ``pip install -e examples/fedrift-example-plugin`` puts on the path, made in
+    ``folder`` instead of the environment (``make setup`` does not install the example: a
+    user's ``fedrift list`` would show its entries): a site folder holding the package's
+    dist-info (name, version and ``fedrift.plugins`` entry points, read from its
+    pyproject.toml) and the package's source folder. On ``sys.path`` or ``PYTHONPATH``, its
+    entry point is found as an installed one is."""
+    import tomllib
+
+    project = tomllib.loads((EXAMPLE_PLUGIN / "pyproject.toml").read_text())["project"]
+    info = folder / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    groups = project["entry-points"]
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in groups.items()))
+    return [folder, EXAMPLE_PLUGIN / "src"]
+
+
+def forget_example_plugin() -> None:
+    """The example plugin's modules out of ``sys.modules``: its next import registers its
+    entries again (a test that restored the registries leaves the modules imported)."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "fedrift_example_plugin" or m.startswith("fedrift_example_plugin.")]:
+        del sys.modules[name]
+
+
+def use_example_plugin(folder: Path, monkeypatch) -> str:
+    """The example plugin as if installed, until ``monkeypatch`` undoes it: on ``sys.path``
+    and in ``PYTHONPATH`` (returned), entry points looked up afresh, the registries restored after."""
+    import os
+
+    from fedrift import plugins
+    from fedrift.algorithms import ALGORITHMS
+    from fedrift.data import DATASETS
+    from fedrift.data.partition import PARTITIONS
+    from fedrift.models import MODELS
+
+    paths = example_plugin_path(folder)
+    for path in reversed(paths):
+        monkeypatch.syspath_prepend(str(path))
+    for registry in (ALGORITHMS, MODELS, DATASETS, PARTITIONS):
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    monkeypatch.setattr(plugins, "_entry_points_loaded", set())
+    monkeypatch.setattr(plugins, "_entry_points_done", False)
+    forget_example_plugin()
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = os.pathsep.join([*map(str, paths), *inherited])
+    monkeypatch.setenv("PYTHONPATH", path)
+    return path
+
+
+@pytest.fixture
+def installed_example_plugin(tmp_path, monkeypatch):
+    """The example plugin as if installed, for this test only: found through its entry point
+    here and, by the returned ``PYTHONPATH`` (also set in the environment), in subprocesses;
+    what it registers here is gone after the test."""
+    path = use_example_plugin(tmp_path / "example-site", monkeypatch)
+    yield path
+    forget_example_plugin()
 
 
 def grid_config(tmp_path, **sections) -> dict:

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import one_line_refusal
+from conftest import forget_example_plugin, one_line_refusal
 from fedrift import plugins
 from fedrift.algorithms import ALGORITHMS, make
 from fedrift.algorithms.base import Setup
@@ -183,6 +183,7 @@ def test_a_broken_entry_point_names_it_and_its_package(scratch, capsys, tmp_path
 def example():
     """The example plugin imported from its source folder (installed nowhere); it stays
     registered for the session, as an installed plugin would be."""
+    forget_example_plugin()  # imported (and unregistered since) by another test: imported afresh
     sys.path.insert(0, str(EXAMPLE_SRC))
     try:
         import fedrift_example_plugin  # noqa: F401
@@ -291,20 +292,32 @@ def test_example_plugin_beside_fedavg_in_compare_with_two_jobs(example, tmp_path
     assert _final(out / "fedla-tau=0.5" / "seed0")[0] == _final(tmp_path / "alone")[0]
 
 
-def test_installed_example_plugin_through_its_entry_point(tmp_path):
-    """What `make test` sets up: the example installed into the environment is found through
-    its fedrift.plugins entry point, with no plugins key."""
-    try:
-        distribution("fedrift-example-plugin")
-    except PackageNotFoundError:
-        pytest.fail("fedrift-example-plugin is missing: make test installs it (pip install -e examples/fedrift-example-plugin)")
-    env = _env()  # not the example's source folder: the installed package's entry point finds it
-    base = [sys.executable, "-m", "fedrift.cli"]
-    listing = subprocess.run([*base, "list"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
-    assert listing.returncode == 0, listing.stderr
-    line = next(x for x in listing.stdout.splitlines() if x.strip().startswith("fedla "))
+def test_installed_example_plugin_through_its_entry_point(installed_example_plugin, tmp_path, capsys):
+    """An installed plugin package (here the example, as ``pip install -e`` would put it: its
+    dist-info and source on the path, not in the environment) is found through its
+    fedrift.plugins entry point, with no plugins key: in this process and in a fresh one."""
+    assert distribution("fedrift-example-plugin").entry_points.select(group="fedrift.plugins")
+    assert main(["list"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("fedla "))
     assert "[entry point example of fedrift-example-plugin]" in line
-    run = subprocess.run([*base, "run", *EXAMPLE_RUN, f"output.dir={tmp_path / 'r'}"], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=300)
+    env = _env(*installed_example_plugin.split(os.pathsep))
+    run = subprocess.run([sys.executable, "-m", "fedrift.cli", "run", *EXAMPLE_RUN, f"output.dir={tmp_path / 'r'}"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "fedla on blobs" in run.stdout
+
+
+def test_the_example_plugin_is_not_installed_by_setup(tmp_path):
+    """``make setup`` installs fedrift, not the example: a user's ``fedrift list`` (and every
+    allowed list, and select's field) holds fedrift's own entries and the user's plugins only."""
+    setup = (REPO / "Makefile").read_text().split("\n$(STAMP):")[1].split("\n\n")[0]
+    assert "PLUGIN" not in setup and "fedrift-example-plugin" not in setup, setup
+    try:
+        distribution("fedrift-example-plugin")
+    except PackageNotFoundError:  # a fresh clone's environment: fedrift list in a fresh process shows none of it
+        listing = subprocess.run([sys.executable, "-m", "fedrift.cli", "list"], capture_output=True, text=True,
+                                 env=_env(), cwd=tmp_path, timeout=300)
+        assert listing.returncode == 0 and "datasets:" in listing.stdout, listing.stderr
+        assert not {"fedla", "blobs", "tinynet"} & {x.split()[0] for x in listing.stdout.splitlines() if x.startswith("  ")}
+        return
+    pytest.skip("fedrift-example-plugin is installed in this environment (pip uninstall -y fedrift-example-plugin)")
