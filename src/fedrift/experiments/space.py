@@ -1,11 +1,19 @@
-"""Search spaces: a dimension (``log:LOW:HIGH``, ``float:LOW:HIGH``, ``int:LOW:HIGH`` or a
-list of values), an algorithm's default space (the learning rate and its registry entry's),
-and the scrambled Sobol start-up design that spreads a small budget over the whole range."""
+"""Search spaces: a dimension (``log:LOW:HIGH``, ``float:LOW:HIGH[:STEP]``, ``int:LOW:HIGH``
+or a list of values), an algorithm's default space (the learning rate and its registry
+entry's), and the scrambled Sobol start-up design that spreads a small budget over the whole
+range.
+
+Values as typed: a float drawn from a range is rounded where it is drawn, to
+:data:`DIGITS` significant digits (to the step's multiples and decimals where the space
+gives a step), and Optuna stores the rounded value: the value a trial runs is the one its
+study, ``best.yaml``, ``recommendation.yaml`` and every printed line show (``0.05``, never
+``0.05000000000000001``). A list's values are kept as given."""
 
 from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -14,6 +22,7 @@ from fedrift.overrides import parse_value, split_list
 
 
 LR_SPACE = {"train.lr": "log:0.005:0.5"}
+DIGITS = 3  # significant digits of a float drawn from a range with no step
 EDGE = 0.05  # a chosen value this close to an end of its range (share of the range; of its log for log:) is flagged
 
 
@@ -26,10 +35,12 @@ class Dim:
     low: float = 0.0
     high: float = 0.0
     choices: tuple[Any, ...] = ()
+    step: float | None = None  # float only: values are LOW + k x STEP
 
     @classmethod
     def parse(cls, key: str, spec: Any) -> "Dim":
-        """``log:1e-4:1`` | ``float:0:1`` | ``int:1:5`` | ``0.01,0.05`` (or a list) -> a Dim."""
+        """``log:1e-4:1`` | ``float:0:1`` | ``float:0:1:0.05`` | ``int:1:5`` | ``0.01,0.05`` (or a
+        list) -> a Dim."""
         where = f"space.{key}"
         if isinstance(spec, (list, tuple)):
             values = list(spec)
@@ -38,13 +49,23 @@ class Dim:
             kind, _, rest = text.partition(":")
             if kind in ("log", "float", "int"):
                 lo, sep, hi = rest.partition(":")
+                hi, has_step, st = hi.partition(":")
+                if has_step and kind != "float":
+                    raise ConfigError(f"{where}: {text!r}: a step goes with float:LOW:HIGH:STEP only; allowed: "
+                                      f"{kind}:LOW:HIGH (a log range's values keep {DIGITS} significant digits)")
                 try:
                     low, high = (int(lo), int(hi)) if kind == "int" else (float(lo), float(hi))
+                    step = float(st) if has_step else None
                 except ValueError:
                     raise ConfigError(f"{where}: {text!r} is not {kind}:LOW:HIGH with numbers (e.g. {kind}:1:5)") from None
                 if not sep or not low < high or (kind == "log" and low <= 0) or not math.isfinite(high):
                     raise ConfigError(f"{where}: {text!r} needs LOW < HIGH" + (" and LOW > 0" if kind == "log" else ""))
-                return cls(key, kind, low, high)
+                if step is not None and not (math.isfinite(step) and 0 < step <= high - low):
+                    raise ConfigError(f"{where}: {text!r}: the step must be > 0 and at most HIGH - LOW; allowed: "
+                                      "float:LOW:HIGH:STEP such as float:0:1:0.05")
+                if step is not None:  # the highest multiple of the step inside the range (Optuna's rule)
+                    high = _decimals(low + math.floor((high - low) / step + 1e-9) * step, step, low)
+                return cls(key, kind, low, high, step=step)
             values = [_number(parse_value(v)) for v in split_list(text)]
         if not values or len({json.dumps(v, default=str) for v in values}) != len(values):
             raise ConfigError(f"{where}: {spec!r} gives no values or one twice; allowed: log:LOW:HIGH, float:LOW:HIGH, "
@@ -56,18 +77,48 @@ class Dim:
         if self.kind == "choice":
             return self.choices[0]
         if self.kind == "log":
-            return math.sqrt(self.low * self.high)
-        return (self.low + self.high) / 2 if self.kind == "float" else int((self.low + self.high) // 2)
+            return self.typed(math.sqrt(self.low * self.high))
+        return self.typed((self.low + self.high) / 2) if self.kind == "float" else int((self.low + self.high) // 2)
+
+    def typed(self, value: Any) -> Any:
+        """A float of a range as one would type it: :data:`DIGITS` significant digits, or the
+        nearest multiple of the step (with the step's decimals), kept inside [LOW, HIGH]. Other
+        kinds' values (ints, a list's values) are returned as they are."""
+        if self.kind not in ("log", "float") or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value
+        v = float(value)
+        if not math.isfinite(v):
+            return v
+        if self.step is not None:
+            v = _decimals(self.low + round((v - self.low) / self.step) * self.step, self.step, self.low)
+        else:
+            v = float(f"{v:.{DIGITS}g}")
+        return float(min(max(v, self.low), self.high))  # the range's own ends are kept as typed
 
     def suggest(self, trial: Any) -> Any:
+        """Optuna's value for this dimension, a float rounded by :meth:`typed` before Optuna
+        stores it (so the trial's params, what runs and what is shown agree): the joint
+        proposal of a multivariate sampler is rounded in the trial's ``relative_params``, an
+        independent one through a sampler that rounds it, for this call only."""
         if self.kind == "choice":
             return trial.suggest_categorical(self.key, list(self.choices))
         if self.kind == "int":
             return trial.suggest_int(self.key, int(self.low), int(self.high))
-        return trial.suggest_float(self.key, self.low, self.high, log=self.kind == "log")
+        relative = trial.relative_params  # drawn once per trial, as Optuna's own suggest would
+        if self.key in relative:
+            relative[self.key] = self.typed(relative[self.key])
+        study = trial.study
+        sampler = study.sampler
+        study.sampler = _Typed(sampler, self)
+        try:
+            return trial.suggest_float(self.key, self.low, self.high, log=self.kind == "log", step=self.step)
+        finally:
+            study.sampler = sampler
 
     def describe(self) -> str:
-        return ",".join(map(str, self.choices)) if self.kind == "choice" else f"{self.kind}:{self.low:g}:{self.high:g}"
+        if self.kind == "choice":
+            return ",".join(map(str, self.choices))
+        return f"{self.kind}:{self.low:g}:{self.high:g}" + (f":{self.step:g}" if self.step is not None else "")
 
     def edge(self, value: Any) -> str | None:
         """``low`` or ``high`` when ``value`` lies within :data:`EDGE` of that end of the range
@@ -99,7 +150,29 @@ class Dim:
             v = math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
         else:
             v = self.low + u * (self.high - self.low)
-        return float(min(max(v, self.low), self.high))
+        return self.typed(v)
+
+
+class _Typed:
+    """A sampler that rounds one dimension's independent draw (:meth:`Dim.typed`) and passes
+    everything else to the sampler it wraps."""
+
+    def __init__(self, sampler: Any, dim: Dim) -> None:
+        self._sampler, self._dim = sampler, dim
+
+    def sample_independent(self, study: Any, trial: Any, name: str, distribution: Any) -> Any:
+        value = self._sampler.sample_independent(study, trial, name, distribution)
+        return self._dim.typed(value) if name == self._dim.key else value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sampler, name)
+
+
+def _decimals(value: float, *typed: float) -> float:
+    """``value`` with no more decimals than the numbers ``typed`` have (a step of 0.1 from 0:
+    ``0.30000000000000004`` -> ``0.3``)."""
+    places = max(max(0, -int(Decimal(repr(float(t))).normalize().as_tuple().exponent)) for t in typed)
+    return round(value, places)
 
 
 def startup_points(dims: Sequence[Dim], n: int, seed: int) -> list[dict[str, Any]]:
@@ -160,4 +233,4 @@ def resolve_space(name: str, extra: Mapping[str, Any]) -> list[Dim]:
     return [Dim.parse(k, v) for k, v in spec.items()]
 
 
-__all__ = ["EDGE", "LR_SPACE", "Dim", "default_space", "resolve_space", "startup_points", "takes"]
+__all__ = ["DIGITS", "EDGE", "LR_SPACE", "Dim", "default_space", "resolve_space", "startup_points", "takes"]
