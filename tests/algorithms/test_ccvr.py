@@ -1,6 +1,7 @@
-"""CCVR: the clients' statistics and the server's merge by hand (eq. 3-4), the virtual features'
-moments, the retraining as SGD on the classifier only, determinism, and runs whose training is
-FedAvg's bit for bit while every evaluated row carries the calibrated model's accuracy too."""
+"""CCVR: the clients' statistics and the server's merge by hand (eq. 3-4), full and diagonal,
+the virtual features' moments, the retraining as SGD on the classifier only, determinism,
+runs whose training is FedAvg's bit for bit, and when it calibrates (``calibrate_at``: the
+last round, every evaluated round, the rounds listed), with no statistics gathered between."""
 
 import json
 
@@ -12,8 +13,8 @@ from conftest import one_line_refusal
 import fedrift
 from fedrift.algorithms import make
 from fedrift.algorithms.base import Setup
-from fedrift.algorithms.ccvr import (CCVR_RNG, CCVRParams, class_stats, global_stats, merge, retrain_head,
-                                     virtual_features, virtual_set)
+from fedrift.algorithms.ccvr import (AUTO_DIAGONAL_ABOVE, CCVR_RNG, CCVRParams, class_stats, global_stats, merge,
+                                     retrain_head, virtual_features, virtual_set)
 from fedrift.engine.local import make_apply
 from fedrift.functional.rng import generator
 from fedrift.metrics.evaluate import evaluate
@@ -24,10 +25,10 @@ SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0,
               clip_grad_norm=None, seed=0)
 
 
-def fold(*clients, num_classes=3):
+def fold(*clients, num_classes=3, diagonal=False):
     acc = None
     for h, y in clients:
-        acc = merge(acc, class_stats(h, y), num_classes)
+        acc = merge(acc, class_stats(h, y, diagonal), num_classes)
     return acc
 
 
@@ -155,10 +156,13 @@ def _runs(tiny, tmp_path, **ccvr):
     def run(alg, d, **sections):
         return fedrift.run(tiny(algorithm=alg, output={"dir": str(tmp_path / d)}, train={"rounds": 3}, **sections))
 
-    return run({"name": "fedavg"}, "fedavg"), run({"name": "ccvr", "M": 40, "epochs": 2, **ccvr}, "ccvr"), run
+    every = {"name": "ccvr", "M": 40, "epochs": 2, "calibrate_at": "every", **ccvr}
+    return run({"name": "fedavg"}, "fedavg"), run(every, "ccvr"), run
 
 
 def test_training_is_fedavg_bit_for_bit_and_every_row_has_both_accuracies(tiny, tmp_path):
+    """``calibrate_at: every`` (the behaviour before ``final`` became the default): every
+    evaluated row carries the calibrated model's metrics beside the global model's."""
     fedavg, ccvr, _ = _runs(tiny, tmp_path)
     for a, b in zip(fedavg.history, ccvr.history, strict=True):
         for key in a:
@@ -197,13 +201,108 @@ def test_bytes_of_the_statistics(tiny, tmp_path):
         assert row["calibration_bytes_down"] == 6 * model_bytes
 
 
-def test_when_final_calibrates_at_the_last_round_only(tiny, tmp_path):
+def _counting_stats(monkeypatch):
+    """Count the clients' statistics computed (one call per panel client per calibration)."""
+    import fedrift.algorithms.ccvr as ccvr_mod
+
+    calls = []
+    real = ccvr_mod.class_stats
+    monkeypatch.setattr(ccvr_mod, "class_stats", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def test_final_is_the_default_and_calibrates_at_the_last_round_only(tiny, tmp_path, monkeypatch):
+    """The default calibrates once, after the last round: earlier rows have no calibrated
+    metric and no statistics were gathered for them; the last row and the final model are
+    ``every``'s at that round (the draws are keyed by the round, not by what came before)."""
     _, every, run = _runs(tiny, tmp_path)
-    final = run({"name": "ccvr", "M": 40, "epochs": 2, "when": "final"}, "final")
+    calls = _counting_stats(monkeypatch)
+    final = run({"name": "ccvr", "M": 40, "epochs": 2}, "final")
+    assert len(calls) == 6  # one calibration: each of the 6 panel clients once
     assert [("calibrated_accuracy" in r) for r in final.history] == [False, False, True]
+    for r in final.history[:-1]:
+        assert not any(k.startswith("calibrat") for k in r), r.keys()  # no bytes, no metrics
+        assert r == {k: v for k, v in every.history[r["round"] - 1].items() if not k.startswith("calibrat")
+                     } | {"seconds": r["seconds"], "wall_seconds": r["wall_seconds"]}
     assert final.history[-1] == {**every.history[-1], "seconds": final.history[-1]["seconds"],
                                  "wall_seconds": final.history[-1]["wall_seconds"]}
     assert all(torch.equal(v, every.global_state[k]) for k, v in final.global_state.items())
+    assert final.summary["calibrated_accuracy"] == every.summary["calibrated_accuracy"]
+    # the option's old name still reads: when: final is final, when: eval is every
+    old = run({"name": "ccvr", "M": 40, "epochs": 2, "when": "eval"}, "old-eval")
+    assert [r["calibrated_accuracy"] for r in old.history] == [r["calibrated_accuracy"] for r in every.history]
+    assert CCVRParams(when="final").rounds() == () and CCVRParams(when="eval").rounds() is None
+
+
+def test_a_list_of_rounds_calibrates_there_and_at_the_last(tiny, tmp_path, monkeypatch):
+    """``[1]`` with ``eval.every: 2`` over 3 rounds: round 1 is evaluated for its calibration,
+    round 2 is evaluated without one, round 3 (the last) calibrates; the calibrated scores are
+    ``every``'s at those rounds. A round past the run's last is never reached."""
+    _, every, run = _runs(tiny, tmp_path)
+    calls = _counting_stats(monkeypatch)
+    out = run({"name": "ccvr", "M": 40, "epochs": 2, "calibrate_at": [1, 9]}, "listed", eval={"every": 2})
+    assert [r["round"] for r in out.history] == [1, 2, 3]
+    assert [("calibrated_accuracy" in r) for r in out.history] == [True, False, True]
+    assert len(calls) == 2 * 6
+    assert "calibration_bytes_up" not in out.history[1]
+    for r in (out.history[0], out.history[2]):
+        assert r["calibrated_accuracy"] == every.history[r["round"] - 1]["calibrated_accuracy"]
+        assert r["calibration_bytes_up"] == every.history[r["round"] - 1]["calibration_bytes_up"] > 0
+
+
+def test_calibrate_at_refuses_what_is_not_a_schedule(tiny):
+    assert CCVRParams(calibrate_at="3,1,3").rounds() == (1, 3)  # as the command line gives it
+    assert CCVRParams(calibrate_at="every").rounds() is None and CCVRParams().rounds() == ()
+    for bad in ("x", [0], [], [1.5], "never"):
+        with pytest.raises(fedrift.ConfigError, match="algorithm.calibrate_at: .* allowed: final, every, or a list"):
+            fedrift.run(tiny(algorithm={"name": "ccvr", "calibrate_at": bad}))
+    with pytest.raises(fedrift.ConfigError, match="disagree"):
+        fedrift.run(tiny(algorithm={"name": "ccvr", "calibrate_at": "every", "when": "final"}))
+
+
+def test_diagonal_statistics_are_the_full_covariances_diagonal():
+    """A client's variances are its covariance's diagonal, the server's pooled variances the
+    pooled covariance's (eq. 4's diagonal), and a diagonal draw is the full draw from
+    ``diag(var)`` with the same ``z``."""
+    g = torch.Generator().manual_seed(1)
+    clients = [(torch.randn(n, 5, generator=g, dtype=torch.float64) * 2 - 1, torch.randint(0, 3, (n,), generator=g))
+               for n in (9, 4, 13)]
+    for h, y in clients:
+        full, diag = class_stats(h, y), class_stats(h, y, diagonal=True)
+        assert "cov" not in diag and diag["var"].shape == (len(full["classes"]), 5)
+        torch.testing.assert_close(diag["var"], torch.diagonal(full["cov"], dim1=1, dim2=2), rtol=1e-12, atol=0)
+        assert all(torch.equal(full[k], diag[k]) for k in ("classes", "count", "mean"))
+    n, mu, sigma = global_stats(fold(*clients))
+    nd, mud, var = global_stats(fold(*clients, diagonal=True))
+    assert torch.equal(n, nd) and var.shape == (3, 5)
+    torch.testing.assert_close(mud, mu, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(var, torch.diagonal(sigma, dim1=1, dim2=2), rtol=1e-10, atol=1e-12)
+    x = virtual_features(mu[0], var[0], 50, generator(0, CCVR_RNG, 1, 0, 0))
+    x_full = virtual_features(mu[0], torch.diag(var[0]), 50, generator(0, CCVR_RNG, 1, 0, 0))
+    torch.testing.assert_close(x, x_full, rtol=1e-9, atol=1e-9)
+    # a rounding negative is a zero variance, not a NaN
+    assert torch.equal(virtual_features(mu[0][:2], torch.tensor([-1e-18, 0.0], dtype=torch.float64), 3,
+                                        generator(0, CCVR_RNG, 1, 0, 0)), mu[0][:2].expand(3, 2))
+
+
+def test_auto_is_diagonal_above_the_threshold():
+    auto = CCVRParams(covariance="auto")
+    assert not auto.diagonal(AUTO_DIAGONAL_ABOVE) and auto.diagonal(AUTO_DIAGONAL_ABOVE + 1)
+    assert CCVRParams(covariance="diagonal").diagonal(2) and not CCVRParams().diagonal(10_000)  # full: the default
+
+
+def test_bytes_of_diagonal_statistics(tiny, tmp_path):
+    """With ``covariance: diagonal`` each client sends, per class it holds, its class id and
+    count (int64), a mean and the variances (32 floats each): no 32 x 32 matrix. Training is
+    unchanged; the calibrated model is another."""
+    fedavg, full, run = _runs(tiny, tmp_path)
+    diag = run({"name": "ccvr", "M": 40, "epochs": 2, "covariance": "diagonal"}, "diagonal")
+    prep = fedrift.api.prepare(tiny())
+    held = (prep.partition.counts(prep.dataset.y_train.numpy(), 10) > 0).sum()
+    assert diag.history[-1]["calibration_bytes_up"] == held * (8 + 8 + 4 * 32 + 4 * 32)
+    assert diag.history[-1]["test_accuracy"] == full.history[-1]["test_accuracy"]
+    assert all(torch.equal(v, fedavg.global_state[k]) for k, v in diag.server_state["params"].items())
+    assert not torch.equal(diag.global_state["fc.weight"], full.global_state["fc.weight"])
 
 
 def test_validation_and_personalisation_side_by_side(tiny, tmp_path):
@@ -253,4 +352,4 @@ def test_statistics_of_a_diverged_model_end_the_run_as_diverged(tiny, monkeypatc
     real = ccvr_mod.global_stats
     monkeypatch.setattr(ccvr_mod, "global_stats", lambda a: (lambda n, mu, s: (n, mu * float("nan"), s))(*real(a)))
     with pytest.raises(fedrift.DivergenceError, match="round 1: the clients' class feature statistics are not finite"):
-        fedrift.run(tiny(algorithm={"name": "ccvr"}, train={"rounds": 2}))
+        fedrift.run(tiny(algorithm={"name": "ccvr", "calibrate_at": "every"}, train={"rounds": 2}))

@@ -31,7 +31,7 @@ OPTIONS = {
     "fedexp": {"epsilon": 1e-4},
     "elastic": {"tau": 0.5},
     "feddc": {"alpha": 0.1},
-    "ccvr": {"M": 40, "epochs": 2},  # calibration at every evaluated round; small, as tests go
+    "ccvr": {"M": 40, "epochs": 2, "calibrate_at": "every"},  # calibration at every evaluated round; small, as tests go
 }
 MODELS = {
     "fedgkd_plus": {"name": "mlp", "hidden": [32], "projection_dim": 16},

@@ -336,7 +336,8 @@ class Server:
         self.totals["seconds"] += seconds
 
         row = None
-        if t % cfg.eval.every == 0 or t == tc.rounds:
+        cal = self.algorithm.calibration
+        if t % cfg.eval.every == 0 or t == tc.rounds or (cal is not None and cal.at is not None and t in cal.at):
             row = {"round": t, **self.evaluate(), **self.calibrate(t), **_aux_metrics(outputs, weights)}
             if cfg.eval.drift:
                 local = [o.end_params for o in outputs]
@@ -391,11 +392,11 @@ class Server:
 
     def calibrate(self, t: int) -> dict[str, float]:
         """The algorithm's calibrated model (CCVR) from the panel clients' statistics of the
-        global model, evaluated as it is (``engine.calibrate``); {} without one, or when it
-        calibrates at the last round only and ``t`` is not that round. It is kept as the run's
-        final model, and never goes down to the clients."""
+        global model, evaluated as it is (``engine.calibrate``); {} without one, or where it
+        does not calibrate at ``t`` (``Calibration.due``: no statistics gathered, no bytes). It
+        is kept as the run's final model, and never goes down to the clients."""
         cal = self.algorithm.calibration
-        if cal is None or (cal.final_only and t != self.cfg.train.rounds):
+        if cal is None or not cal.due(t, self.cfg.train.rounds):
             return {}
         prefixes = getattr(self.model, "head_prefixes", ("fc",))
         params = self.state["params"]
