@@ -116,7 +116,7 @@ def test_six_seeds_apply_the_significance_rule(tmp_path):
     rows = _confirm(tmp_path / "c", {"fedadc": [0.03, -0.027, 0.058, -0.05, 0.04, -0.03]}, seeds)
     rec = recommend(SimpleNamespace(root=tmp_path / "x", seeds=seeds, seed=0, rounds=12), rows, PICKED, trials=TRIALS)
     assert rec["verdict"] == "fedavg" and rec["choice"] == "fedavg" and "as good as any" not in rec["text"]
-    assert "Nor is it shown as good" in rec["text"] and "+-1 point" in rec["text"]
+    assert rec["tested"] and not rec["equivalent"] and "Nor is it shown as good" in rec["text"] and "+-1 point" in rec["text"]
 
 
 def test_as_good_as_any_only_with_the_margin_stated_and_shown(tmp_path):
@@ -125,11 +125,12 @@ def test_as_good_as_any_only_with_the_margin_stated_and_shown(tmp_path):
     rows = _confirm(tmp_path / "a", {"fedadc": small}, seeds)
     plan = SimpleNamespace(root=tmp_path / "x", seeds=seeds, seed=0, rounds=12)
     rec = recommend(plan, rows, PICKED, trials=TRIALS)
-    assert rec["verdict"] == "equivalent" and rec["choice"] == "fedavg" and rec["margin"] == MARGIN
+    assert rec["verdict"] == "fedavg" and rec["equivalent"] is True and rec["margin"] == MARGIN and rec["tested"]
     assert "as good as any confirmed entry within an equivalence margin of +-1 point" in rec["text"]
     # a tighter margin than the interval: not shown, not said
     rec = recommend(plan, rows, PICKED, trials=TRIALS, margin=0.001)
-    assert rec["verdict"] == "fedavg" and "as good as any" not in rec["text"] and "+-0.1 points" in rec["text"]
+    assert rec["verdict"] == "fedavg" and not rec["equivalent"] and "as good as any" not in rec["text"]
+    assert "+-0.1 points" in rec["text"]
     # the same small differences over 3 seeds: not tested, so no equivalence either
     rows = _confirm(tmp_path / "b", {"fedadc": small[:3]}, seeds[:3])
     rec = recommend(SimpleNamespace(root=tmp_path / "y", seeds=seeds[:3], seed=0, rounds=12), rows, PICKED, trials=TRIALS)
@@ -141,7 +142,7 @@ def test_as_good_as_any_only_with_the_margin_stated_and_shown(tmp_path):
 def test_fedavg_best_by_validation_is_kept_and_the_others_said_by_seed(tmp_path):
     rows = _confirm(tmp_path / "confirm", {"fedadc": [0.01, 0.02, 0.03]}, [1, 2, 3], vals={"fedadc": 0.60})
     rec = recommend(_plan(tmp_path, [1, 2, 3]), rows, PICKED, trials=TRIALS)
-    assert rec["choice"] == "fedavg" and rec["verdict"] == "fedavg best" and rec["tested"] is False
+    assert rec["choice"] == "fedavg" and rec["verdict"] == "fedavg" and rec["tested"] is False
     assert "has the best validation accuracy" in rec["text"] and "fedadc ahead on every seed" in rec["text"]
     assert "as good as any" not in rec["text"] and "seeds=1,2,3,4,5,6" in rec["text"]
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import shlex
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -37,16 +38,14 @@ SIGN_FLIP_SEEDS = 6  # the fewest paired seeds whose exact sign-flip test can gi
 MARGIN = 0.01  # the default equivalence margin: 1 point of test accuracy (a fraction, as the rows hold)
 KEY = "test_accuracy_at_best_val"  # the confirmation's paired statistic the verdict reads
 
-# ``verdict`` values: what was said, for the page and callers (``tested``: whether the seeds
-# could settle it by the project's rule)
+# ``verdict`` values: what was said, for the page and callers; True where the seeds can settle
+# it by the project's rule (``tested`` is also False for "fedavg" below 6 paired seeds)
 VERDICTS = {
     "significant": True,  # the candidate beats FedAvg (sign-flip p < 0.05, interval excludes 0)
     "ahead, not significant": True,  # 6+ seeds, interval excludes 0, the sign-flip test does not pass
-    "fedavg": True,  # 6+ seeds, no candidate shown better: FedAvg kept (equivalence only if shown)
-    "equivalent": True,  # 6+ seeds, every candidate's interval inside +-margin
+    "fedavg": True,  # FedAvg kept: best by validation, or no candidate shown better over 6+ seeds
     "ahead, not tested": False,  # < 6 seeds, the candidate ahead on every seed: provisional
-    "fedavg, not tested": False,  # < 6 seeds, no candidate ahead on every seed
-    "fedavg best": True,  # FedAvg has the best validation accuracy: nothing to test against it
+    "fedavg, not tested": False,  # < 6 seeds, the best by validation not ahead on every seed
     "not paired": False,  # no seed where the candidate and FedAvg both finished
     "search only": False,  # no confirmation run finished: from the search's validation scores
 }
@@ -66,7 +65,9 @@ def recommend(plan: Any, rows: Sequence[Mapping[str, Any]], picked: Sequence[Map
     rows' sign-flip p); ``argv``: the command's words, for the 6-seed command (default: this
     process's when it is the ``fedrift`` command).
 
-    Returns ``choice``, ``verdict`` (a key of :data:`VERDICTS`), ``tested``, ``text`` (the
+    Returns ``choice``, ``verdict`` (a key of :data:`VERDICTS`), ``tested`` (whether the seeds
+    settle it: False below 6 paired seeds, so the recommendation is provisional),
+    ``equivalent`` (FedAvg shown as good as any within ``margin``), ``text`` (the
     headline), ``lines`` (the headline, then the tuning, communication and what is missing:
     what to print), ``entries`` (per entry: its gain, seeds, per-seed words, tuning, bytes),
     ``command`` (the rerun with 6 seeds, or None), ``margin``, ``missing``, ``reference``,
@@ -106,7 +107,8 @@ def recommend(plan: Any, rows: Sequence[Mapping[str, Any]], picked: Sequence[Map
         out.update(_candidate_best(ranked[0], ref_entry, ref_text, info, margin, values))
     verdict = out["verdict"]
     # FedAvg best by validation is the answer at any seeds; the words on the others are tested from 6
-    out["tested"] = VERDICTS[verdict] and not (verdict == "fedavg best" and 0 < most < SIGN_FLIP_SEEDS)
+    out["tested"] = VERDICTS[verdict] and not (verdict == "fedavg" and 0 < most < SIGN_FLIP_SEEDS)
+    out.setdefault("equivalent", False)
     text = out["text"]
     if verdict == "search only":
         if picked:
@@ -134,9 +136,10 @@ def _reference_best(ranked: Sequence[str], ref: str, ref_text: str, info: Mappin
     said = "; ".join(f"{e} {_seed_words(info[e], ref)}" for e in others)
     text = f"{ref_text} has the best validation accuracy of the confirmed entries" + (
         f"; on test accuracy {said}" if said else "")
-    if others and all(_inside(info[e], margin) for e in others):
+    equivalent = bool(others) and all(_inside(info[e], margin) for e in others)
+    if equivalent:
         text += f"; and it is as good as any of them within +-{_points(margin)}: " + _equivalence_words(others, info, margin)
-    return {"choice": ref, "verdict": "fedavg best", "text": text}
+    return {"choice": ref, "verdict": "fedavg", "text": text, "equivalent": equivalent}
 
 
 def _candidate_best(best: str, ref: str, ref_text: str, info: Mapping[str, Any], margin: float,
@@ -170,7 +173,7 @@ def _candidate_best(best: str, ref: str, ref_text: str, info: Mapping[str, Any],
                         "not consistent across seeds"}
     candidates = [e for e in info if e != ref and info[e]["n"]]
     if candidates and all(_inside(info[e], margin) for e in candidates):
-        return {"choice": ref, "verdict": "equivalent",
+        return {"choice": ref, "verdict": "fedavg", "equivalent": True,
                 "text": f"{ref_text} is as good as any confirmed entry within an equivalence margin of "
                         f"+-{_points(margin)}: " + _equivalence_words(candidates, info, margin)}
     return {"choice": ref, "verdict": "fedavg",
@@ -295,11 +298,11 @@ def _tuning_lines(info: Mapping[str, Any], ref: str, order: Sequence[str]) -> li
     parts = [f"{_ref_name(e) if e == ref else e} {info[e]['trials']} {_plural(info[e]['trials'], 'trial')} (furthest "
              f"{info[e]['furthest']} {_plural(info[e]['furthest'], 'round')})" for e in shown]
     line = "tuning in the search: " + ", ".join(parts)
-    others = sorted(info[e]["trials"] for e in shown if e != ref)
-    if others and info.get(ref, {}).get("trials") is not None:
-        median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
-        if info[ref]["trials"] < median:
-            line += f"; {_ref_name(ref)} was tuned less than the median candidate ({info[ref]['trials']} trials against {median:g})"
+    others = [info[e]["trials"] for e in shown if e != ref]
+    mine = info.get(ref, {}).get("trials")
+    if others and mine is not None and mine < statistics.median(others):
+        line += (f"; {_ref_name(ref)} was tuned less than the median candidate ({mine} {_plural(mine, 'trial')} against "
+                 f"{statistics.median(others):g})")
     return [line]
 
 

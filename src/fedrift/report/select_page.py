@@ -122,8 +122,9 @@ def spent_text(page: Mapping[str, Any]) -> str | None:
         text += f"; {rounds_text(spent_r or 0)}" + (f" of {rounds}" if rounds else "")
     picked, seeds = page.get("picked") or [], page.get("seeds") or []
     if picked and seeds and page.get("rounds"):
-        text += (f" (search and confirmation; the confirmation {len(picked)} entries x {len(seeds)} seeds x "
-                 f"{rounds_text(page['rounds'])})")
+        entries = f"{len(picked)} entr{'y' if len(picked) == 1 else 'ies'}"
+        text += (f" (search and confirmation; the confirmation {entries} x {len(seeds)} seed{'s' * (len(seeds) != 1)} "
+                 f"x {rounds_text(page['rounds'])})")
     return text
 
 
