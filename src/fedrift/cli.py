@@ -1,4 +1,5 @@
-"""``fedrift run | compare | tune | report | list | partition | download | flower``: user mistakes get one line and exit 2, never a traceback."""
+"""``fedrift run | config | compare | tune | select | study | report | list | partition | download | flower``: user
+mistakes get one line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -14,11 +15,32 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedrift", description="Federated learning under client drift.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run one experiment")
+    run = sub.add_parser(
+        "run", help="run one experiment",
+        description="Train one federation: the config (the defaults, or -c FILE) with the key=value overrides. Writes "
+        "RUN_DIR (output.dir, default runs/<algorithm>-<data>-<partition>-s<seed>): config.yaml (the resolved config), "
+        "metrics.jsonl (a line per evaluated round), summary.json, final_model.pt, the partition and "
+        "checkpoints (engine.checkpoint_every): a stopped run continues with --resume RUN_DIR. fedrift config show "
+        "prints the config it would run.",
+    )
     run.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
     run.add_argument("--resume", metavar="RUN_DIR", default=None,
                      help="continue the stopped run in RUN_DIR from its last checkpoint, with its own config")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.rounds=10")
+
+    conf = sub.add_parser(
+        "config", help="print the resolved config as YAML (fedrift run -c takes it back)",
+        description="The config a command would run, written out: fedrift config show prints it.",
+    )
+    csub = conf.add_subparsers(dest="config_command", required=True, metavar="{show}")
+    show = csub.add_parser(
+        "show", help="print the defaults, or -c FILE with the overrides, resolved, as YAML",
+        description="Print the config fedrift run would use (the defaults, or -c FILE, with the key=value overrides), "
+        "validated, every section with its full options (the algorithm's, the partition's, the model's, the "
+        "dataset's), as YAML that fedrift run -c takes back. Reads no data and writes nothing.",
+    )
+    show.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
+    show.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. algorithm.name=fedprox")
 
     comp = sub.add_parser(
         "compare",
@@ -93,10 +115,19 @@ def _parser() -> argparse.ArgumentParser:
                      "report.tsne_points=1000 report.band=minmax|std report.paper=NAME report.plots=false report.title=...; "
                      "plugins=[module,...] (besides those each run's config.yaml names)")
 
-    lst = sub.add_parser("list", help="algorithms, datasets, models, partitions, executors, samplers, and where each comes from")
+    lst = sub.add_parser(
+        "list", help="algorithms, datasets, models, partitions, executors, samplers, and where each comes from",
+        description="Print every registered name a config can use, a line each, with its options' search space for "
+        "fedrift tune and, when not built in, the plugin, entry point or module that registered it.",
+    )
     lst.add_argument("options", nargs="*", metavar="plugins=[module,...]", help="plugin modules to import first")
 
-    part = sub.add_parser("partition", help="print the client x class table and write the bubble plot")
+    part = sub.add_parser(
+        "partition", help="print the client x class table and write the bubble plot",
+        description="Load the config's data and partition it as a run would, without training: print the client x "
+        "class table of sample counts and the heterogeneity statistics, and write partition.png (the bubble plot) "
+        "and partition.json to --out.",
+    )
     part.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
     part.add_argument("--out", default=None, help="folder for partition.png/.json (default: runs/partition-<data>-<name>)")
     part.add_argument("--rows", type=int, default=50, help="most client rows to print (default 50)")
@@ -121,17 +152,30 @@ def _parser() -> argparse.ArgumentParser:
         "not run (the reference first; every entry's tune and seed 0 before any other seed) and reports what finished.",
     )
     ssub = study.add_subparsers(dest="study_command", required=True, metavar="{run,status}")
-    srun = ssub.add_parser("run", help="tune, run and report what is left (resumable: the same command continues)")
+    srun = ssub.add_parser(
+        "run", help="tune, run and report what is left (resumable: the same command continues)",
+        description="Tune the entries not tuned yet, run the runs not run yet (the reference first; every entry's "
+        "tune and seed 0 before any other seed) and report what finished in the study's folder; stopped (Ctrl-C, "
+        "--budget), the same command continues.",
+    )
     srun.add_argument("file", metavar="FILE", help="the study file")
     srun.add_argument("--out", default=None, help="the study's folder (default: the file's out:, else runs/study-<name>)")
     srun.add_argument("--budget", default=None, help="stop as at Ctrl-C after this long (15m, 2h, 900s); run again to go on")
     srun.add_argument("--jobs", type=int, default=None, help="trials and runs at once, in processes (default: the file's jobs:, 1)")
     srun.add_argument("--no-report", action="store_true", help="the tables only, no figures or report.html")
-    sstat = ssub.add_parser("status", help="finished, running and left, with the measured cost and the rest's estimate")
+    sstat = ssub.add_parser(
+        "status", help="finished, running and left, with the measured cost and the rest's estimate",
+        description="Print the study's tunes and runs: finished, running and left, the time they took and an "
+        "estimate of the rest's. Runs nothing.",
+    )
     sstat.add_argument("file", metavar="FILE", help="the study file")
     sstat.add_argument("--out", default=None, help="the study's folder (default: the file's out:, else runs/study-<name>)")
 
-    flower = sub.add_parser("flower", help="deploy a config with Flower (SuperLink, SuperNodes): pip install 'fedrift[flower]'")
+    flower = sub.add_parser(
+        "flower", help="deploy a config with Flower (SuperLink, SuperNodes): pip install 'fedrift[flower]'",
+        description="Run a config on real machines with Flower: fedrift flower app writes the app project that "
+        "flwr run starts on a SuperLink and its SuperNodes.",
+    )
     fsub = flower.add_subparsers(dest="flower_command", required=True, metavar="{app}")
     app = fsub.add_parser(
         "app", help="write a Flower app project that runs the config (flwr run DIR SUPERLINK)",
@@ -151,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     # compare and report take key=value tokens before and after their --options
-    tail = {"compare": "grid", "tune": "grid", "select": "grid", "report": "options", "list": "options", "flower": "overrides"}.get(args.command)
+    tail = {"compare": "grid", "tune": "grid", "select": "grid", "report": "options", "list": "options", "flower": "overrides",
+            "config": "overrides"}.get(args.command)
     if extra and (tail is None or any(x.startswith("-") or "=" not in x for x in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if tail:
@@ -189,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    commands = {"run": _run, "compare": _compare, "tune": _tune, "select": _select, "report": _report, "list": _list,
-                "download": _download, "partition": _partition, "flower": _flower, "study": _study}
+    commands = {"run": _run, "config": _config, "compare": _compare, "tune": _tune, "select": _select, "report": _report,
+                "list": _list, "download": _download, "partition": _partition, "flower": _flower, "study": _study}
     return commands[args.command](args)
 
 
@@ -215,6 +260,14 @@ def _run(args: argparse.Namespace) -> int:
     if s.get("calibrated_accuracy") is not None:  # CCVR: its final model is the calibrated one
         print(f"calibrated model (final_model.pt): test accuracy {s['calibrated_accuracy']:.4f}")
     print(f"results in {result.output_dir}")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    from fedrift.config import load_config
+    from fedrift.engine.build import config_yaml, shared_options
+
+    print(config_yaml(load_config(args.config, args.overrides, shared_options)), end="")
     return 0
 
 

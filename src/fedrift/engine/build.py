@@ -216,8 +216,14 @@ def client_tools(config: Config | Prepared) -> RoundTools:
 
 def resolved_yaml(prep: Prepared) -> str:
     """The config as a run folder's ``config.yaml`` holds it: every section's options resolved."""
-    options = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {} for k, v in prep.options.items()}
-    return to_yaml(prep.config, options)
+    return config_yaml(prep.config, prep.options)
+
+
+def config_yaml(cfg: Config, options: Mapping[str, Any] | None = None) -> str:
+    """``cfg`` as YAML with every section's options resolved (``options``: from
+    :func:`resolve_options`, which validates them, read no data; ``fedrift config show``)."""
+    options = resolve_options(cfg) if options is None else options
+    return to_yaml(cfg, {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {} for k, v in options.items()})
 
 
 def run_folder(cfg: Config) -> Path:
