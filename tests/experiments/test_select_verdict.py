@@ -65,7 +65,7 @@ def test_the_issues_three_seeds_all_ahead_say_so_not_tested_with_the_six_seed_co
     assert rec["choice"] == "fedadc" and rec["verdict"] == "ahead, not tested" and rec["tested"] is False
     assert "ahead of FedAvg at lr 0.05 on every seed" in text and "not tested" in text
     assert "(per seed: +3.0, +2.7, +5.8)" in text  # read from the confirmation's runs
-    assert "seeds=1,2,3,4,5,6" in text and f"({SIGN_FLIP_SEEDS} seeds" in text
+    assert "seeds=1,2,3,4,5,6" in text and f"({SIGN_FLIP_SEEDS} paired seeds" in text
     assert rec["command"] == "fedrift select -c femnist.yaml --budget 25m algorithms=fedavg,fedadc seeds=1,2,3,4,5,6"
     assert rec["command"] in text
     assert "as good as any" not in " ".join(rec["lines"]) and "significant" not in text.replace("sign-flip", "")
@@ -168,3 +168,6 @@ def test_the_six_seed_command_keeps_the_seeds_run_and_skips_the_searchs():
     assert rerun_command(plan, ["fedrift", "select", "--out", "my runs", "seeds=1,2,3"]) == \
         "fedrift select --out 'my runs' seeds=1,2,3,5,6,7"
     assert rerun_command(plan, None) == "fedrift select <the same arguments> --out runs/s seeds=1,2,3,5,6,7"
+    # six asked, four paired (two runs diverged): two more
+    six = SimpleNamespace(root=Path("runs/s"), seeds=[1, 2, 3, 5, 6, 7], seed=4, rounds=12)
+    assert six_seeds(six, paired=4) == [1, 2, 3, 5, 6, 7, 8, 9] and six_seeds(six) == six.seeds

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from fedrift.errors import ConfigError
 from fedrift.overrides import parse_algorithm
 from fedrift.report.table import fmt_bytes, load_groups, short_names
 
@@ -73,8 +74,6 @@ def recommend(plan: Any, rows: Sequence[Mapping[str, Any]], picked: Sequence[Map
     ``command`` (the rerun with 6 seeds, or None), ``margin``, ``missing``, ``reference``,
     ``validation_order``."""
     if not 0 < margin < 1:
-        from fedrift.errors import ConfigError
-
         raise ConfigError(f"margin: {margin!r}; allowed: a fraction of accuracy in (0, 1), e.g. 0.01 for 1 point")
     by_entry = {str(r["algorithm"]): r for r in rows if r.get("algorithm") is not None}
     entries = [str(t["entry"]) for t in picked]
@@ -107,7 +106,7 @@ def recommend(plan: Any, rows: Sequence[Mapping[str, Any]], picked: Sequence[Map
         out.update(_candidate_best(ranked[0], ref_entry, ref_text, info, margin, values))
     verdict = out["verdict"]
     # FedAvg best by validation is the answer at any seeds; the words on the others are tested from 6
-    out["tested"] = VERDICTS[verdict] and not (verdict == "fedavg" and 0 < most < SIGN_FLIP_SEEDS)
+    out["tested"] = VERDICTS[verdict] and not (verdict == "fedavg" and most < SIGN_FLIP_SEEDS)
     out.setdefault("equivalent", False)
     text = out["text"]
     if verdict == "search only":
@@ -115,9 +114,10 @@ def recommend(plan: Any, rows: Sequence[Mapping[str, Any]], picked: Sequence[Map
             out["command"] = rerun_command(plan, argv, extend=False)
             text += f". To confirm it, run the same fedrift select again with a larger --budget: {out['command']}"
     elif not out["tested"]:
-        out["command"] = rerun_command(plan, argv)
-        text += (f". To test it, run the same fedrift select with seeds={_seed_list(plan)} ({SIGN_FLIP_SEEDS} seeds; "
-                 "the search is kept and only the confirmation runs, outside the search's budget): " + out["command"])
+        out["command"] = rerun_command(plan, argv, paired=most)
+        text += (f". To test it, run the same fedrift select with seeds={_seed_list(plan, most)} ({SIGN_FLIP_SEEDS} "
+                 "paired seeds; the search is kept and only the confirmation runs, outside the search's budget): "
+                 + out["command"])
     out["text"] = text
     out["lines"] = [text, *_tuning_lines(info, ref_entry, ranked or entries), *_bytes_lines(info, ref_entry),
                     *(["partial confirmation: " + "; ".join(missing)] if missing else [])]
@@ -330,13 +330,17 @@ def _bytes_lines(info: Mapping[str, Any], ref: str) -> list[str]:
 # The rerun with 6 seeds
 
 
-def six_seeds(plan: Any) -> list[int]:
+def six_seeds(plan: Any, paired: int | None = None) -> list[int]:
     """The confirmation's seeds extended to :data:`SIGN_FLIP_SEEDS` (the seeds already run kept,
-    so their runs are reused; new ones skip the search's seed)."""
+    so their runs are reused; new ones skip the search's seed). Where 6 or more were asked and
+    only ``paired`` of them paired (runs that diverged or did not finish), as many more as lack."""
     seeds = [int(s) for s in (getattr(plan, "seeds", None) or [])]
+    want = SIGN_FLIP_SEEDS
+    if paired is not None and len(seeds) >= SIGN_FLIP_SEEDS and paired < SIGN_FLIP_SEEDS:
+        want = len(seeds) + SIGN_FLIP_SEEDS - paired
     taken = set(seeds) | {int(getattr(plan, "seed", -1))}
     nxt = max(seeds, default=int(getattr(plan, "seed", 0))) + 1
-    while len(seeds) < SIGN_FLIP_SEEDS:
+    while len(seeds) < want:
         if nxt not in taken:
             seeds.append(nxt)
             taken.add(nxt)
@@ -344,16 +348,16 @@ def six_seeds(plan: Any) -> list[int]:
     return seeds
 
 
-def _seed_list(plan: Any) -> str:
-    return ",".join(map(str, six_seeds(plan)))
+def _seed_list(plan: Any, paired: int | None = None) -> str:
+    return ",".join(map(str, six_seeds(plan, paired)))
 
 
-def rerun_command(plan: Any, argv: Sequence[str] | None = None, extend: bool = True) -> str:
-    """The same ``fedrift select`` with ``seeds=`` of 6 seeds (``extend``; else as it was): from
-    ``argv`` (the command's words), or this process's own when it is the ``fedrift`` command,
-    else a sketch naming the folder."""
+def rerun_command(plan: Any, argv: Sequence[str] | None = None, extend: bool = True, paired: int | None = None) -> str:
+    """The same ``fedrift select`` with ``seeds=`` of 6 seeds (``extend``, :func:`six_seeds`; else
+    as it was): from ``argv`` (the command's words), or this process's own when it is the
+    ``fedrift`` command, else a sketch naming the folder."""
     words = list(argv) if argv is not None else _own_argv()
-    seeds = f"seeds={_seed_list(plan)}" if extend else None
+    seeds = f"seeds={_seed_list(plan, paired)}" if extend else None
     if words:
         words = [w for w in words if not (extend and w.startswith("seeds="))]
         return shlex.join(words + ([seeds] if seeds else []))
@@ -363,8 +367,9 @@ def rerun_command(plan: Any, argv: Sequence[str] | None = None, extend: bool = T
 
 
 def _own_argv() -> list[str] | None:
-    prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    if prog == "fedrift" and len(sys.argv) > 1 and sys.argv[1] == "select":
+    prog = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if (prog.name == "fedrift" or prog.parent.name == "fedrift" and prog.name == "__main__.py") and \
+            len(sys.argv) > 1 and sys.argv[1] == "select":
         return ["fedrift", *sys.argv[1:]]
     return None
 
