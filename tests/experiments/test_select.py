@@ -22,7 +22,7 @@ from conftest import one_line_refusal, tiny_config
 from fedrift.cli import main
 from fedrift.errors import ConfigError
 from fedrift.experiments.select import (
-    STUDY, _no_better_than_stopped, _points, _trials, build_select, candidates, parse_duration, ranking, recommend, select,
+    STUDY, _no_better_than_stopped, _points, _trials, build_select, candidates, parse_duration, ranking, select,
 )
 
 CRIPPLE = "train.weight_decay=3"  # measured on digits: every lr of the space stays at chance (10 % test accuracy)
@@ -139,9 +139,14 @@ def test_the_better_entry_is_found_and_confirmed(better):
     assert picked == [f"fedavg:{CRIPPLE}", "fedprox"]
     assert result["choice"] == "fedprox", result["text"]
     assert result["verdict"] in ("significant", "ahead, not tested"), result["text"]
-    # the reference named with its options: it is not the plain FedAvg
-    assert result["text"].startswith(f"fedprox beats fedavg:{CRIPPLE} at lr " if result["verdict"] == "significant"
-                                     else f"fedprox is ahead of fedavg:{CRIPPLE} at lr "), result["text"]
+    # the reference named with its options: it is not the plain FedAvg (the words: test_select_verdict.py)
+    assert result["text"].startswith("fedprox ") and f"fedavg:{CRIPPLE} at lr " in result["text"], result["text"]
+    assert result["outcome"] == "recommended" and result["confirmed"]["seeds"] == [1, 2, 3]
+    # the reference first, and tuned at least as hard as the other entry though far behind it
+    trials = result["trials"]
+    assert trials[0]["entry"] == f"fedavg:{CRIPPLE}"
+    count = {e: sum(t["entry"] == e for t in trials) for e in picked}
+    assert count[f"fedavg:{CRIPPLE}"] >= count["fedprox"] - 1, count  # owed one at most while the last ran
     rows = {r["algorithm"]: r for r in result["rows"]}
     assert set(rows) == {f"fedavg:{CRIPPLE}", "fedprox"}
     assert rows["fedprox"]["test_accuracy_at_best_val_diff_low"] > 0.2  # at chance, FedAvg is far behind
@@ -172,7 +177,7 @@ def test_fedavg_at_its_centre_runs_every_round_whatever_the_rungs(better):
     FedAvg at chance runs all 6 rounds, where FedProx's lead would have stopped it at 2."""
     ref = [t for t in better.result["trials"] if t["entry"] == f"fedavg:{CRIPPLE}"]
     centre = ref[0]  # the first start-up point
-    assert centre["values"] == {"train.lr": pytest.approx(math.sqrt(0.03 * 0.3))}
+    assert centre["values"] == {"train.lr": pytest.approx(math.sqrt(0.03 * 0.3), rel=1e-2)}  # at the space's precision
     assert centre["rounds"] == better.plan.rounds and centre["status"] == "completed", centre
     assert centre["score"] < 0.3  # at chance: a rung's pruner would have stopped it
     assert all(t["rounds"] < better.plan.rounds for t in ref[1:] if t["score"] is not None and t["score"] < 0.3)
@@ -181,8 +186,8 @@ def test_fedavg_at_its_centre_runs_every_round_whatever_the_rungs(better):
 def test_when_fedavg_is_best_the_verdict_is_fedavg(tmp_path):
     result = select(_base(), out=tmp_path / "s", **_quiet(algorithms=["fedavg", f"fedprox:{CRIPPLE}"], budget_rounds=50))
     assert [r["algorithm"] for r in result["rows"]] == ["fedavg", f"fedprox:{CRIPPLE}"]
-    assert result["choice"] == "fedavg" and result["verdict"] == "fedavg", result["text"]
-    assert "as good as any" in result["text"] and result["text"].startswith("FedAvg at lr "), result["text"]
+    assert result["choice"] == "fedavg" and result["verdict"].startswith("fedavg"), result["text"]
+    assert result["text"].startswith("FedAvg at lr "), result["text"]  # the words: test_select_verdict.py
     rec = yaml.safe_load((tmp_path / "s" / "recommendation.yaml").read_text())
     assert rec["algorithm"] == {"name": "fedavg"} and "weight_decay" not in rec["train"]
     lr = yaml.safe_load((tmp_path / "s" / "candidates.yaml").read_text())["fedavg"]["overrides"]["train.lr"]
@@ -207,22 +212,6 @@ def test_the_rounds_budget_pays_for_search_and_confirmation(better):
     assert {t["state"] for t in trials} <= {"complete", "pruned"}
 
 
-def test_a_budget_that_cannot_pay_for_the_confirmation_is_refused_before_anything_runs(tmp_path, capsys):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(_base()))
-    out = tmp_path / "s"
-    # 2 entries, 3 seeds, top 1: 36 rounds of confirmation and 2 x 2 to the first rung
-    line = one_line_refusal(capsys, ["select", "-c", str(cfg), "--out", str(out), "--budget-rounds", "39",
-                                     "algorithms=fedavg,fedprox", "seeds=1,2,3", "top=1", "min_rounds=2"],
-                            "fedrift: error: --budget-rounds: 39 leaves nothing to search with", "at least 40")
-    assert line.startswith("fedrift: error: ")
-    assert not out.exists()
-    with pytest.raises(ConfigError, match="at least 40"):
-        build_select(_base(), algorithms=["fedavg", "fedprox"], budget_rounds=39, seeds=[1, 2, 3], top=1, min_rounds=2)
-    assert build_select(_base(), algorithms=["fedavg", "fedprox"], budget_rounds=40, seeds=[1, 2, 3], top=1,
-                        min_rounds=2).confirmation_rounds == 36
-
-
 def test_a_time_budget_stops_the_search_and_confirms_or_says_no_recommendation(tmp_path):
     out = tmp_path / "s"
     seconds = 8.0
@@ -240,11 +229,14 @@ def test_a_time_budget_stops_the_search_and_confirms_or_says_no_recommendation(t
     assert trials, "no trial ran"
     state = json.loads((out / "select.json").read_text())
     assert state["budget"] == {"seconds": seconds, "rounds": None}
-    if result is None:  # no time left for the confirmation, or too little for a trial of each entry
+    if result is None:  # no time left for the confirmation, too little for a trial of each entry, or refused
+        # once FedAvg's first rounds measured the costs: the page says so
         assert refused.startswith("--budget: ") and "\n" not in refused, refused
-        assert ("no recommendation" in refused or "nothing to confirm" in refused) and "larger" in refused, refused
+        assert ("no recommendation" in refused or "nothing to confirm" in refused and "larger" in refused
+                or "cannot pay for the least search" in refused and "at least about" in refused), refused
         assert phase == ["search"] and not (out / "confirm").exists() and not (out / "recommendation.yaml").exists()
         assert state["spent"] <= seconds + 1.0
+        assert refused.endswith(f"the page: {out / 'select.html'}") and (out / "select.md").is_file()
     else:
         assert phase[0] == "confirmation" and (out / "recommendation.yaml").is_file()
         search_ended = phase[1]
@@ -286,6 +278,8 @@ def test_the_time_of_a_stopped_select_counts_against_its_budget(tmp_path):
     first = _trials(_plan(out, _quiet(algorithms=["fedavg", "fedprox"], budget="1h")))[0]
     spent = json.loads((out / "select.json").read_text())["spent"]
     assert first["seconds"] <= spent <= elapsed, (first["seconds"], spent, elapsed)
+    page = (out / "select.md").read_text()  # the page of a stopped select: what ran, what is missing
+    assert "stopped" in page and (out / "select.html").is_file()
 
 
 def test_only_the_confirmation_runs_not_finished_need_time(better):
@@ -581,30 +575,6 @@ def _row(entry, val, mean=None, low=None, high=None, significant=False, n=3, p=N
             "test_accuracy_at_best_val_diff_ci95": None if mean is None else (high - low) / 2,
             "test_accuracy_at_best_val_diff_low": low, "test_accuracy_at_best_val_diff_high": high,
             "test_accuracy_at_best_val_diff_significant": significant, "test_accuracy_at_best_val_diff_n": n}
-
-
-def test_recommend_says_what_the_paired_gain_allows():
-    picked = [{"entry": "fedavg", "values": {"train.lr": 0.05}}, {"entry": "fedprox", "values": {"train.lr": 0.1}}]
-    ref = _row("fedavg", 0.80)
-    rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, 0.05, 0.15, significant=True, n=6)], picked)
-    assert (rec["choice"], rec["verdict"]) == ("fedprox", "significant") and "+10.0 +- 5.0 points (6 seeds)" in rec["text"]
-    rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, 0.05, 0.15)], picked)
-    assert (rec["choice"], rec["verdict"]) == ("fedprox", "ahead, not tested") and "6 needed" in rec["text"]
-    # six seeds, the interval above 0, five of six gains positive: tested, and not significant
-    rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, 0.05, 0.15, n=6, p=0.21875)], picked)
-    assert (rec["choice"], rec["verdict"]) == ("fedprox", "ahead, not significant"), rec["text"]
-    assert "sign-flip test does not pass (p = 0.219 over 6 seeds" in rec["text"] and "needed" not in rec["text"]
-    rec = recommend(None, [ref, _row("fedprox", 0.90, 0.1, -0.05, 0.25)], picked)
-    assert (rec["choice"], rec["verdict"]) == ("fedavg", "fedavg") and "as good as any" in rec["text"]
-    assert rec["text"].startswith("no candidate beats FedAvg significantly: FedAvg at lr 0.05 ")
-    crippled = [{**picked[0], "entry": "fedavg:train.weight_decay=3"}, picked[1]]
-    rec = recommend(None, [_row("fedavg:train.weight_decay=3", 0.80), _row("fedprox", 0.90, 0.1, -0.05, 0.25)], crippled)
-    assert rec["text"].startswith("no candidate beats FedAvg significantly: fedavg:train.weight_decay=3 at lr 0.05 ")
-    rec = recommend(None, [_row("fedavg", 0.95), _row("fedprox", 0.90, -0.02, -0.05, 0.01)], picked)
-    assert (rec["choice"], rec["verdict"]) == ("fedavg", "fedavg") and "as good as any" in rec["text"]
-    assert rec["validation_order"] == ["fedavg", "fedprox"]
-    with pytest.raises(ConfigError, match="no confirmation run finished"):
-        recommend(None, [_row("fedavg", None), _row("fedprox", None)], picked)
 
 
 def test_an_entry_that_fails_fails_its_trials_and_the_search_goes_on(tmp_path, monkeypatch):

@@ -257,6 +257,9 @@ class Algorithm:
     # set by engine.build under a train.lr_schedule: this algorithm built again by its factory
     # with another Setup.lr, for the rounds at that lr (hooks read the lr they were built with)
     at_lr: Callable[[float], "Algorithm"] | None = None
+    # rounds in which this method trains exactly as FedAvg (FedGKD: round 1, its buffer empty):
+    # fedrift select judges it only once it has had as many rounds of its own as the others
+    same_as_fedavg_until: int = 0
 
     def __post_init__(self) -> None:
         derived = getattr(self.aggregate, "from_sums", None)

@@ -234,6 +234,7 @@ def _fedgkd(name: str, hp: FedGKDParams) -> Algorithm:
         teacher=teacher,
         sums=FEDAVG_SUMS,
         aggregate_sums=lambda state, sums, info: _push(state, sums["params"], hp.M),
+        same_as_fedavg_until=1,  # no distillation in round 1 (kd_switch)
     )
 
 

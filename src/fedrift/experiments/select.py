@@ -1,53 +1,87 @@
 """``fedrift select``: which drift remedy for this federation, within a compute budget, with
 the evidence.
 
+The plan (:mod:`fedrift.experiments.select_plan`)
+    Made before anything runs and again after every trial, from each entry's measured
+    seconds per round and start-up (from its trials' round times, not their whole wall time):
+    the confirmation's share first (the ``top`` best entries and FedAvg over every seed, or,
+    when the budget truly cannot pay for that beside the least search, fewer candidates and
+    then fewer seeds, never under two), the search the rest. A budget that cannot pay for the
+    least search (FedAvg's first trial to its last round, one trial of each other entry to
+    its first rung) and the least confirmation (FedAvg and one candidate over two seeds) is
+    refused, with the page written. ``--dry-run`` prints the plan and runs no trial: its
+    times come from a timed probe of each entry (a start-up and two rounds at its space's
+    centre, in a temporary folder), said as such; it writes nothing.
+
 The search
     One Optuna study over (algorithm, its hyper-parameters) as a single conditional space: a
     categorical ``algorithm`` choice, then that entry's own space (the learning rate and its
     registry entry's, as ``fedrift tune`` searches it; parameters named ``<entry>/<key>``).
-    Every entry first runs ``startup`` points: the centre of its space (the geometric middle
-    of a log range), then its Sobol design's first points, so each gets a look at a sensible
-    setting before an extreme one; then TPE proposes (entry and values together), so the
-    budget flows to the methods that do well on this data. Trials run the config's full ``train.rounds`` under successive
-    halving (asynchronous, Optuna's ``SuccessiveHalvingPruner``; ``pruner=hyperband`` for
-    Hyperband): at each rung (``min_rounds`` x ``eta``^k rounds) a trial goes on only while its
-    best validation accuracy so far is in the top 1/``eta`` of the trials that reached the
-    rung, and while it beats every trial already stopped at that rung (ties with a stopped
-    trial stop too: trials stuck at chance level would otherwise promote each other). FedAvg's
-    first point (its space's centre) is never stopped by a rung: the reference of every gain
-    runs its full rounds (one trial's worth of the budget). Scores are validation accuracy of
+    The order is by information, not the field's: FedAvg's first trial (its space's centre)
+    runs first and alone, then every entry's ``startup`` points in turns (the centre first,
+    then its Sobol design), the cheapest measured entries first; then TPE proposes (entry and
+    values together), so the budget flows to the methods that do well on this data. Trials
+    run the config's ``train.rounds`` under successive halving (asynchronous, Optuna's
+    ``SuccessiveHalvingPruner``; ``pruner=hyperband`` for Hyperband): at each rung
+    (``min_rounds`` x ``eta``^k rounds) a trial goes on only while its best validation accuracy
+    so far is in the top 1/``eta`` of the trials that reached the rung, and while it beats
+    every trial already stopped at that rung (ties with a stopped trial stop too: trials stuck
+    at chance level would otherwise promote each other). Scores are validation accuracy of
     the global model (``calibrated_val_accuracy`` for CCVR, whose output is the calibrated
-    model); the test set is not read by the search.
+    model; select sets CCVR's ``calibrate_at`` to the rungs, so its rungs compare calibrated
+    scores at a bounded cost); the test set is not read by the search.
+
+A fair search
+    - The first rung is not below the round where FedAvg's first trial moves off the majority
+      class on validation (its accuracy above the majority class's share by two standard
+      errors of a proportion on the validation set): earlier, every entry scores the majority
+      class alike and a rung would judge luck. Measured once, kept in ``select.json``; an
+      explicit ``min_rounds=`` is taken as given.
+    - The reference is tuned at least as hard as the candidates: it gets at least the trials
+      of the median other entry (extra points from its Sobol design), and a FedAvg trial that
+      is FedAvg's best at a rung so far (its first trial is) is never stopped by a rung: its
+      best setting reaches the last round, unless the budget stops it (said in ``missing``).
+    - An entry that trains as FedAvg in its first rounds (``Algorithm.same_as_fedavg_until``:
+      FedGKD's round 1, its buffer empty) is judged from the first rung at least that many
+      rounds after the first: it gets as many rounds of its own method as the others.
+    - Per entry the tuning it got (trials, the furthest round) goes to the page and the verdict.
 
 The budget
     ``--budget 2h`` (wall clock of the whole command) and/or ``--budget-rounds N`` (training
-    rounds of every trial and confirmation run, each round counting one). The confirmation's
-    share is kept back: ``(top + 1) x seeds x train.rounds`` rounds, and in time the
-    candidates' measured seconds per round times that. The search stops starting trials when
-    what is left would not also pay for the confirmation; a budget that cannot pay for the
-    confirmation and one trial per entry is refused before anything runs, and a search that
-    leaves no time for it is said, with no recommendation. Time spent before a Ctrl-C counts;
-    a rerun's time check counts only the confirmation runs not finished (compare reuses them).
+    rounds of every trial and confirmation run, each round counting one). The search stops
+    starting trials when what is left would not pay for the planned confirmation and the next
+    trial's first rung at the measured costs; a trial running past that is stopped by the
+    budget (``budget`` on the page). After the search the confirmation is fitted again to
+    what is really left: all asked when it fits (``recommended``), else what fits
+    (``provisional``: the page and the verdict say what was not confirmed), else ``no
+    recommendation``. Time spent before a Ctrl-C counts; a rerun counts only the
+    confirmation runs not finished (compare reuses them).
 
 The confirmation
     The best ``top`` entries (by their best trial: the most rounds reached, then the score)
     and FedAvg at its own best trial run again at ``seeds`` other than the search's, through
-    ``fedrift compare`` (``<out>/confirm``, its report beside). The recommendation is the
-    entry with the best mean validation accuracy there, stated with its paired gain in test
-    accuracy (at the best validation round) over FedAvg and the interval; when that gain is
-    not significant by the project's rule (exact sign-flip p < 0.05 and the t interval
-    excluding 0, so at least 6 seeds), it says so plainly, and when the interval does not
-    exclude 0 the answer is FedAvg at its own setting (where it does, the candidate is
-    recommended as "ahead, not tested" below 6 seeds, "ahead, not significant" from 6). The same command with more ``seeds``
-    (or another ``top``) keeps the search and reuses the confirmation runs that finished: three
-    seeds cannot make a gain significant, six can.
+    ``fedrift compare`` (``<out>/confirm``, its report beside). The words of the
+    recommendation are :func:`fedrift.experiments.select_verdict.recommend`'s.
+
+More seeds later
+    The same command with other ``seeds=`` (six, to test a gain) confirms the candidates of the
+    last confirmation over them, reusing the finished runs, outside the search's budget: no
+    trial runs, no budget is checked, it never ends in "no recommendation" because the search
+    spent the budget. Another ``top=`` or a larger budget with the same seeds searches on
+    and confirms within the budget.
+
+The page
+    ``select.md`` and ``select.html`` are written whatever the outcome: ``recommended``,
+    ``provisional``, ``no recommendation``, ``stopped`` (Ctrl-C) or ``refused`` (the budget),
+    with the plan, what ran and what is missing.
 
 The folder
-    ``study.db`` (the study), ``select.json`` (what was asked, the budget spent), ``trials/``,
-    ``candidates.yaml`` (the confirmed entries' values, in ``best.yaml``'s format: ``tuned=``
-    takes it), ``confirm/``, ``recommendation.yaml`` (a config ``fedrift run -c`` takes as
-    it is), ``select.md`` and ``select.html``. Run the same command again to continue it
-    (finished trials are kept; a larger budget searches on).
+    ``study.db`` (the study), ``select.json`` (what was asked, the budget spent, the floor
+    measured, the last confirmation), ``trials/``, ``candidates.yaml`` (the confirmed entries'
+    values, in ``best.yaml``'s format: ``tuned=`` takes it), ``confirm/``,
+    ``recommendation.yaml`` (a config ``fedrift run -c`` takes as it is), ``select.md`` and
+    ``select.html``. Run the same command again to continue it (finished trials are kept; a
+    larger budget searches on).
 """
 
 from __future__ import annotations
@@ -56,6 +90,7 @@ import json
 import math
 import os
 import re
+import statistics
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field, replace
@@ -73,10 +108,14 @@ from fedrift.experiments.space import Dim, resolve_space, startup_points
 from fedrift.experiments.studies import fail_stale, finished_trials, fixed_sampler_class, load_optuna, one_trial
 from fedrift.experiments.tuned import BEST, tune_base
 from fedrift.overrides import parse_algorithm
+from fedrift.experiments.select_plan import (
+    Confirmation, Cost, cost_of_trial, fit_confirmation, make_plan, measured_costs, order as entry_order,
+)
 from fedrift.experiments.select_verdict import REFERENCE, recommend, values_text, wrap
 from fedrift.report.select_page import duration_text, render_select_page
 
 CONFIRMATION = ("seeds", "top")  # what a rerun of the same select may change
+LATER = ("floor", "confirmation")  # what a select learns as it runs (select.json), not its identity
 STUDY = "select"
 STUDY_DB = "study.db"
 STATE = "select.json"
@@ -114,6 +153,8 @@ class Entry:
     name: str  # folder-safe
     dims: list[Dim]
     doc: dict[str, Any]
+    same_until: int = 0  # rounds it trains as FedAvg (Algorithm.same_as_fedavg_until)
+    calibrates: bool = False  # takes algorithm.calibrate_at (CCVR): select calibrates at the rungs
 
     def param(self, key: str) -> str:
         return f"{self.entry}/{key}"
@@ -135,6 +176,14 @@ class Select:
     budget_seconds: float | None
     budget_rounds: int | None
     description: dict[str, Any] = field(default_factory=dict)
+    majority: float | None = None  # the validation set's majority-class share
+    n_val: int = 0  # validation samples
+    auto_rungs: bool = False  # min_rounds not given: the first rung waits for the floor
+    probed: dict[str, Cost] = field(default_factory=dict)  # --dry-run's timed probe
+
+    @property
+    def reference(self) -> str:
+        return next(e.entry for e in self.entries if parse_algorithm(e.entry)[0] == REFERENCE)
 
     @property
     def storage(self) -> str:
@@ -249,7 +298,9 @@ def build_select(
         if folder in names:
             raise ConfigError(f"algorithms: {entry!r} gives the same folder name as another entry")
         names.add(folder)
-        entries.append(Entry(entry, folder, dims, doc))
+        params = getattr(ALGORITHMS.get(name), "params", None)
+        entries.append(Entry(entry, folder, dims, doc, int(getattr(algorithm, "same_as_fedavg_until", 0) or 0),
+                             "calibrate_at" in getattr(params, "__dataclass_fields__", {})))
 
     if len(entries) < 2:
         raise ConfigError("algorithms: select needs FedAvg and at least one other entry that builds on this config"
@@ -258,13 +309,12 @@ def build_select(
         f"select-{Path(config).stem}" if isinstance(config, (str, Path)) else "select"),
         entries, left_out, rounds, seed, seed_list, min(top, len(entries) - 1), startup, r0, eta, pruner,
         seconds, budget_rounds)
-    need = plan.confirmation_rounds + len(entries) * plan.rungs[0]
-    if budget_rounds is not None and budget_rounds < need:
-        raise ConfigError(
-            f"--budget-rounds: {budget_rounds} leaves nothing to search with: confirming {plan.top} candidates and "
-            f"FedAvg over {len(seed_list)} seeds of {rounds} rounds takes {plan.confirmation_rounds} rounds, and one "
-            f"trial of each of the {len(entries)} entries to the first rung {len(entries) * plan.rungs[0]}; allowed: "
-            f"at least {need}, or fewer top=, seeds=, algorithms= or train.rounds")
+    plan.auto_rungs = min_rounds is None
+    val = getattr(prep.partition, "val", None)
+    idx = getattr(val, "values", None)
+    if idx is not None and len(idx):
+        counts = prep.dataset.y_train[idx].bincount()
+        plan.majority, plan.n_val = float(counts.max()) / len(idx), len(idx)
     plan.description = {
         "version": 1, "base": base, "entries": {e.entry: {k.key: k.describe() for k in e.dims} for e in entries},
         "left_out": left_out, "rounds": rounds, "seed": seed, "seeds": seed_list, "top": plan.top,
@@ -300,10 +350,16 @@ def _points(plan: Select, st: Any) -> list[dict[str, Any]]:
     space's centre first and then its Sobol design, in turns (every entry's first point, then
     every entry's second...). The centre first, because a design's first scrambled point may
     lie at an extreme (a learning rate of 0.25 on workload A) where every method fails alike."""
+    done = finished_trials(st)
+    measured = [{"entry": t.params.get("algorithm"), "rounds": t.user_attrs.get("rounds", 0),
+                 "seconds": t.user_attrs.get("seconds", 0.0), "first_round": t.user_attrs.get("first_round", 0),
+                 "first_seconds": t.user_attrs.get("first_seconds", 0.0)} for t in done]
+    names = entry_order([e.entry for e in plan.entries], plan.reference,
+                  measured_costs(measured, [e.entry for e in plan.entries], plan.probed))
     per = [[{"algorithm": e.entry, **{e.param(k): v for k, v in p.items()}}
             for p in [_centre(e), *startup_points(e.dims, plan.startup - 1, plan.seed)]]
-           for e in plan.entries]
-    seen = {json.dumps(t.params, sort_keys=True) for t in finished_trials(st)}
+           for e in sorted(plan.entries, key=lambda e: names.index(e.entry))]
+    seen = {json.dumps(t.params, sort_keys=True) for t in done}
     order = [p for k in range(plan.startup) for pts in per for p in pts[k:k + 1]]
     return [p for p in order if json.dumps(p, sort_keys=True) not in seen]
 
@@ -313,11 +369,69 @@ def _centre(entry: Entry) -> dict[str, Any]:
     return {d.key: d.at(0.5) for d in entry.dims}
 
 
+def _owed_reference(plan: Select, trials: Sequence[Mapping[str, Any]],
+                    submitted: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any] | None:
+    """FedAvg's next point while it has had fewer trials than the median other entry (the
+    reference tuned as hard as the candidates): the next unrun point of its Sobol design (the
+    one its start-up points begin), None when it is not owed one or the design (16) is spent."""
+    ref = plan.entry(plan.reference)
+    count = {e.entry: 0 for e in plan.entries}
+    for t in trials:
+        if t["state"] != "fail" and t["entry"] in count:
+            count[t["entry"]] += 1
+    for p in submitted:
+        count[p["algorithm"]] = count.get(p["algorithm"], 0) + 1
+    others = [v for k, v in count.items() if k != ref.entry]
+    if not others or count[ref.entry] >= statistics.median(others):
+        return None
+    seen = {json.dumps({k: v for k, v in t["values"].items()}, sort_keys=True) for t in trials
+            if t["entry"] == ref.entry and t["state"] != "fail"}
+    seen |= {json.dumps({k.split("/", 1)[1]: v for k, v in p.items() if k != "algorithm"}, sort_keys=True)
+             for p in submitted if p["algorithm"] == ref.entry}
+    for p in [_centre(ref), *startup_points(ref.dims, 16, plan.seed)]:
+        if json.dumps(p, sort_keys=True) not in seen:
+            return {"algorithm": ref.entry, **{ref.param(k): v for k, v in p.items()}}
+    return None
+
+
+def floor_round(curve: Mapping[int, float], majority: float | None, n_val: int) -> int | None:
+    """The first round whose validation accuracy is above the majority class's share by two
+    standard errors of a proportion over ``n_val`` samples (before it, a model that predicts
+    one class scores as well), or None when no round is."""
+    if majority is None:
+        return None
+    bar = majority + 2 * math.sqrt(majority * (1 - majority) / max(1, n_val))
+    return next((r for r, v in sorted(curve.items()) if v > bar), None)
+
+
+def judged_from(plan: Select, entry: Entry) -> int:
+    """The first rung at which an entry's trials may be stopped: for one that trains as
+    FedAvg in its first ``same_until`` rounds, the first rung at least that many rounds after
+    the first rung, so it gets as many rounds of its own method as the others."""
+    least = plan.rungs[0] + entry.same_until
+    return next((r for r in plan.rungs if r >= least), plan.rounds)
+
+
+def _best_reference(plan: Select, trial: Any, rnd: int, score: float) -> bool:
+    """Whether this FedAvg trial is FedAvg's best at round ``rnd`` so far (strictly ahead of
+    every other FedAvg trial that reached it; the first to reach it is): then no rung stops it,
+    so FedAvg's best setting reaches the last round."""
+    ref = plan.reference
+    for t in trial.study.get_trials(deepcopy=False):
+        if t.number != trial.number and t.params.get("algorithm") == ref and rnd in t.intermediate_values \
+                and t.intermediate_values[rnd] >= score:
+            return False
+    return True
+
+
 def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap: int | None = None,
-               deadline: float | None = None) -> Callable[[Any], float]:
+               deadline: float | Callable[[], float | None] | None = None,
+               measure_floor: bool = False) -> Callable[[Any], float]:
     """A trial: the entry and values the sampler gives, run to the full rounds unless the
     pruner stops it at a rung, or the budget at ``cap`` rounds or at the ``deadline`` (epoch
-    seconds: what is left once the confirmation's share is kept back)."""
+    seconds: what is left once the confirmation's share is kept back; a callable is asked
+    again at each round, with the costs measured so far). ``measure_floor``: FedAvg's first
+    trial, run before the rungs are known: no rung judges it."""
     from fedrift.api import run
 
     optuna = load_optuna()
@@ -333,14 +447,19 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
                          "progress": False, "save_model": False}
         doc["engine"] = {**(doc.get("engine") or {}), "checkpoint_every": 0,
                          **({"workers": 1} if threads_one and (doc.get("engine") or {}).get("workers") is None else {})}
+        if entry.calibrates and "calibrate_at" not in (doc.get("algorithm") or {}):
+            doc["algorithm"] = {**doc["algorithm"], "calibrate_at": list(plan.rungs)}  # calibrated scores at the rungs
         shown = f"{choice} ({values_text(values)})"
-        # FedAvg at its space's centre runs every round, pruner or not: the reference that every
-        # gain is measured against is not judged after 3 rounds (where a method with server
-        # momentum leads by luck of the start); the budget still stops it
-        protected = parse_algorithm(choice)[0] == REFERENCE and values == _centre(entry)
+        # FedAvg's best trial so far at a rung runs on, pruner or not: the reference every gain
+        # is measured against reaches the last round at its best setting (its first trial is
+        # its best when it reaches each rung); the budget still stops it
+        is_ref = choice == plan.reference
+        first_judged = judged_from(plan, entry)
         best = [-math.inf]
         rungs = set(plan.rungs)
         start = time.perf_counter()
+        first: list[int] = []
+        echo(f"trial {trial.number} {shown}: starts" + (" (FedAvg's first: it sets the first rung)" if measure_floor else ""))
 
         def on_round(row: dict[str, Any]) -> None:
             score = score_of(row)
@@ -352,18 +471,26 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
                 trial.report(best[0], rnd)
                 trial.set_user_attr("rounds", rnd)
                 trial.set_user_attr("seconds", time.perf_counter() - start)
-                prune = not protected and (trial.should_prune()
-                                           or (rnd in rungs and _no_better_than_stopped(plan, trial, rnd, best[0])))
+                if not first:  # the round times the plan reads: per round and start-up apart
+                    first.append(rnd)
+                    trial.set_user_attr("first_round", rnd)
+                    trial.set_user_attr("first_seconds", time.perf_counter() - start)
+                prune = False
+                if not measure_floor:
+                    prune = trial.should_prune() or (rnd in rungs and _no_better_than_stopped(plan, trial, rnd, best[0]))
+                    if prune and (rnd < first_judged or (is_ref and _best_reference(plan, trial, rnd, best[0]))):
+                        prune = False
                 if prune:
                     trial.set_user_attr("status", "pruned")
+            until = deadline() if callable(deadline) else deadline
             over = (cap is not None and rnd >= cap and rnd < plan.rounds) or (
-                deadline is not None and time.time() > deadline and rnd < plan.rounds)
+                until is not None and time.time() > until and rnd < plan.rounds)
             if over and not prune:
                 prune = True
                 with shielded():
                     trial.set_user_attr("status", "budget")
             if rnd in rungs or prune:
-                left = "" if deadline is None else f"; {duration_text(max(0.0, deadline - time.time()))} of the search's budget left"
+                left = "" if until is None else f"; {duration_text(max(0.0, until - time.time()))} of the search's budget left"
                 what = "stopped by the budget" if over else "stopped" if prune else "goes on" if rnd < plan.rounds else "done"
                 echo(f"trial {trial.number} {shown}: {rnd} rounds, val {best[0]:.4f}, {what}{left}")
             if prune:
@@ -421,7 +548,12 @@ def _trials(plan: Select) -> list[dict[str, Any]]:
     ended, so that trials ending before any scored round (an entry that fails at once, a
     divergence in round 1) still spend budget and a search cannot loop on them for free."""
     optuna = load_optuna()
-    st = optuna.load_study(study_name=STUDY, storage=plan.storage)
+    if not (plan.root / STUDY_DB).is_file():
+        return []
+    try:
+        st = optuna.load_study(study_name=STUDY, storage=plan.storage)
+    except KeyError:  # a study.db without the study: nothing ran
+        return []
     out = []
     for t in st.get_trials(deepcopy=False):
         if "algorithm" not in t.params:
@@ -434,14 +566,9 @@ def _trials(plan: Select) -> list[dict[str, Any]]:
                     "seconds": float(t.user_attrs.get("seconds", 0.0))})
         done = t.state.name not in ("RUNNING", "WAITING")
         out[-1]["charged"] = max(out[-1]["rounds"], plan.rungs[0]) if done else out[-1]["rounds"]
+        out[-1]["first_round"] = int(t.user_attrs.get("first_round", 0))
+        out[-1]["first_seconds"] = float(t.user_attrs.get("first_seconds", 0.0))
     return out
-
-
-def _seconds_per_round(trials: Sequence[Mapping[str, Any]], entry: str) -> float | None:
-    own = [t["seconds"] / t["rounds"] for t in trials if t["entry"] == entry and t["rounds"] and t["seconds"]]
-    every = [t["seconds"] / t["rounds"] for t in trials if t["rounds"] and t["seconds"]]
-    pick = own or every
-    return sum(pick) / len(pick) if pick else None
 
 
 def ranking(plan: Select, trials: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -465,87 +592,179 @@ def candidates(plan: Select, trials: Sequence[Mapping[str, Any]]) -> list[dict[s
     return ([ref] if ref is not None else []) + others
 
 
-def _confirmation_seconds(plan: Select, trials: Sequence[Mapping[str, Any]], jobs: int) -> float:
-    picked = candidates(plan, trials) or []
-    per = [_seconds_per_round(trials, t["entry"]) for t in picked]
-    if not per or any(p is None for p in per):
-        return 0.0
-    runs = len(plan.seeds)
-    return sum(p * plan.rounds * runs for p in per) / max(1, min(jobs, runs * len(per)))
+def _ranked(plan: Select, trials: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[str]:
+    """What the confirmation would be now: FedAvg and the ``top`` best entries, padded (before
+    the search has found them) with the entries next in the search's order."""
+    picks = [t["entry"] for t in candidates(plan, trials)]
+    if not picks or picks[0] != plan.reference:
+        picks = [plan.reference, *[p for p in picks if p != plan.reference]]
+    return (picks + [e for e in names if e not in picks])[: plan.top + 1]
+
+
+def budget_plan(plan: Select, trials: Sequence[Mapping[str, Any]], jobs: int = 1) -> dict[str, Any]:
+    """The plan (:func:`fedrift.experiments.select_plan.make_plan`) with the costs measured so far."""
+    names = [e.entry for e in plan.entries]
+    costs = measured_costs(trials, names, plan.probed)
+    floor = plan.description.get("floor")
+    return make_plan(entries=names, reference=plan.reference, rounds=plan.rounds, rungs=plan.rungs, eta=plan.eta,
+                     seeds=plan.seeds, top=plan.top, costs=costs, budget_seconds=plan.budget_seconds,
+                     budget_rounds=plan.budget_rounds, spent_seconds=float(plan.description.get("spent", 0.0)),
+                     spent_rounds=_spent(plan, trials), ranked=_ranked(plan, trials, entry_order(names, plan.reference, costs)),
+                     jobs=jobs, floor=None if not floor else floor.get("text"))
 
 
 def _to_confirm(plan: Select, picked: Sequence[Mapping[str, Any]], tuned: Path, jobs: int) -> float:
     """The share of the confirmation's runs not finished in ``<out>/confirm``: a rerun of a
     select reuses the finished ones (compare's rule), so only the others need time."""
+    done = _finished_runs(plan, [t["entry"] for t in picked], tuned, jobs)
+    runs = len(picked) * len(plan.seeds)
+    return sum((t["entry"], s) not in done for t in picked for s in plan.seeds) / max(1, runs)
+
+
+def _finished_runs(plan: Select, entries: Sequence[str], tuned: Path, jobs: int) -> set[tuple[str, int]]:
+    """(entry, seed) of the confirmation runs finished in ``<out>/confirm`` that compare reuses."""
     from fedrift.experiments.grid import build_grid, run_state
 
-    if not (plan.root / "confirm").is_dir():
-        return 1.0
-    grid = build_grid(plan.description["base"], [t["entry"] for t in picked], plan.seeds, out=plan.root / "confirm",
-                      jobs=jobs, tuned=tuned)
-    return sum(run_state(r)[0] != "reuse" for r in grid.runs) / max(1, len(grid.runs))
+    if not (plan.root / "confirm").is_dir() or not tuned.is_file():
+        return set()
+    grid = build_grid(plan.description["base"], list(entries), plan.seeds, out=plan.root / "confirm", jobs=jobs,
+                      tuned=tuned)
+    return {(r.setting.algorithm, r.seed) for r in grid.runs if run_state(r)[0] == "reuse"}
 
 
 def _spent(plan: Select, trials: Sequence[Mapping[str, Any]]) -> int:
     return sum(int(t["charged"]) for t in trials)
 
 
+def apply_floor(plan: Select, trials: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The first rung's floor from FedAvg's first trial (its curve), stored in
+    ``plan.description["floor"]`` and applied to ``plan.min_rounds``; None before that trial
+    reported a round or when the rungs were given (``min_rounds=``)."""
+    if not plan.auto_rungs:
+        return None
+    if plan.description.get("floor") is None:
+        ref = [t for t in trials if t["entry"] == plan.reference and t["curve"] and t["state"] != "fail"]
+        if not ref:
+            return None
+        first = min(ref, key=lambda t: t["trial"])
+        at = floor_round(first["curve"], plan.majority, plan.n_val)
+        share = "-" if plan.majority is None else f"{100 * plan.majority:.1f}%"
+        text = (f"round {at}, where FedAvg's first trial moved off the majority class (validation {share})" if at else
+                f"not measured: FedAvg's first trial stayed at the majority class ({share}) for its {first['rounds']} rounds")
+        plan.description["floor"] = {"rounds": at, "majority": plan.majority, "text": text}
+    at = plan.description["floor"].get("rounds")
+    if at:
+        plan.min_rounds = max(plan.min_rounds, min(int(at), plan.rounds))
+    return plan.description["floor"]
+
+
 def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print,
            progress: Callable[[float], None] | None = None) -> None:
-    """Run trials while the budget, less what the confirmation will need, lasts; ``progress``
-    is told the seconds spent so far after each trial (select records them: a search killed
-    outright, by SIGKILL or a machine lost, still has its time counted)."""
+    """Run trials while the budget, less what the planned confirmation will need, lasts
+    (:func:`budget_plan`, made again after every trial); ``progress`` is told the seconds spent
+    so far after each trial (select records them: a search killed outright, by SIGKILL or a
+    machine lost, still has its time counted)."""
     optuna = load_optuna()
     started = time.time()
+    before_spent = float(plan.description.get("spent", 0.0))
     plan.description["started"] = started
     with shielded():
         st = optuna.create_study(study_name=STUDY, storage=plan.storage, direction="maximize", load_if_exists=True)
     stale = fail_stale(st)
     before = _trials(plan)
+    apply_floor(plan, before)
     echo(f"select: {len(plan.entries)} entries, {len(before)} trials before" + (f" ({stale} left running marked failed)" if stale else "")
-         + f"; rungs at {', '.join(map(str, plan.rungs))} rounds; confirmation: top {plan.top} and FedAvg x "
-         f"{len(plan.seeds)} seeds x {plan.rounds} rounds")
+         + f"; rungs at {', '.join(map(str, plan.rungs))} rounds" + (" (the first waits for FedAvg's first trial)"
+                                                                      if plan.auto_rungs and not plan.description.get("floor") else "")
+         + f"; confirmation: top {plan.top} and FedAvg x {len(plan.seeds)} seeds x {plan.rounds} rounds")
     for entry, why in plan.left_out.items():
         echo(f"select: {entry} left out: {why}")
 
+    def deadline_of(trials: Sequence[Mapping[str, Any]]) -> tuple[float | None, dict[str, Any]]:
+        """The search's deadline (epoch seconds): the budget less the planned confirmation at
+        the costs measured so far; the plan made."""
+        bp = budget_plan(plan, trials, jobs)
+        if plan.budget_seconds is None:
+            return None, bp
+        conf = bp["confirmation"]
+        return started + plan.budget_seconds - before_spent - ((conf or {}).get("seconds") or 0.0), bp
+
     def limits(trials: Sequence[Mapping[str, Any]], reserved: int) -> tuple[int | None, float | None] | None:
         """The next trial's round cap and deadline, or None when the budget has no room for it:
-        rounds left once the confirmation's and the running trials' caps are kept back; time
-        left once the confirmation's estimate is."""
-        cap = deadline = None
+        rounds left once the planned confirmation's and the running trials' caps are kept
+        back; time left once the planned confirmation's is, enough for the next trial's first
+        rung at the median measured cost."""
+        deadline, bp = deadline_of(trials)
+        if bp["refused"]:
+            return None
+        cap = None
+        conf = bp["confirmation"]
         if plan.budget_rounds is not None:
             done = sum(int(t["charged"]) for t in trials if t["state"] != "running")
-            left = plan.budget_rounds - plan.confirmation_rounds - done - reserved
+            left = plan.budget_rounds - (conf["rounds"] if conf else 0) - done - reserved
             if left < plan.rungs[0]:
                 return None
             cap = min(plan.rounds, left)
-        if plan.budget_seconds is not None:
-            deadline = started + plan.budget_seconds - plan.description.get("spent", 0.0) \
-                - _confirmation_seconds(plan, trials, jobs)
-            finished = sorted(t["seconds"] for t in trials if t["seconds"] and t["state"] != "running")
-            typical = finished[len(finished) // 2] if finished else 0.0
-            if time.time() + min(typical, 60.0) > deadline:
+        if deadline is not None:
+            costs = [c for c in bp["costs"].values()]
+            nxt = (statistics.median(c["startup"] for c in costs) + plan.rungs[0] *
+                   statistics.median(c["per_round"] for c in costs)) if costs else 0.0
+            if time.time() + nxt > deadline:
                 return None
         return cap, deadline
 
+    cache: dict[str, float] = {}
+
+    def live_deadline() -> float | None:
+        """The deadline asked again while a trial runs (every 2 s at most): the plan moves with
+        the costs the running trial measures. Before any trial has two rounds measured (its
+        start-up not yet told apart from a round), the whole budget's end."""
+        if plan.budget_seconds is None:
+            return None
+        now = time.time()
+        if "at" not in cache or now - cache["at"] > 2.0:
+            trials = _trials(plan)
+            if any(t["first_round"] and t["rounds"] > t["first_round"] for t in trials):
+                cache["value"] = deadline_of(trials)[0] or 0.0
+            else:
+                cache["value"] = started + plan.budget_seconds - before_spent
+            cache["at"] = now
+        return cache["value"]
+
     seed = plan.seed + 1 + len(before)
     try:  # the time of a search stopped by Ctrl-C counts too
+        if plan.auto_rungs and plan.description.get("floor") is None:
+            # FedAvg's first trial, alone: it measures the costs and sets the first rung's floor
+            lim = limits(before, 0)
+            if lim is not None:
+                ref = plan.entry(plan.reference)
+                point = {"algorithm": ref.entry, **{ref.param(k): v for k, v in _centre(ref).items()}}
+                one_trial(_open(plan, seed, point), _objective(plan, echo, False, lim[0], live_deadline, True))
+                seed += 1
+                floor = apply_floor(plan, _trials(plan))
+                if floor is not None:
+                    echo(f"select: first rung at {plan.rungs[0]} rounds; the floor: {floor['text']}")
+                if progress is not None:
+                    progress(time.time() - started)
         if jobs <= 1:
             while (lim := limits(_trials(plan), 0)) is not None:
+                trials = _trials(plan)
                 points = _points(plan, _open(plan, seed))
-                one_trial(_open(plan, seed, points[0] if points else None), _objective(plan, echo, False, *lim))
+                point = points[0] if points else _owed_reference(plan, trials)
+                one_trial(_open(plan, seed, point), _objective(plan, echo, False, lim[0], live_deadline))
                 seed += 1
                 if progress is not None:
                     progress(time.time() - started)
         else:
             with run_pool(jobs) as pool:
-                running: dict[Any, int] = {}  # future -> its round cap
-                queued = _points(plan, st)
+                running: dict[Any, tuple[int, dict[str, Any] | None]] = {}  # future -> its round cap, its point
                 while True:
                     trials = _trials(plan)
-                    while len(running) < jobs and (lim := limits(trials, sum(running.values()))) is not None:
-                        point = queued.pop(0) if queued else None
-                        running[pool.submit(_worker, (plan, seed, point, *lim))] = lim[0] or 0
+                    while len(running) < jobs and (lim := limits(trials, sum(r[0] for r in running.values()))) is not None:
+                        submitted = [p for _, p in running.values() if p is not None]
+                        queued = [p for p in _points(plan, st) if p not in submitted]
+                        point = queued[0] if queued else _owed_reference(plan, trials, submitted)
+                        running[pool.submit(_worker, (plan, seed, point, *lim))] = (lim[0] or 0, point)
                         seed += 1
                     if not running:
                         break
@@ -594,6 +813,105 @@ def write_recommendation(plan: Select, rec: Mapping[str, Any], picked: Sequence[
 # The command
 
 
+def probe(plan: Select, echo: Callable[[str], None] = print) -> dict[str, Cost]:
+    """``--dry-run``'s timed probe: each entry at its space's centre for a start-up and two
+    rounds (one when ``train.rounds`` is 1), in a temporary folder removed after; its round
+    times give the entry's per-round and start-up seconds on this machine."""
+    import tempfile
+
+    from fedrift.api import run
+
+    out: dict[str, Cost] = {}
+    with tempfile.TemporaryDirectory(prefix="fedrift-select-probe-") as tmp:
+        for entry in plan.entries:
+            doc = apply_overrides(entry.doc, [f"{k}={json.dumps(v)}" for k, v in _centre(entry).items()])
+            doc["train"] = {**doc.get("train", {}), "rounds": min(2, plan.rounds)}
+            doc["output"] = {"dir": str(Path(tmp) / entry.name), "overwrite": True, "progress": False, "save_model": False}
+            doc["engine"] = {**(doc.get("engine") or {}), "checkpoint_every": 0}
+            times: dict[int, float] = {}
+            start = time.perf_counter()
+            try:
+                with interruptible():
+                    run(doc, on_round=lambda row: times.setdefault(int(row["round"]), time.perf_counter() - start))
+            except (DivergenceError, ConfigError) as err:
+                echo(f"select: the probe of {entry.entry} failed ({str(err).splitlines()[0]}); its cost is assumed")
+                continue
+            total = time.perf_counter() - start
+            if not times:
+                continue
+            last = max(times)
+            got = cost_of_trial({"rounds": last, "seconds": times[last], "first_round": min(times),
+                                 "first_seconds": times[min(times)]})
+            if got is not None:  # the start-up with the run's end (its last evaluation, summary), as every run has
+                out[entry.entry] = Cost(got[0], got[1] + max(0.0, total - times[last]), "probe")
+    return out
+
+
+def _tuning(plan: Select, trials: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per entry the tuning it got: trials, the furthest round, trials that ran every round."""
+    out = {}
+    for e in plan.entries:
+        own = [t for t in trials if t["entry"] == e.entry and t["state"] != "fail"]
+        out[e.entry] = {"trials": len(own), "furthest": max((t["rounds"] for t in own), default=0),
+                        "full": sum(t["rounds"] >= plan.rounds for t in own)}
+    return out
+
+
+def _missing(plan: Select, trials: Sequence[Mapping[str, Any]], conf: Confirmation | None) -> list[str]:
+    """What the search and the confirmation could not do, one line each."""
+    out = []
+    tuning = _tuning(plan, trials)
+    none = [e for e, v in tuning.items() if not v["trials"]]
+    if none:
+        out.append(f"no trial of {', '.join(none)}")
+    ref = [t for t in trials if t["entry"] == plan.reference and t["curve"] and t["state"] != "fail"]
+    shared = [r for r in plan.rungs if sum(r in t["curve"] for t in ref) >= 2]
+    if ref and shared:
+        at = shared[-1]
+        best = max((t for t in ref if at in t["curve"]), key=lambda t: t["curve"][at])
+        if best["rounds"] < plan.rounds:
+            out.append(f"FedAvg's best setting at round {at} (trial {best['trial']}) stopped at round {best['rounds']} "
+                       f"of {plan.rounds} ({best['status']})")
+    others = sorted(v["trials"] for e, v in tuning.items() if e != plan.reference)
+    if ref and others and tuning[plan.reference]["trials"] < statistics.median(others):
+        out.append(f"FedAvg had {tuning[plan.reference]['trials']} trials, fewer than the median entry's "
+                   f"{statistics.median(others):g} (the budget ended first)")
+    if conf is not None and not conf.full:
+        out.append(f"the confirmation ran {len(conf.entries) - 1} of {plan.top} candidates over {len(conf.seeds)} of "
+                   f"{len(plan.seeds)} seeds (what the budget could pay): a larger --budget confirms the rest")
+    return out
+
+
+def _write_page(plan: Select, page: dict[str, Any], figures: bool) -> Path:
+    """``select.html`` and ``select.md`` by the page's renderer; a plain page of the outcome, the
+    plan and what is missing when the renderer does not take this page (it must exist in every
+    ending)."""
+    try:
+        return render_select_page(plan.root, page, figures=figures)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        lines = [f"# fedrift select: {page['outcome']}", ""]
+        rec = page.get("recommendation")
+        lines += [f"**{rec['text']}**", ""] if rec else []
+        lines += [page["reason"], ""] if page.get("reason") else []
+        lines += ["## The plan", "", *(f"- {ln}" for ln in page["plan"]["lines"]), ""]
+        lines += ["## Missing", "", *(f"- {ln}" for ln in page["missing"]), ""] if page["missing"] else []
+        (plan.root / "select.md").write_text("\n".join(lines))
+        html = ["<!doctype html>", "<html><head><meta charset='utf-8'><title>fedrift select</title></head><body>",
+                *(f"<p>{ln.replace('&', '&amp;').replace('<', '&lt;')}</p>" for ln in lines if ln), "</body></html>", ""]
+        out = plan.root / "select.html"
+        out.write_text("\n".join(html))
+        return out
+
+
+def _recommend(plan: Select, rows: Any, picked: Sequence[Mapping[str, Any]], trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    try:
+        return recommend(plan, rows, picked, trials=trials)
+    except TypeError as err:  # a verdict without the tuning words
+        if "trials" not in str(err):
+            raise
+        return recommend(plan, rows, picked)
+
+
 def select(
     config: Config | Mapping[str, Any] | str | Path | None = None,
     algorithms: Sequence[str] | None = None,
@@ -615,7 +933,8 @@ def select(
 ) -> dict[str, Any]:
     """Search (algorithm, hyper-parameters) within the budget, confirm the best over seeds
     against FedAvg, and recommend (see the module docstring). Returns the recommendation
-    (``choice``, ``verdict``, ``text``) with ``trials`` and the confirmation's ``rows``.
+    (``choice``, ``verdict``, ``text``) with ``outcome``, ``trials`` and the confirmation's
+    ``rows``; ``dry_run``: prints the plan and returns it (``plan``), writing nothing.
 
     ``fedrift.select("my.yaml", budget="2h", jobs=2, out="runs/select")``
     """
@@ -627,23 +946,29 @@ def select(
     plan = build_select(config, algorithms, overrides, out, budget, budget_rounds, seeds, top, startup, min_rounds, eta,
                         pruner, space)
     load_optuna()
+    if dry_run:
+        return dry_run_plan(plan, jobs, echo)
     with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
         plan.root.mkdir(parents=True, exist_ok=True)
         lock = FolderLock(plan.root, "--out")
     with lock:
         state_path = plan.root / STATE
+        stored: dict[str, Any] = {}
         if state_path.is_file():
             stored = json.loads(state_path.read_text())
             # the search's identity; seeds= and top= shape only the confirmation: a rerun may
             # change them (more seeds: the runs already confirmed are reused)
             asked = {k: v for k, v in plan.description.items() if k not in ("spent", "started", *CONFIRMATION)}
-            was = {k: v for k, v in stored.items() if k not in ("spent", "started", "budget", *CONFIRMATION)}
+            was = {k: v for k, v in stored.items() if k not in ("spent", "started", "budget", *LATER, *CONFIRMATION)}
             if json.loads(json.dumps(asked, default=str)) != was:
                 diff = [k for k in sorted(set(asked) | set(was)) if json.dumps(asked.get(k), default=str, sort_keys=True)
                         != json.dumps(was.get(k), default=str, sort_keys=True)]
                 raise ConfigError(f"--out: {plan.root} holds a select of another config or field (differs in "
                                   f"{', '.join(diff)}); allowed: the same command again, or another folder")
             plan.description["spent"] = float(stored.get("spent", 0.0))
+            for key in LATER:
+                if stored.get(key) is not None:
+                    plan.description[key] = stored[key]
 
         def save(running: float = 0.0) -> None:  # running: seconds of a search still going
             doc = {k: v for k, v in plan.description.items() if k != "started"}
@@ -653,46 +978,135 @@ def select(
             tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
             os.replace(tmp, state_path)
 
-        save()
+        state: dict[str, Any] = {"conf": None, "picked": [], "rows": None}
+
+        def page(outcome: str, reason: str | None, rec: Mapping[str, Any] | None = None) -> Path:
+            trials = _trials(plan)
+            conf: Confirmation | None = state["conf"]
+            bp = budget_plan(plan, trials, jobs)
+            confirm = plan.root / "confirm"
+            doc = {"outcome": outcome, "reason": reason, "recommendation": rec, "plan": bp,
+                   "missing": _missing(plan, trials, conf) + ([] if conf is not None or outcome == "stopped" else
+                                                              ["no confirmation: nothing was run over seeds"]),
+                   "trials": trials, "picked": state["picked"], "rungs": plan.rungs,
+                   "entries": [e.entry for e in plan.entries], "left_out": plan.left_out, "rounds": plan.rounds,
+                   "tuning": _tuning(plan, trials),
+                   "budget": {"seconds": plan.budget_seconds, "rounds": plan.budget_rounds,
+                              "spent_seconds": plan.description.get("spent", 0.0),
+                              "spent_rounds": _spent(plan, trials) + (conf.rounds if conf is not None else 0)},
+                   "seeds": conf.seeds if conf is not None else plan.seeds, "asked_seeds": plan.seeds,
+                   "confirm": str(confirm) if confirm.is_dir() else None}
+            return _write_page(plan, doc, report and outcome in ("recommended", "provisional"))
+
+        def ended(outcome: str, reason: str) -> ConfigError:
+            path = page(outcome, reason)
+            echo(f"select: {outcome}: the page is {path}")
+            return ConfigError(f"{reason}; the page: {path}")
+
         try:
-            search(plan, jobs, echo, save)
-        finally:
+            previous = stored.get("confirmation") or {}
+            more_seeds = bool(previous.get("entries")) and list(previous.get("asked", [])) != list(plan.seeds)
+            bp = budget_plan(plan, _trials(plan), jobs)
+            if bp["refused"] and not more_seeds:
+                raise ended("refused", bp["refused"])
             save()
+            if more_seeds:
+                echo(f"select: seeds changed after a confirmation: confirming {', '.join(previous['entries'])} over seeds "
+                     f"{','.join(map(str, plan.seeds))}, outside the search's budget (no trial runs)")
+            else:
+                try:
+                    search(plan, jobs, echo, save)
+                finally:
+                    save()
+            trials = _trials(plan)
+            picked = candidates(plan, trials)
+            if more_seeds:
+                picked = [t for t in picked if t["entry"] in previous["entries"]]
+            if not picked or picked[0]["entry"] != plan.reference or len(picked) < 2:
+                bp = budget_plan(plan, trials, jobs)
+                if bp["refused"]:
+                    raise ended("refused", bp["refused"])
+                raise ended("no recommendation", f"--budget: the search finished no trial of FedAvg and of another entry "
+                            f"({len(trials)} trials); nothing to confirm: run the same command with a larger budget "
+                            "(the trials are kept)")
+            tuned = write_candidates(plan, picked)
+            done = _finished_runs(plan, [t["entry"] for t in picked], tuned, jobs)
+            ranked = [t["entry"] for t in picked]
+            costs = measured_costs(trials, [e.entry for e in plan.entries], plan.probed)
+            if more_seeds:
+                conf = Confirmation(ranked, list(plan.seeds), None, len(ranked) * len(plan.seeds) * plan.rounds,
+                                    len(ranked) - 1 >= plan.top)
+            else:
+                left_s = None if plan.budget_seconds is None else plan.budget_seconds - plan.description["spent"]
+                left_r = None if plan.budget_rounds is None else plan.budget_rounds - _spent(plan, trials)
+                conf = fit_confirmation(ranked, plan.seeds, plan.rounds, costs, left_s, left_r, jobs,
+                                        done=lambda e, s: (e, s) in done)
+                if conf is None:
+                    need = fit_confirmation(ranked[:2], plan.seeds[:2], plan.rounds, costs, None, None, jobs,
+                                            done=lambda e, s: (e, s) in done)
+                    what = (f"about {duration_text(need.seconds)}" if need and need.seconds is not None and left_s is not None
+                            else f"{need.rounds} rounds" if need else "-")
+                    left = (duration_text(max(left_s, 0)) if left_s is not None else f"{max(left_r or 0, 0)} rounds")
+                    raise ended("no recommendation", f"--budget: the search left {left} and the least confirmation "
+                                f"(FedAvg and {ranked[1]} over 2 seeds) needs {what}: no recommendation; run the same "
+                                "command with a larger --budget (the search is kept and goes on)")
+            state["conf"], state["picked"] = conf, [t for t in picked if t["entry"] in conf.entries]
+            picked = state["picked"]
+            tuned = write_candidates(plan, picked)
+            echo("select: confirming " + ", ".join(f"{t['entry']} (val {t['score']:.4f} at {t['rounds']} rounds)" for t in picked)
+                 + f" over seeds {','.join(map(str, conf.seeds))}"
+                 + ("" if conf.full else f" (what the budget pays for of {plan.top} candidates over {len(plan.seeds)} seeds)"))
+            started = time.time()
+            try:  # the time of a confirmation stopped by Ctrl-C counts too
+                rows = compare(plan.description["base"], algorithms=[t["entry"] for t in picked], seeds=conf.seeds,
+                               out=plan.root / "confirm", jobs=jobs, tuned=tuned, verbose=verbose, report=report,
+                               report_options={"reference": REFERENCE, "tsne": "none"})
+            finally:
+                plan.description["spent"] += time.time() - started
+                if not more_seeds or not previous:
+                    plan.description["confirmation"] = {"entries": conf.entries, "seeds": conf.seeds,
+                                                        "asked": list(plan.seeds), "full": conf.full}
+                else:
+                    plan.description["confirmation"] = {**previous, "seeds": conf.seeds, "asked": list(plan.seeds)}
+                save()
+            rec = _recommend(plan, rows, picked, trials)
+            outcome = "recommended" if conf.full else "provisional"
+            path = write_recommendation(plan, rec, picked)
+            html_path = page(outcome, None if conf.full else _missing(plan, trials, conf)[-1], rec)
+            echo(f"select: {rec['text']}")
+            echo(f"recommendation in {path} (fedrift run -c {path}); report in {html_path}")
+            return {**rec, "outcome": outcome, "trials": trials, "rows": rows, "recommendation": str(path),
+                    "confirmed": {"entries": conf.entries, "seeds": conf.seeds}}
+        except KeyboardInterrupt:
+            with shielded():
+                save()
+                page("stopped", "stopped by Ctrl-C: run the same command again to continue (finished trials and runs "
+                     "are kept)")
+            raise
+
+
+def dry_run_plan(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """``--dry-run``: the plan from a timed probe of each entry (:func:`probe`); no study, no
+    folder. When the folder holds a select, its trials' costs are read instead (nothing written)."""
+    trials: list[dict[str, Any]] = []
+    if (plan.root / STUDY_DB).is_file():
         trials = _trials(plan)
-        picked = candidates(plan, trials)
-        if not picked or parse_algorithm(picked[0]["entry"])[0] != REFERENCE or len(picked) < 2:
-            raise ConfigError(f"--budget: the search finished no trial of FedAvg and of another entry ({len(trials)} "
-                              "trials); nothing to confirm: run the same command with a larger budget (the trials are kept)")
-        tuned = write_candidates(plan, picked)
-        if plan.budget_seconds is not None:
-            left = plan.budget_seconds - plan.description["spent"]
-            need = _confirmation_seconds(plan, trials, jobs) * _to_confirm(plan, picked, tuned, jobs)
-            if need > 0 and need > left:
-                raise ConfigError(f"--budget: the search left {duration_text(max(left, 0))} and the confirmation needs about "
-                                  f"{duration_text(need)}: no recommendation; run the same command with a larger --budget "
-                                  "(the search is kept and goes on)")
-        echo("select: confirming " + ", ".join(f"{t['entry']} (val {t['score']:.4f} at {t['rounds']} rounds)" for t in picked)
-             + f" over seeds {','.join(map(str, plan.seeds))}")
+        how = f"times from the {len(trials)} trials in {plan.root}"
+    else:
+        echo(f"select --dry-run: probing {len(plan.entries)} entries (a start-up and {min(2, plan.rounds)} rounds each, "
+             "at its space's centre, in a temporary folder) to estimate the time on this machine")
         started = time.time()
-        try:  # the time of a confirmation stopped by Ctrl-C counts too
-            rows = compare(plan.description["base"], algorithms=[t["entry"] for t in picked], seeds=plan.seeds,
-                           out=plan.root / "confirm", jobs=jobs, tuned=tuned, verbose=verbose, report=report,
-                           report_options={"reference": REFERENCE, "tsne": "none"})
-        finally:
-            plan.description["spent"] += time.time() - started
-            save()
-        rec = recommend(plan, rows, picked)
-        path = write_recommendation(plan, rec, picked)
-        page = {"recommendation": rec, "trials": trials, "picked": picked, "rungs": plan.rungs,
-                "entries": [e.entry for e in plan.entries], "left_out": plan.left_out, "rounds": plan.rounds,
-                "budget": {"seconds": plan.budget_seconds, "rounds": plan.budget_rounds,
-                           "spent_seconds": plan.description["spent"], "spent_rounds": _spent(plan, trials)
-                           + plan.confirmation_rounds},
-                "seeds": plan.seeds, "confirm": str(plan.root / "confirm")}
-        html_path = render_select_page(plan.root, page, figures=report)
-        echo(f"select: {rec['text']}")
-        echo(f"recommendation in {path} (fedrift run -c {path}); report in {html_path}")
-        return {**rec, "trials": trials, "rows": rows, "recommendation": str(path)}
+        plan.probed = probe(plan, echo)
+        how = (f"times from a timed probe of each entry: a start-up and {min(2, plan.rounds)} rounds at its space's "
+               f"centre ({duration_text(time.time() - started)} in all)")
+    bp = budget_plan(plan, trials, jobs)
+    rungs = "the first rung at least where FedAvg's first trial moves off the majority class" if plan.auto_rungs else ""
+    lines = [*bp["lines"], f"estimate: {how}; a confirmation run costs its start-up and its rounds, "
+             f"{jobs} at a time" + (f"; {rungs}" if rungs else ""), "nothing was written (dry run)"]
+    for line in lines:
+        echo(f"select --dry-run: {line}")
+    return {"outcome": "dry run", "plan": {**bp, "lines": lines}}
 
 
-__all__ = ["Select", "build_select", "candidates", "parse_duration", "ranking", "recommend", "score_of", "search", "select"]
+__all__ = ["Select", "budget_plan", "build_select", "candidates", "dry_run_plan", "floor_round", "judged_from",
+           "parse_duration", "probe", "ranking", "recommend", "score_of", "search", "select"]

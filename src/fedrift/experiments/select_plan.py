@@ -1,0 +1,286 @@
+"""The plan of a ``fedrift select``: what its budget buys, in which order, and what it costs
+on this machine. Plain data and arithmetic, so that the search, ``--dry-run`` and the page
+read one plan, and the tests can check it by hand.
+
+Costs
+    A run's cost is ``startup + rounds x per_round`` seconds. Both are measured per entry from
+    the times its trials reported their rounds: ``per_round`` is the time between the first
+    and the last reported round over the rounds between them, ``startup`` what the first round
+    took beyond one round (data on the device, the model built, the first step's compile). A
+    trial's whole wall time over its rounds would count the start-up once per round of a short
+    trial: that made the estimate of a confirmation of 12-round runs from trials stopped at
+    round 1 or 3 pessimistic by two thirds (issue 51: 17 min estimated, 10.3 min taken). An
+    entry with no measured trial is assumed to cost what the median measured entry does (said
+    as ``assumed``); ``--dry-run`` measures each entry with a timed probe (one start-up and
+    two rounds at its space's centre, in a temporary folder). Under ``--budget-rounds`` a round
+    costs one and a start-up nothing.
+
+The split
+    The confirmation is planned first: the ``top`` best entries and FedAvg over every seed,
+    when the budget pays for that and for the least search that can pick a candidate
+    (FedAvg's first trial to its last round, one trial of every other entry to its first
+    rung). When it truly cannot, the largest confirmation that fits beside the least search:
+    fewer candidates first (the best kept), then fewer seeds, never under two (a paired
+    verdict needs two). A budget that cannot pay for the least search and the least
+    confirmation (FedAvg and one candidate over two seeds) is refused, saying how much it
+    lacks. The search gets the rest. The plan is made again after every trial with the costs
+    measured so far, so the search stops on what the runs cost, not on a guess.
+
+The order
+    FedAvg first (its first trial sets the first rung's floor and is the reference of every
+    gain), then the other entries, the cheapest measured first (unmeasured ones as if at the
+    median cost: they keep the field's order), each entry's start-up points in turns: every
+    entry gets a look before any gets a second."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+LEAST_SEEDS = 2  # a paired interval needs two seeds; select never recommends on one
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One entry's measured (or assumed) cost on this machine, in seconds."""
+
+    per_round: float
+    startup: float
+    source: str  # "trials", "probe" or "assumed"
+
+    def run(self, rounds: int) -> float:
+        return self.startup + rounds * self.per_round
+
+
+def cost_of_trial(trial: Mapping[str, Any]) -> tuple[float, float] | None:
+    """``(per_round, startup)`` from one trial's reported times, or None when it has none.
+    ``first_round``/``first_seconds``: the first reported round and the seconds from the trial's
+    start to it; ``rounds``/``seconds``: the last's."""
+    rounds, seconds = int(trial.get("rounds") or 0), float(trial.get("seconds") or 0.0)
+    if rounds <= 0 or seconds <= 0:
+        return None
+    first, at_first = int(trial.get("first_round") or 0), float(trial.get("first_seconds") or 0.0)
+    if first and rounds > first and seconds > at_first:
+        per_round = (seconds - at_first) / (rounds - first)
+        return per_round, max(0.0, at_first - first * per_round)
+    return seconds / rounds, 0.0  # one round seen: its start-up counted as the round's (an upper bound)
+
+
+def measured_costs(trials: Sequence[Mapping[str, Any]], entries: Sequence[str],
+                   probed: Mapping[str, Cost] | None = None) -> dict[str, Cost]:
+    """Per entry: the median per-round time and start-up of its trials that reported two rounds
+    or more (those that reported one only when none did: their start-up counts as a round),
+    else its probe's, else the median measured entry's (``assumed``). Empty when nothing is
+    measured."""
+    out: dict[str, Cost] = {}
+    for entry in entries:
+        own = [t for t in trials if t["entry"] == entry]
+        # trials with two rounds or more tell the start-up apart; one-round ones only when no other did
+        split = [t for t in own if t.get("first_round") and int(t.get("rounds") or 0) > int(t["first_round"])]
+        seen = [c for c in (cost_of_trial(t) for t in (split or own)) if c is not None]
+        if seen:
+            out[entry] = Cost(_median([c[0] for c in seen]), _median([c[1] for c in seen]), "trials")
+        elif probed and entry in probed:
+            out[entry] = probed[entry]
+    if out:
+        typical = Cost(_median([c.per_round for c in out.values()]), _median([c.startup for c in out.values()]), "assumed")
+        for entry in entries:
+            out.setdefault(entry, typical)
+    return out
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def order(entries: Sequence[str], reference: str, costs: Mapping[str, Cost]) -> list[str]:
+    """FedAvg first, then the others by measured per-round cost (cheapest first); unmeasured
+    entries sit at the median measured cost, keeping the field's order among equals."""
+    rest = [e for e in entries if e != reference]
+    known = [costs[e].per_round for e in rest if e in costs and costs[e].source != "assumed"]
+    mid = _median(known) if known else 0.0
+    key = {e: costs[e].per_round if e in costs and costs[e].source != "assumed" else mid for e in rest}
+    return ([reference] if reference in entries else []) + sorted(rest, key=lambda e: key[e])
+
+
+def trial_rounds(rungs: Sequence[int], eta: int) -> float:
+    """The rounds a trial costs on average under successive halving that keeps 1/eta at each
+    rung: ``r0 + (r1 - r0)/eta + (r2 - r1)/eta^2 + ...`` (rungs 3, 9, 27, 30: 7.1 rounds)."""
+    total, prev = 0.0, 0
+    for k, r in enumerate(rungs):
+        total += (r - prev) / eta ** k
+        prev = r
+    return total
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """What the confirmation runs: entries (FedAvg first) x seeds, its cost, whether it is all asked."""
+
+    entries: list[str]
+    seeds: list[int]
+    seconds: float | None  # None: no time measured or asked
+    rounds: int
+    full: bool
+
+    @property
+    def runs(self) -> int:
+        return len(self.entries) * len(self.seeds)
+
+
+def confirmation_cost(entries: Sequence[str], seeds: Sequence[int], rounds: int, costs: Mapping[str, Cost],
+                      jobs: int = 1, done: Callable[[str, int], bool] | None = None) -> tuple[float | None, int]:
+    """(seconds, rounds) of confirming ``entries`` over ``seeds``: each run ``startup + rounds x
+    per_round``, ``jobs`` at once (their sum over ``min(jobs, runs)``); runs ``done`` (finished in
+    an earlier confirmation, which compare reuses) cost nothing. Seconds None: no cost measured."""
+    todo = [(e, s) for e in entries for s in seeds if done is None or not done(e, s)]
+    n_rounds = len(todo) * rounds
+    if not todo:
+        return 0.0, 0
+    if any(e not in costs for e, _ in todo):
+        return None, n_rounds
+    return sum(costs[e].run(rounds) for e, _ in todo) / max(1, min(jobs, len(todo))), n_rounds
+
+
+def confirmation_options(ranked: Sequence[str], seeds: Sequence[int]) -> list[tuple[list[str], list[int]]]:
+    """What a confirmation may be, most first: FedAvg (``ranked[0]``) and every candidate over
+    every seed; then fewer candidates (the best kept) over every seed; then the best candidate
+    over fewer seeds, down to two."""
+    out = [(list(ranked[:k + 1]), list(seeds)) for k in range(len(ranked) - 1, 0, -1)]
+    out += [(list(ranked[:2]), list(seeds[:n])) for n in range(len(seeds) - 1, LEAST_SEEDS - 1, -1)]
+    return out
+
+
+def fit_confirmation(ranked: Sequence[str], seeds: Sequence[int], rounds: int, costs: Mapping[str, Cost],
+                     room_seconds: float | None, room_rounds: int | None, jobs: int = 1,
+                     done: Callable[[str, int], bool] | None = None) -> Confirmation | None:
+    """The largest confirmation (:func:`confirmation_options`) that fits both rooms (None: no
+    limit; unmeasured seconds fit), or None when even FedAvg and one candidate over two seeds
+    do not."""
+    if len(ranked) < 2:
+        return None
+    for k, (entries, use) in enumerate(confirmation_options(ranked, seeds)):
+        seconds, n_rounds = confirmation_cost(entries, use, rounds, costs, jobs, done)
+        if (room_rounds is None or n_rounds <= room_rounds) and (
+                room_seconds is None or seconds is None or seconds <= room_seconds):
+            return Confirmation(entries, use, seconds, n_rounds, k == 0)
+    return None
+
+
+def least_search(entries: Sequence[str], reference: str, rounds: int, first_rung: int,
+                 costs: Mapping[str, Cost]) -> tuple[float | None, int]:
+    """(seconds, rounds) of the least search that can pick a candidate: FedAvg's first trial
+    to its last round, one trial of every other entry to the first rung."""
+    n_rounds = rounds + (len(entries) - 1) * first_rung
+    if not costs:
+        return None, n_rounds
+    seconds = sum(costs[e].run(rounds if e == reference else first_rung) for e in entries if e in costs)
+    return seconds, n_rounds
+
+
+def make_plan(*, entries: Sequence[str], reference: str, rounds: int, rungs: Sequence[int], eta: int,
+              seeds: Sequence[int], top: int, costs: Mapping[str, Cost], budget_seconds: float | None,
+              budget_rounds: int | None, spent_seconds: float = 0.0, spent_rounds: int = 0,
+              ranked: Sequence[str] | None = None, jobs: int = 1, floor: str | None = None) -> dict[str, Any]:
+    """The budget plan as plain data (module docstring): the confirmation planned, the search's
+    share, about how many trials per entry it buys, and ``lines`` saying so; ``refused`` is the
+    one-line reason when the budget cannot pay for the least search and confirmation."""
+    ordered = order(entries, reference, costs)
+    ranked = list(ranked) if ranked else ordered[:top + 1]
+    time_left = None if budget_seconds is None else budget_seconds - spent_seconds
+    rounds_left = None if budget_rounds is None else budget_rounds - spent_rounds
+    least_s, least_r = least_search(entries, reference, rounds, rungs[0], costs)
+    conf = fit_confirmation(ranked, seeds, rounds, costs,
+                            None if budget_seconds is None else budget_seconds - (least_s or 0.0),
+                            None if budget_rounds is None else budget_rounds - least_r, jobs)
+    refused = None
+    if conf is None:
+        least_conf_s, least_conf_r = confirmation_cost(ranked[:2], list(seeds)[:LEAST_SEEDS], rounds, costs, jobs)
+        if budget_rounds is not None and least_r + least_conf_r > budget_rounds:
+            refused = (f"--budget-rounds: {budget_rounds} cannot pay for the least search ({least_r} rounds: FedAvg's "
+                       f"first trial to round {rounds}, one trial of each other entry to round {rungs[0]}) and the "
+                       f"least confirmation (FedAvg and one candidate over {LEAST_SEEDS} seeds: {least_conf_r} rounds); "
+                       f"allowed: at least {least_r + least_conf_r}, or fewer algorithms= or train.rounds")
+        elif budget_seconds is not None and least_s is not None and least_conf_s is not None:
+            need = least_s + least_conf_s
+            refused = (f"--budget: {_dur(budget_seconds)} cannot pay for the least search (about {_dur(least_s)}: "
+                       f"FedAvg's first trial to round {rounds}, one trial of each other entry to round {rungs[0]}) and "
+                       f"the least confirmation (FedAvg and one candidate over {LEAST_SEEDS} seeds: about "
+                       f"{_dur(least_conf_s)}) at the costs measured on this machine; allowed: at least about "
+                       f"{_dur(need)}, or fewer algorithms= or train.rounds")
+    search_s = None if time_left is None else time_left - ((conf.seconds or 0.0) if conf else 0.0)
+    search_r = None if rounds_left is None else rounds_left - (conf.rounds if conf else 0)
+    per_trial_rounds = trial_rounds(rungs, eta)
+    per_entry = None
+    others = len(entries) - 1
+    if others > 0 and (search_s is not None and costs or search_r is not None):
+        buys = []
+        if search_r is not None:
+            buys.append((search_r - rounds) / per_trial_rounds)
+        if search_s is not None and costs:
+            typical = _median([c.per_round for c in costs.values()])
+            start = _median([c.startup for c in costs.values()])
+            buys.append((search_s - costs[reference].run(rounds) if reference in costs else search_s)
+                        / (start + per_trial_rounds * typical))
+        per_entry = max(0.0, min(buys)) / len(entries)
+    plan: dict[str, Any] = {
+        "order": ordered, "rungs": list(rungs), "trial_rounds": round(per_trial_rounds, 2),
+        "budget": {"seconds": budget_seconds, "rounds": budget_rounds},
+        "search": {"seconds": search_s, "rounds": search_r, "trials_per_entry": per_entry},
+        "confirmation": None if conf is None else {
+            "entries": conf.entries, "seeds": conf.seeds, "seconds": conf.seconds, "rounds": conf.rounds,
+            "full": conf.full, "runs": conf.runs},
+        "costs": {e: {"per_round": c.per_round, "startup": c.startup, "source": c.source} for e, c in costs.items()},
+        "refused": refused, "floor": floor,
+    }
+    plan["lines"] = plan_lines(plan, entries, seeds, top, rounds)
+    return plan
+
+
+def plan_lines(plan: Mapping[str, Any], entries: Sequence[str], seeds: Sequence[int], top: int, rounds: int) -> list[str]:
+    """The plan in words, one line each (``--dry-run`` prints them, the page shows them)."""
+    lines = [f"field: {len(entries)} entries, in this order: {', '.join(plan['order'])}",
+             f"rungs at {', '.join(map(str, plan['rungs']))} rounds (a trial costs about {plan['trial_rounds']:g} rounds "
+             "on average when each rung keeps the top third)" + (f"; first rung: {plan['floor']}" if plan.get("floor") else "")]
+    s = plan["search"]
+    if s["trials_per_entry"] is not None:
+        lines.append(f"search: about {s['trials_per_entry']:.1f} trials per entry if spread evenly (TPE gives more to "
+                     "the entries that do well; FedAvg gets at least the median entry's and its first runs every round)"
+                     + (f"; {_dur(s['seconds'])}" if s["seconds"] is not None else "")
+                     + (f"; {s['rounds']} rounds" if s["rounds"] is not None else ""))
+    c = plan["confirmation"]
+    if c is None:
+        lines.append("confirmation: none fits the budget" if plan["budget"]["seconds"] or plan["budget"]["rounds"]
+                     else "confirmation: -")
+    else:
+        asked = f"{top} candidates and FedAvg over {len(seeds)} seeds"
+        what = (f"confirmation: {len(c['entries']) - 1} candidate{'s' if len(c['entries']) > 2 else ''} and FedAvg over "
+                f"{len(c['seeds'])} seeds ({c['runs']} runs of {rounds} rounds"
+                + (f", about {_dur(c['seconds'])}" if c["seconds"] is not None else "") + ")")
+        lines.append(what + ("" if c["full"] else f": less than asked ({asked}), what fits the budget"))
+    costs = plan["costs"]
+    if costs:
+        lines.append("costs on this machine: " + "; ".join(
+            f"{e} {v['per_round']:.2f} s a round + {v['startup']:.1f} s start-up ({v['source']})" for e, v in costs.items()))
+    else:
+        lines.append("costs: not measured yet (FedAvg's first trial measures them; the plan is made again after each trial)")
+    if plan["refused"]:
+        lines.append(f"refused: {plan['refused']}")
+    return lines
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 120:  # a refusal's "at least" must not round 43 s up to a minute
+        return f"{seconds:.0f} s"
+    m = int(round(seconds / 60))
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m} min"
+
+
+__all__ = ["Confirmation", "Cost", "confirmation_cost", "confirmation_options", "cost_of_trial",
+           "fit_confirmation", "least_search", "make_plan", "measured_costs", "order", "plan_lines", "trial_rounds"]
