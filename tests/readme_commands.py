@@ -88,6 +88,9 @@ def workspace(tmp_path: Path, monkeypatch) -> Path:
     (work / "runs").mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(work)
+    from conftest import use_example_plugin
+
+    use_example_plugin(tmp_path / "example-site", monkeypatch)  # what the pages' pip install -e of the example does
     return work
 
 
@@ -173,7 +176,7 @@ def run_commands(commands: list[tuple[list[str], list[str]]], tmp_path: Path, ca
         if argv[0] == "cp":  # a copy inside the workspace (the committed runs a tutorial reads)
             subprocess.run(argv, check=True, capture_output=True)
             continue
-        if argv[:3] == ["pip", "install", "-e"]:  # the example plugin: installed in the test environment
+        if argv[:3] == ["pip", "install", "-e"]:  # the example plugin: on the path as installed (workspace)
             assert (ROOT / argv[3] / "pyproject.toml").is_file()
             continue
         args = _fedrift_args(argv)

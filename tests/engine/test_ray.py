@@ -28,7 +28,7 @@ import torch
 import yaml
 
 import fedrift
-from conftest import one_line_refusal
+from conftest import EXAMPLE_PLUGIN, one_line_refusal
 from fedrift.deploy.loopback import free_port
 from fedrift.engine.executors.ray_actors import RayExecutor
 
@@ -48,6 +48,8 @@ def cluster(tmp_path_factory):
     # to both nodes and this driver (newer Rays no longer make one at `ray start --head`); the
     # driver's settings must be in place before ray loads
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    # the nodes' workers import the example plugin from its source (it is installed nowhere)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXAMPLE_PLUGIN / "src"), os.environ.get("PYTHONPATH")) if p)
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     os.environ.update({k: env[k] for k in saved})
     try:
@@ -245,15 +247,11 @@ def test_the_next_run_takes_the_last_runs_actors_and_idle_ones_are_killed(cluste
     assert not ray_actors._KEPT[gcs]
 
 
-def test_a_plugin_algorithm_model_and_dataset_on_the_cluster(cluster, tiny):
-    """The example plugin (installed, as `make test` does): actors on both nodes import it from
-    the run's config before they rebuild the run, and equal one-thread sequential."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
-    try:
-        distribution("fedrift-example-plugin")
-    except PackageNotFoundError:
-        pytest.fail("fedrift-example-plugin is missing: make test installs it (pip install -e examples/fedrift-example-plugin)")
+def test_a_plugin_algorithm_model_and_dataset_on_the_cluster(cluster, tiny, monkeypatch):
+    """The example plugin (importable from its source folder, here and on the nodes, as an
+    installed one is): actors on both nodes import it from the run's config before they
+    rebuild the run, and equal one-thread sequential."""
+    monkeypatch.syspath_prepend(str(EXAMPLE_PLUGIN / "src"))
     runs = {}
     for executor, extra in (("sequential", {}), ("ray", {"ray_address": cluster, "workers": 2})):
         cfg = tiny(algorithm={"name": "fedla", "tau": 0.5}, data={"name": "blobs"}, model={"name": "tinynet"},
