@@ -297,6 +297,15 @@ def test_femnist_with_the_same_writers_in_train_and_test_says_nothing(tmp_path, 
     assert _fedrift_lines(caplog) == []
 
 
+def test_femnist_train_writers_without_test_samples_are_counted_without_blame():
+    from fedrift.data.femnist import writers_line
+
+    assert writers_line(["a", "a", "b", "c"], ["a", "b"], "all") == (
+        "femnist: 3 writers in train, 2 in test, 2 in both; every test writer has training data "
+        "(1 train writer has no test samples)")
+    assert writers_line(["a", "b"], ["b", "a", "a"], "both") is None
+
+
 def test_femnist_writers_option_is_refused_with_what_is_allowed(tmp_path):
     from fedrift.api import prepare
     from fedrift.errors import ConfigError

@@ -113,6 +113,10 @@ def writers_line(train: list[str], test: list[str], writers: str) -> str | None:
         return None
     known = a & b
     orphans = sum(1 for u in test if u not in a)
+    if not orphans:  # train writers without test samples only: every test sample's writer trained
+        lone = len(a - b)
+        return (f"femnist: {len(a):,} writers in train, {len(b):,} in test, {len(known):,} in both; every test "
+                f"writer has training data ({lone:,} train {'writer has' if lone == 1 else 'writers have'} no test samples)")
     share = orphans / len(test) if test else 0.0
     line = (f"femnist: {len(a):,} writers in train, {len(b):,} in test, {len(known):,} in both; {orphans:,} of "
             f"{len(test):,} test samples ({share:.1%}) are from the {len(b - a):,} test writers with no training data")
