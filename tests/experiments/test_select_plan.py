@@ -83,27 +83,28 @@ def test_the_confirmation_fits_the_room_with_fewer_candidates_then_fewer_seeds()
 
 
 def test_the_plan_keeps_the_least_search_and_refuses_only_what_cannot_pay_for_it():
-    """2 entries, 6 rounds, rungs 2 and 6, 3 seeds, top 1: the least search is FedAvg's 6
-    rounds and FedProx's 2 (8), the least confirmation 2 entries x 2 seeds x 6 rounds (24)."""
+    """2 entries, 6 rounds, rungs 2 and 6, 3 seeds, top 1: the least search is a trial of each
+    entry to round 2 (4 rounds), the least confirmation 2 entries x 2 seeds x 6 rounds (24)."""
     kw = dict(entries=["fedavg", "fedprox"], reference="fedavg", rounds=6, rungs=[2, 6], eta=3, seeds=[1, 2, 3], top=1,
               costs={})
-    plan = make_plan(**kw, budget_seconds=None, budget_rounds=31)
-    assert plan["refused"].startswith("--budget-rounds: 31 cannot pay") and "at least 32" in plan["refused"]
+    plan = make_plan(**kw, budget_seconds=None, budget_rounds=27)
+    assert plan["refused"].startswith("--budget-rounds: 27 cannot pay") and "at least 28" in plan["refused"]
     assert any(line.startswith("refused: ") for line in plan["lines"])
-    plan = make_plan(**kw, budget_seconds=None, budget_rounds=32)  # 2 of 3 seeds fit beside the least search
+    plan = make_plan(**kw, budget_seconds=None, budget_rounds=28)  # 2 of 3 seeds fit beside the least search
     assert plan["refused"] is None and plan["confirmation"]["seeds"] == [1, 2] and not plan["confirmation"]["full"]
-    assert plan["search"]["rounds"] == 32 - 24
-    plan = make_plan(**kw, budget_seconds=None, budget_rounds=44)  # 36 + 8: everything asked
+    assert plan["search"]["rounds"] == 28 - 24
+    assert make_plan(**kw, budget_seconds=None, budget_rounds=39)["confirmation"]["seeds"] == [1, 2]
+    plan = make_plan(**kw, budget_seconds=None, budget_rounds=40)  # 36 + 4: everything asked
     assert plan["confirmation"]["full"] and plan["confirmation"]["rounds"] == 36
     # 100 rounds: 64 for the search, FedAvg's first trial 6 of them; a trial costs 2 + 4/3 rounds
     plan = make_plan(**kw, budget_seconds=None, budget_rounds=100)
     assert plan["search"]["trials_per_entry"] == pytest.approx((64 - 6) / (2 + 4 / 3) / 2)
-    # in seconds: 1 s a round, 2 s of start-up; least search 8 + 4 s, least confirmation 4 runs x 8 s
+    # in seconds: 1 s a round, 2 s of start-up; least search 2 x 4 s, least confirmation 4 runs x 8 s
     timed = make_plan(**{**kw, "costs": {e: Cost(1.0, 2.0, "trials") for e in ("fedavg", "fedprox")}},
-                      budget_seconds=43, budget_rounds=None)
-    assert timed["refused"].startswith("--budget: 43 s cannot pay") and "at least about 44 s" in timed["refused"]
+                      budget_seconds=39, budget_rounds=None)
+    assert timed["refused"].startswith("--budget: 39 s cannot pay") and "at least about 40 s" in timed["refused"]
     assert make_plan(**{**kw, "costs": {e: Cost(1.0, 2.0, "trials") for e in ("fedavg", "fedprox")}},
-                     budget_seconds=44, budget_rounds=None)["refused"] is None
+                     budget_seconds=40, budget_rounds=None)["refused"] is None
     assert trial_rounds([3, 9, 27, 30], 3) == pytest.approx(3 + 6 / 3 + 18 / 9 + 3 / 27)
 
 
@@ -153,22 +154,22 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
 
 def test_a_budget_too_small_is_refused_in_one_line_with_the_page_written(tmp_path, capsys):
     out = tmp_path / "s"
-    line = one_line_refusal(capsys, ["select", "-c", str(_cfg(tmp_path)), "--out", str(out), "--budget-rounds", "31",
+    line = one_line_refusal(capsys, ["select", "-c", str(_cfg(tmp_path)), "--out", str(out), "--budget-rounds", "27",
                                      "algorithms=fedavg,fedprox", "seeds=1,2,3", "top=1", "min_rounds=2"],
-                            "fedrift: error: --budget-rounds: 31 cannot pay for the least search", "at least 32")
+                            "fedrift: error: --budget-rounds: 27 cannot pay for the least search", "at least 28")
     assert line.endswith(f"the page: {out / 'select.html'}") or "the page: " in line, line
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["select.html", "select.md"]
     page = (out / "select.md").read_text()
-    assert "refused" in page and "at least 32" in page
+    assert "refused" in page and "at least 28" in page
     with pytest.raises(ConfigError):  # and from Python the same
-        select(_base(), out=tmp_path / "t", algorithms=["fedavg", "fedprox"], budget_rounds=31, seeds=[1, 2, 3], top=1,
+        select(_base(), out=tmp_path / "t", algorithms=["fedavg", "fedprox"], budget_rounds=27, seeds=[1, 2, 3], top=1,
                min_rounds=2, verbose=False)
 
 
 @pytest.fixture(scope="module")
 def provisional(tmp_path_factory):
-    """34 rounds: the least search (FedAvg's 6, FedProx's first rung) and 2 of the 3 seeds'
-    confirmation (24); the first rung waits for FedAvg's first trial (no min_rounds)."""
+    """34 rounds: 2 of the 3 seeds' confirmation (24) and a search of 10 (FedAvg's first trial
+    6 of them); the first rung waits for FedAvg's first trial (no min_rounds)."""
     out = tmp_path_factory.mktemp("provisional") / "s"
     kwargs = {"algorithms": ["fedavg", "fedprox"], "seeds": [1, 2, 3], "top": 1, "startup": 1, "space": LR,
               "report": False, "verbose": False}
@@ -217,3 +218,28 @@ def test_more_seeds_after_the_budget_is_spent_confirm_only(provisional):
     plan = build_select(_base(), out=out, budget_rounds=34, **{k: v for k, v in provisional.kwargs.items()
                                                                 if k not in ("report", "verbose")})
     assert budget_plan(plan, _trials(plan))["confirmation"] is not None
+
+
+def test_ccvr_is_calibrated_at_the_rungs_and_a_search_with_nothing_to_confirm_writes_its_page(tmp_path, monkeypatch):
+    """The search sets CCVR's calibrate_at to the rungs (its rungs compare calibrated scores);
+    a search whose trials all fail ends 'no recommendation' in one line, with the page."""
+    import fedrift.api
+
+    seen = []
+
+    def failing(config=None, overrides=None, resume=False, on_round=None):
+        seen.append(config)
+        raise RuntimeError("not run here")
+
+    monkeypatch.setattr(fedrift.api, "run", failing)
+    out = tmp_path / "s"
+    plan = build_select(_base(), algorithms=["fedavg", "ccvr"], budget_rounds=40, seeds=[1, 2], top=1, min_rounds=2)
+    with pytest.raises(ConfigError, match=r"^--budget: the search finished no trial .*nothing to confirm.*the page: "):
+        select(_base(), out=out, algorithms=["fedavg", "ccvr"], budget_rounds=40, seeds=[1, 2], top=1, min_rounds=2,
+               verbose=False, report=False)
+    ccvr = [c for c in seen if c["algorithm"]["name"] == "ccvr"]
+    if plan.entry("ccvr").calibrates:
+        assert ccvr and all(c["algorithm"]["calibrate_at"] == plan.rungs for c in ccvr), ccvr[:1]
+    assert all("calibrate_at" not in c["algorithm"] for c in seen if c["algorithm"]["name"] == "fedavg")
+    page = (out / "select.md").read_text()
+    assert "no recommendation" in page.lower() and (out / "select.html").is_file()

@@ -7,8 +7,7 @@ The plan (:mod:`fedrift.experiments.select_plan`)
     the confirmation's share first (the ``top`` best entries and FedAvg over every seed, or,
     when the budget truly cannot pay for that beside the least search, fewer candidates and
     then fewer seeds, never under two), the search the rest. A budget that cannot pay for the
-    least search (FedAvg's first trial to its last round, one trial of each other entry to
-    its first rung) and the least confirmation (FedAvg and one candidate over two seeds) is
+    least search (one trial of each entry to its first rung) and the least confirmation (FedAvg and one candidate over two seeds) is
     refused, with the page written. ``--dry-run`` prints the plan and runs no trial: its
     times come from a timed probe of each entry (a start-up and two rounds at its space's
     centre, in a temporary folder), said as such; it writes nothing.
@@ -134,6 +133,10 @@ def parse_duration(text: str) -> float:
     if not raw or m is None:  # each unit at most once, in the order h, m, s
         raise ConfigError(f"--budget: {text!r} is not a duration; allowed: 2h, 90m, 1h30m, 3600s or seconds")
     return sum(float(n or 0) * unit for n, unit in zip(m.groups(), (3600, 60, 1)))
+
+
+def _rounds(n: int) -> str:
+    return f"{n} round" if n == 1 else f"{n} rounds"
 
 
 def score_of(row: Mapping[str, Any]) -> float | None:
@@ -492,7 +495,7 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
             if rnd in rungs or prune:
                 left = "" if until is None else f"; {duration_text(max(0.0, until - time.time()))} of the search's budget left"
                 what = "stopped by the budget" if over else "stopped" if prune else "goes on" if rnd < plan.rounds else "done"
-                echo(f"trial {trial.number} {shown}: {rnd} rounds, val {best[0]:.4f}, {what}{left}")
+                echo(f"trial {trial.number} {shown}: {_rounds(rnd)}, val {best[0]:.4f}, {what}{left}")
             if prune:
                 raise optuna.TrialPruned(f"round {rnd}")
 
@@ -680,20 +683,33 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print,
     for entry, why in plan.left_out.items():
         echo(f"select: {entry} left out: {why}")
 
-    def deadline_of(trials: Sequence[Mapping[str, Any]]) -> tuple[float | None, dict[str, Any]]:
-        """The search's deadline (epoch seconds): the budget less the planned confirmation at
-        the costs measured so far; the plan made."""
+    def untried(trials: Sequence[Mapping[str, Any]]) -> int:
+        """Entries with no trial yet (running ones have one): each is owed its first rung."""
+        seen = {t["entry"] for t in trials if t["state"] != "fail"}
+        return sum(e.entry not in seen for e in plan.entries)
+
+    def first_rung_seconds(bp: Mapping[str, Any]) -> float:
+        costs = list(bp["costs"].values())
+        return (statistics.median(c["startup"] for c in costs) + plan.rungs[0] *
+                statistics.median(c["per_round"] for c in costs)) if costs else 0.0
+
+    def deadline_of(trials: Sequence[Mapping[str, Any]], keep: int = 0) -> tuple[float | None, dict[str, Any]]:
+        """The search's deadline (epoch seconds): the budget less the planned confirmation and
+        ``keep`` entries' first rungs (those not tried yet: every entry gets its look) at the
+        costs measured so far; the plan made."""
         bp = budget_plan(plan, trials, jobs)
         if plan.budget_seconds is None:
             return None, bp
         conf = bp["confirmation"]
-        return started + plan.budget_seconds - before_spent - ((conf or {}).get("seconds") or 0.0), bp
+        return (started + plan.budget_seconds - before_spent - ((conf or {}).get("seconds") or 0.0)
+                - keep * first_rung_seconds(bp)), bp
 
     def limits(trials: Sequence[Mapping[str, Any]], reserved: int) -> tuple[int | None, float | None] | None:
         """The next trial's round cap and deadline, or None when the budget has no room for it:
         rounds left once the planned confirmation's and the running trials' caps are kept
         back; time left once the planned confirmation's is, enough for the next trial's first
         rung at the median measured cost."""
+        keep = max(0, untried(trials) - 1)  # the next trial takes one untried entry's look (the design's order)
         deadline, bp = deadline_of(trials)
         if bp["refused"]:
             return None
@@ -704,13 +720,11 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print,
             left = plan.budget_rounds - (conf["rounds"] if conf else 0) - done - reserved
             if left < plan.rungs[0]:
                 return None
-            cap = min(plan.rounds, left)
+            cap = min(plan.rounds, max(plan.rungs[0], left - keep * plan.rungs[0]))
         if deadline is not None:
-            costs = [c for c in bp["costs"].values()]
-            nxt = (statistics.median(c["startup"] for c in costs) + plan.rungs[0] *
-                   statistics.median(c["per_round"] for c in costs)) if costs else 0.0
-            if time.time() + nxt > deadline:
+            if time.time() + first_rung_seconds(bp) > deadline:
                 return None
+            deadline = max(time.time() + first_rung_seconds(bp), deadline - keep * first_rung_seconds(bp))
         return cap, deadline
 
     cache: dict[str, float] = {}
@@ -725,7 +739,7 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print,
         if "at" not in cache or now - cache["at"] > 2.0:
             trials = _trials(plan)
             if any(t["first_round"] and t["rounds"] > t["first_round"] for t in trials):
-                cache["value"] = deadline_of(trials)[0] or 0.0
+                cache["value"] = deadline_of(trials, untried(trials))[0] or 0.0
             else:
                 cache["value"] = started + plan.budget_seconds - before_spent
             cache["at"] = now
@@ -743,7 +757,7 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print,
                 seed += 1
                 floor = apply_floor(plan, _trials(plan))
                 if floor is not None:
-                    echo(f"select: first rung at {plan.rungs[0]} rounds; the floor: {floor['text']}")
+                    echo(f"select: first rung at {_rounds(plan.rungs[0])}; the floor: {floor['text']}")
                 if progress is not None:
                     progress(time.time() - started)
         if jobs <= 1:
@@ -877,8 +891,9 @@ def _missing(plan: Select, trials: Sequence[Mapping[str, Any]], conf: Confirmati
         out.append(f"FedAvg had {tuning[plan.reference]['trials']} trials, fewer than the median entry's "
                    f"{statistics.median(others):g} (the budget ended first)")
     if conf is not None and not conf.full:
-        out.append(f"the confirmation ran {len(conf.entries) - 1} of {plan.top} candidates over {len(conf.seeds)} of "
-                   f"{len(plan.seeds)} seeds (what the budget could pay): a larger --budget confirms the rest")
+        out.append(f"the confirmation ran {len(conf.entries) - 1} of {plan.top} candidate{'s' if plan.top > 1 else ''} "
+                   f"and FedAvg over {len(conf.seeds)} of {len(plan.seeds)} seeds (what the budget could pay): a larger "
+                   "--budget confirms the rest")
     return out
 
 
@@ -979,13 +994,18 @@ def select(
             os.replace(tmp, state_path)
 
         state: dict[str, Any] = {"conf": None, "picked": [], "rows": None}
+        upfront: dict[str, Any] = {}
 
         def page(outcome: str, reason: str | None, rec: Mapping[str, Any] | None = None) -> Path:
             trials = _trials(plan)
             conf: Confirmation | None = state["conf"]
             bp = budget_plan(plan, trials, jobs)
+            shown = dict(upfront.get("plan") or bp)  # the plan made before the search, and what it measured
+            shown["lines"] = list(shown["lines"]) + [f"at the end: {line}" for line in bp["lines"]
+                                                     if line.startswith(("costs on this machine", "refused"))]
+            shown["final"] = bp
             confirm = plan.root / "confirm"
-            doc = {"outcome": outcome, "reason": reason, "recommendation": rec, "plan": bp,
+            doc = {"outcome": outcome, "reason": reason, "recommendation": rec, "plan": shown,
                    "missing": _missing(plan, trials, conf) + ([] if conf is not None or outcome == "stopped" else
                                                               ["no confirmation: nothing was run over seeds"]),
                    "trials": trials, "picked": state["picked"], "rungs": plan.rungs,
@@ -1007,6 +1027,7 @@ def select(
             previous = stored.get("confirmation") or {}
             more_seeds = bool(previous.get("entries")) and list(previous.get("asked", [])) != list(plan.seeds)
             bp = budget_plan(plan, _trials(plan), jobs)
+            upfront["plan"] = bp
             if bp["refused"] and not more_seeds:
                 raise ended("refused", bp["refused"])
             save()
@@ -1055,7 +1076,8 @@ def select(
             tuned = write_candidates(plan, picked)
             echo("select: confirming " + ", ".join(f"{t['entry']} (val {t['score']:.4f} at {t['rounds']} rounds)" for t in picked)
                  + f" over seeds {','.join(map(str, conf.seeds))}"
-                 + ("" if conf.full else f" (what the budget pays for of {plan.top} candidates over {len(plan.seeds)} seeds)"))
+                 + ("" if conf.full else f" (what the budget pays for of {plan.top} candidate{'s' if plan.top > 1 else ''} "
+                                         f"and FedAvg over {len(plan.seeds)} seeds)"))
             started = time.time()
             try:  # the time of a confirmation stopped by Ctrl-C counts too
                 rows = compare(plan.description["base"], algorithms=[t["entry"] for t in picked], seeds=conf.seeds,
@@ -1080,8 +1102,11 @@ def select(
         except KeyboardInterrupt:
             with shielded():
                 save()
-                page("stopped", "stopped by Ctrl-C: run the same command again to continue (finished trials and runs "
-                     "are kept)")
+                try:  # the page is a courtesy here: the interrupt, and its one line, come first
+                    page("stopped", "stopped by Ctrl-C: run the same command again to continue (finished trials and "
+                         "runs are kept)")
+                except Exception:  # noqa: BLE001
+                    pass
             raise
 
 

@@ -18,8 +18,8 @@ Costs
 The split
     The confirmation is planned first: the ``top`` best entries and FedAvg over every seed,
     when the budget pays for that and for the least search that can pick a candidate
-    (FedAvg's first trial to its last round, one trial of every other entry to its first
-    rung). When it truly cannot, the largest confirmation that fits beside the least search:
+    (one trial of every entry to its first rung; FedAvg's first trial runs every round when
+    the budget allows, and the budget stops it otherwise). When it truly cannot, the largest confirmation that fits beside the least search:
     fewer candidates first (the best kept), then fewer seeds, never under two (a paired
     verdict needs two). A budget that cannot pay for the least search and the least
     confirmation (FedAvg and one candidate over two seeds) is refused, saying how much it
@@ -170,15 +170,13 @@ def fit_confirmation(ranked: Sequence[str], seeds: Sequence[int], rounds: int, c
     return None
 
 
-def least_search(entries: Sequence[str], reference: str, rounds: int, first_rung: int,
-                 costs: Mapping[str, Cost]) -> tuple[float | None, int]:
-    """(seconds, rounds) of the least search that can pick a candidate: FedAvg's first trial
-    to its last round, one trial of every other entry to the first rung."""
-    n_rounds = rounds + (len(entries) - 1) * first_rung
+def least_search(entries: Sequence[str], first_rung: int, costs: Mapping[str, Cost]) -> tuple[float | None, int]:
+    """(seconds, rounds) of the least search that can pick a candidate: one trial of every
+    entry (FedAvg's included) to the first rung."""
+    n_rounds = len(entries) * first_rung
     if not costs:
         return None, n_rounds
-    seconds = sum(costs[e].run(rounds if e == reference else first_rung) for e in entries if e in costs)
-    return seconds, n_rounds
+    return sum(costs[e].run(first_rung) for e in entries if e in costs), n_rounds
 
 
 def make_plan(*, entries: Sequence[str], reference: str, rounds: int, rungs: Sequence[int], eta: int,
@@ -192,7 +190,7 @@ def make_plan(*, entries: Sequence[str], reference: str, rounds: int, rungs: Seq
     ranked = list(ranked) if ranked else ordered[:top + 1]
     time_left = None if budget_seconds is None else budget_seconds - spent_seconds
     rounds_left = None if budget_rounds is None else budget_rounds - spent_rounds
-    least_s, least_r = least_search(entries, reference, rounds, rungs[0], costs)
+    least_s, least_r = least_search(entries, rungs[0], costs)
     conf = fit_confirmation(ranked, seeds, rounds, costs,
                             None if budget_seconds is None else budget_seconds - (least_s or 0.0),
                             None if budget_rounds is None else budget_rounds - least_r, jobs)
@@ -200,14 +198,14 @@ def make_plan(*, entries: Sequence[str], reference: str, rounds: int, rungs: Seq
     if conf is None:
         least_conf_s, least_conf_r = confirmation_cost(ranked[:2], list(seeds)[:LEAST_SEEDS], rounds, costs, jobs)
         if budget_rounds is not None and least_r + least_conf_r > budget_rounds:
-            refused = (f"--budget-rounds: {budget_rounds} cannot pay for the least search ({least_r} rounds: FedAvg's "
-                       f"first trial to round {rounds}, one trial of each other entry to round {rungs[0]}) and the "
+            refused = (f"--budget-rounds: {budget_rounds} cannot pay for the least search ({least_r} rounds: one "
+                       f"trial of each entry to round {rungs[0]}) and the "
                        f"least confirmation (FedAvg and one candidate over {LEAST_SEEDS} seeds: {least_conf_r} rounds); "
                        f"allowed: at least {least_r + least_conf_r}, or fewer algorithms= or train.rounds")
         elif budget_seconds is not None and least_s is not None and least_conf_s is not None:
             need = least_s + least_conf_s
             refused = (f"--budget: {_dur(budget_seconds)} cannot pay for the least search (about {_dur(least_s)}: "
-                       f"FedAvg's first trial to round {rounds}, one trial of each other entry to round {rungs[0]}) and "
+                       f"one trial of each entry to round {rungs[0]}) and "
                        f"the least confirmation (FedAvg and one candidate over {LEAST_SEEDS} seeds: about "
                        f"{_dur(least_conf_s)}) at the costs measured on this machine; allowed: at least about "
                        f"{_dur(need)}, or fewer algorithms= or train.rounds")
@@ -246,7 +244,7 @@ def plan_lines(plan: Mapping[str, Any], entries: Sequence[str], seeds: Sequence[
              f"rungs at {', '.join(map(str, plan['rungs']))} rounds (a trial costs about {plan['trial_rounds']:g} rounds "
              "on average when each rung keeps the top third)" + (f"; first rung: {plan['floor']}" if plan.get("floor") else "")]
     s = plan["search"]
-    if s["trials_per_entry"] is not None:
+    if s["trials_per_entry"] is not None and plan["confirmation"] is not None:
         lines.append(f"search: about {s['trials_per_entry']:.1f} trials per entry if spread evenly (TPE gives more to "
                      "the entries that do well; FedAvg gets at least the median entry's and its first runs every round)"
                      + (f"; {_dur(s['seconds'])}" if s["seconds"] is not None else "")
@@ -256,7 +254,7 @@ def plan_lines(plan: Mapping[str, Any], entries: Sequence[str], seeds: Sequence[
         lines.append("confirmation: none fits the budget" if plan["budget"]["seconds"] or plan["budget"]["rounds"]
                      else "confirmation: -")
     else:
-        asked = f"{top} candidates and FedAvg over {len(seeds)} seeds"
+        asked = f"{top} candidate{'s' if top > 1 else ''} and FedAvg over {len(seeds)} seeds"
         what = (f"confirmation: {len(c['entries']) - 1} candidate{'s' if len(c['entries']) > 2 else ''} and FedAvg over "
                 f"{len(c['seeds'])} seeds ({c['runs']} runs of {rounds} rounds"
                 + (f", about {_dur(c['seconds'])}" if c["seconds"] is not None else "") + ")")
