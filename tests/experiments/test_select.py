@@ -589,7 +589,7 @@ def test_an_entry_that_fails_fails_its_trials_and_the_search_goes_on(tmp_path, m
 
     monkeypatch.setattr(fedrift.api, "run", failing)
     out = tmp_path / "s"
-    kwargs = _quiet(algorithms=["fedavg", "fedprox", "fedgkd"], budget_rounds=60, seeds=[1, 2])
+    kwargs = _quiet(algorithms=["fedavg", "fedprox", "fedgkd"], budget_rounds=40, seeds=[1, 2])
     rec = select(_base(), out=out, **kwargs)
     trials = _trials(_plan(out, kwargs))
     failed = [t for t in trials if t["entry"] == "fedgkd"]

@@ -17,7 +17,7 @@ The search
     categorical ``algorithm`` choice, then that entry's own space (the learning rate and its
     registry entry's, as ``fedrift tune`` searches it; parameters named ``<entry>/<key>``).
     The order is by information, not the field's: FedAvg's first trial (its space's centre)
-    runs first and alone, then every entry's ``startup`` points in turns (the centre first,
+    runs first (alone, under the default ``min_rounds``: it sets the first rung), then every entry's ``startup`` points in turns (the centre first,
     then its Sobol design), the cheapest measured entries first; then TPE proposes (entry and
     values together), so the budget flows to the methods that do well on this data. Trials
     run the config's ``train.rounds`` under successive halving (asynchronous, Optuna's
@@ -36,8 +36,9 @@ A fair search
       errors of a proportion on the validation set): earlier, every entry scores the majority
       class alike and a rung would judge luck. Measured once, kept in ``select.json``; an
       explicit ``min_rounds=`` is taken as given.
-    - The reference is tuned at least as hard as the candidates: it gets at least the trials
-      of the median other entry (extra points from its Sobol design), and a FedAvg trial that
+    - The reference is tuned at least as hard as the candidates: whenever it has had fewer
+      trials than the median other entry, the next trial is FedAvg's (the next point of its
+      Sobol design), so it ends at most the one trial running behind; and a FedAvg trial that
       is FedAvg's best at a rung so far (its first trial is) is never stopped by a rung: its
       best setting reaches the last round, unless the budget stops it (said in ``missing``).
     - An entry that trains as FedAvg in its first rounds (``Algorithm.same_as_fedavg_until``:
@@ -330,6 +331,22 @@ def build_select(
 # The search
 
 
+_STORAGES: dict[tuple[int, str, int | None], Any] = {}
+
+
+def _storage(plan: Select) -> Any:
+    """The study's storage, one per process and folder: opening an SQLite storage (its engine,
+    its schema check) took 0.3 s, and the search opens the study several times a trial."""
+    db = plan.root / STUDY_DB
+    key = (os.getpid(), plan.storage, db.stat().st_ino if db.is_file() else None)  # a folder deleted and made again
+    if key[2] is None or key not in _STORAGES:
+        storage = load_optuna().storages.RDBStorage(plan.storage)
+        if key[2] is None:
+            return storage
+        _STORAGES[key] = storage
+    return _STORAGES[key]
+
+
 def _pruner(plan: Select) -> Any:
     optuna = load_optuna()
     if plan.pruner == "hyperband":
@@ -344,12 +361,12 @@ def _open(plan: Select, seed: int, point: Mapping[str, Any] | None = None) -> An
                optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
                                           n_startup_trials=0))
     with shielded():
-        return optuna.create_study(study_name=STUDY, storage=plan.storage, direction="maximize", load_if_exists=True,
+        return optuna.create_study(study_name=STUDY, storage=_storage(plan), direction="maximize", load_if_exists=True,
                                    sampler=sampler, pruner=_pruner(plan))
 
 
 def _points(plan: Select, st: Any) -> list[dict[str, Any]]:
-    """The start-up design's points no finished trial has run: ``startup`` per entry, the
+    """The start-up design's points no finished (or failed with an error) trial has run: ``startup`` per entry, the
     space's centre first and then its Sobol design, in turns (every entry's first point, then
     every entry's second...). The centre first, because a design's first scrambled point may
     lie at an extreme (a learning rate of 0.25 on workload A) where every method fails alike."""
@@ -362,7 +379,11 @@ def _points(plan: Select, st: Any) -> list[dict[str, Any]]:
     per = [[{"algorithm": e.entry, **{e.param(k): v for k, v in p.items()}}
             for p in [_centre(e), *startup_points(e.dims, plan.startup - 1, plan.seed)]]
            for e in sorted(plan.entries, key=lambda e: names.index(e.entry))]
-    seen = {json.dumps(t.params, sort_keys=True) for t in done}
+    # a point whose run failed with an error (the entry's bug) is not proposed again; one
+    # interrupted (Ctrl-C) is: the same command continues it
+    failed = [t for t in st.get_trials(deepcopy=False, states=None)
+              if t.state.name == "FAIL" and str(t.user_attrs.get("status", "")).startswith("error")]
+    seen = {json.dumps(t.params, sort_keys=True) for t in [*done, *failed]}
     order = [p for k in range(plan.startup) for pts in per for p in pts[k:k + 1]]
     return [p for p in order if json.dumps(p, sort_keys=True) not in seen]
 
@@ -554,7 +575,7 @@ def _trials(plan: Select) -> list[dict[str, Any]]:
     if not (plan.root / STUDY_DB).is_file():
         return []
     try:
-        st = optuna.load_study(study_name=STUDY, storage=plan.storage)
+        st = optuna.load_study(study_name=STUDY, storage=_storage(plan))
     except KeyError:  # a study.db without the study: nothing ran
         return []
     out = []
@@ -672,7 +693,7 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print,
     before_spent = float(plan.description.get("spent", 0.0))
     plan.description["started"] = started
     with shielded():
-        st = optuna.create_study(study_name=STUDY, storage=plan.storage, direction="maximize", load_if_exists=True)
+        st = optuna.create_study(study_name=STUDY, storage=_storage(plan), direction="maximize", load_if_exists=True)
     stale = fail_stale(st)
     before = _trials(plan)
     apply_floor(plan, before)
