@@ -1139,11 +1139,11 @@ def dry_run_plan(plan: Select, jobs: int = 1, echo: Callable[[str], None] = prin
         trials = _trials(plan)
         how = f"times from the {len(trials)} trials in {plan.root}"
     else:
-        echo(f"select --dry-run: probing {len(plan.entries)} entries (a start-up and {min(2, plan.rounds)} rounds each, "
+        echo(f"select --dry-run: probing {len(plan.entries)} entries (a start-up and {_rounds(min(2, plan.rounds))} each, "
              "at its space's centre, in a temporary folder) to estimate the time on this machine")
         started = time.time()
         plan.probed = probe(plan, echo)
-        how = (f"times from a timed probe of each entry: a start-up and {min(2, plan.rounds)} rounds at its space's "
+        how = (f"times from a timed probe of each entry: a start-up and {_rounds(min(2, plan.rounds))} at its space's "
                f"centre ({duration_text(time.time() - started)} in all)")
     bp = budget_plan(plan, trials, jobs)
     rungs = "the first rung at least where FedAvg's first trial moves off the majority class" if plan.auto_rungs else ""

@@ -241,12 +241,14 @@ def make_plan(*, entries: Sequence[str], reference: str, rounds: int, rungs: Seq
 def plan_lines(plan: Mapping[str, Any], entries: Sequence[str], seeds: Sequence[int], top: int, rounds: int) -> list[str]:
     """The plan in words, one line each (``--dry-run`` prints them, the page shows them)."""
     lines = [f"field: {len(entries)} entries, in this order: {', '.join(plan['order'])}",
-             f"rungs at {', '.join(map(str, plan['rungs']))} rounds (a trial costs about {plan['trial_rounds']:g} rounds "
-             "on average when each rung keeps the top third)" + (f"; first rung: {plan['floor']}" if plan.get("floor") else "")]
+             f"rung{'s' if len(plan['rungs']) > 1 else ''} at {', '.join(map(str, plan['rungs']))} "
+             f"{_n(plan['rungs'][-1], 'round')[len(str(plan['rungs'][-1])) + 1:]} (a trial costs about "
+             f"{_n(plan['trial_rounds'], 'round')} on average when each rung keeps the top third)" + (f"; first rung: {plan['floor']}" if plan.get("floor") else "")]
     s = plan["search"]
     if s["trials_per_entry"] is not None and plan["confirmation"] is not None:
         lines.append(f"search: about {s['trials_per_entry']:.1f} trials per entry if spread evenly (TPE gives more to "
-                     "the entries that do well; FedAvg gets at least the median entry's and its first runs every round)"
+                     "the entries that do well; FedAvg is owed a trial whenever it is behind the median entry, and its "
+                     "first runs every round)"
                      + (f"; {_dur(s['seconds'])}" if s["seconds"] is not None else "")
                      + (f"; {s['rounds']} rounds" if s["rounds"] is not None else ""))
     c = plan["confirmation"]
@@ -256,7 +258,7 @@ def plan_lines(plan: Mapping[str, Any], entries: Sequence[str], seeds: Sequence[
     else:
         asked = f"{top} candidate{'s' if top > 1 else ''} and FedAvg over {len(seeds)} seeds"
         what = (f"confirmation: {len(c['entries']) - 1} candidate{'s' if len(c['entries']) > 2 else ''} and FedAvg over "
-                f"{len(c['seeds'])} seeds ({c['runs']} runs of {rounds} rounds"
+                f"{len(c['seeds'])} seeds ({c['runs']} runs of {_n(rounds, 'round')}"
                 + (f", about {_dur(c['seconds'])}" if c["seconds"] is not None else "") + ")")
         lines.append(what + ("" if c["full"] else f": less than asked ({asked}), what fits the budget"))
     costs = plan["costs"]
@@ -268,6 +270,11 @@ def plan_lines(plan: Mapping[str, Any], entries: Sequence[str], seeds: Sequence[
     if plan["refused"]:
         lines.append(f"refused: {plan['refused']}")
     return lines
+
+
+def _n(n: float, word: str) -> str:
+    """``1 round``, ``6 rounds``, ``3.33 rounds``."""
+    return f"{n:g} {word}" + ("" if n == 1 else "s")
 
 
 def _dur(seconds: float | None) -> str:
