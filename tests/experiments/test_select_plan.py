@@ -235,14 +235,43 @@ def test_ccvr_is_calibrated_at_the_rungs_and_a_search_with_nothing_to_confirm_wr
     out = tmp_path / "s"
     from fedrift.algorithms import ALGORITHMS
 
-    calibrates = "calibrate_at" in ALGORITHMS.get("ccvr").params.__dataclass_fields__
+    assert "calibrate_at" in ALGORITHMS.get("ccvr").params.__dataclass_fields__
     with pytest.raises(ConfigError, match=r"^--budget: the search finished no trial .*nothing to confirm.*the page: "):
         select(_base(), out=out, algorithms=["fedavg", "ccvr"], budget_rounds=28, seeds=[1, 2], top=1, min_rounds=2,
                verbose=False, report=False)
     ccvr = [c for c in seen if c["algorithm"]["name"] == "ccvr"]
     assert ccvr
-    if calibrates:  # helper C's option (CCVR calibrated at the last round by default)
-        assert all(c["algorithm"]["calibrate_at"] == [2, 6] for c in ccvr), ccvr[:1]
+    assert all(c["algorithm"]["calibrate_at"] == [2, 6] for c in ccvr), ccvr[:1]
     assert all("calibrate_at" not in c["algorithm"] for c in seen if c["algorithm"]["name"] == "fedavg")
     page = (out / "select.md").read_text()
     assert "no recommendation" in page.lower() and (out / "select.html").is_file()
+
+
+def test_ccvr_is_scored_on_its_calibrated_rounds_only(tmp_path, monkeypatch):
+    """CCVR's output is its calibrated model: a round it does not calibrate (between the
+    rungs) keeps the last calibrated score, never its uncalibrated model's higher one."""
+    import fedrift.api
+
+    def rows(config=None, overrides=None, resume=False, on_round=None):
+        if on_round is None:  # the confirmation's runs: not this test's
+            raise ConfigError("not confirmed here")
+        ccvr = config["algorithm"]["name"] == "ccvr"
+        for r in range(1, 7):
+            row = {"round": r, "val_accuracy": 0.9 if ccvr else 0.3}
+            if ccvr and r in config["algorithm"]["calibrate_at"]:
+                row["calibrated_val_accuracy"] = 0.1 * r  # 0.2 at round 2, 0.6 at 6
+            on_round(row)
+        raise RuntimeError("no result here")
+
+    monkeypatch.setattr(fedrift.api, "run", rows)
+    out = tmp_path / "s"
+    with pytest.raises(ConfigError):
+        select(_base(), out=out, algorithms=["fedavg", "ccvr"], budget_rounds=28, seeds=[1, 2], top=1, min_rounds=2,
+               verbose=False, report=False)
+    plan = build_select(_base(), out=out, algorithms=["fedavg", "ccvr"], budget_rounds=28, seeds=[1, 2], top=1,
+                        min_rounds=2)
+    curves = [t["curve"] for t in _trials(plan) if t["entry"] == "ccvr"]
+    assert curves and all(c for c in curves), curves
+    for curve in curves:  # no round 1 (nothing calibrated yet); the calibrated best so far after
+        assert min(curve) == 2 and all(abs(v - 0.1 * max(k for k in (2, 6) if k <= r)) < 1e-9
+                                       for r, v in curve.items()), curve

@@ -91,6 +91,24 @@ def test_personal_models_are_tuned_on_their_own_clients_validation(tiny, tmp_pat
     assert best["fedproto"]["metric"] == "val_local_accuracy" and "metric" not in best["fedavg"]
 
 
+def test_a_calibrated_run_is_scored_on_its_calibrated_rounds_only(tiny, tmp_path, monkeypatch):
+    """CCVR's output is its calibrated model (by default calibrated after its last round): its
+    trial scores that, never the higher accuracy of its uncalibrated rounds before."""
+    from types import SimpleNamespace
+
+    rows = [{"round": 1, "val_accuracy": 0.9}, {"round": 2, "val_accuracy": 0.95, "calibrated_val_accuracy": 0.4}]
+
+    def run(config=None, overrides=None, resume=False, on_round=None):
+        for row in rows:
+            on_round(row)
+        return SimpleNamespace(history=rows, summary={"rounds": 2})
+
+    monkeypatch.setattr(fedrift.api, "run", run)
+    results = fedrift.tune(_cfg(tiny, rounds=2), algorithms=["ccvr"], trials=1, out=tmp_path / "t", pruner="none",
+                           report=False, verbose=False)
+    assert results["ccvr"]["best"]["val_accuracy"] == 0.4
+
+
 def test_tune_needs_a_validation_split_and_checks_the_space(tiny):
     cfg = _cfg(tiny)
     cfg["partition"].pop("val_share")

@@ -487,6 +487,10 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
 
         def on_round(row: dict[str, Any]) -> None:
             score = score_of(row)
+            if entry.calibrates and row.get("calibrated_val_accuracy") is None:
+                # the calibrated model is CCVR's output: a round it did not calibrate (between
+                # the rungs) keeps the last calibrated score, never its uncalibrated model's
+                score = best[0] if math.isfinite(best[0]) else None
             if score is None:
                 return
             rnd = int(row["round"])

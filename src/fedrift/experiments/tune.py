@@ -262,7 +262,12 @@ def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str]
                 trial.set_user_attr("status", "diverged")
             echo(f"{study.entry} trial {trial.number} ({shown}): diverged ({str(err).split(';')[0]})")
             raise optuna.TrialPruned("diverged") from None
-        score = max((sc[1] for sc in map(score_of, result.history) if sc is not None), default=math.nan)
+        scored = [sc for sc in map(score_of, result.history) if sc is not None]
+        # a run that calibrates (CCVR, by default only after its last round) is scored on its
+        # calibrated rounds only: its output is the calibrated model, not the rounds before
+        if any(name == "calibrated_val_accuracy" for name, _ in scored):
+            scored = [sc for sc in scored if sc[0] == "calibrated_val_accuracy"]
+        score = max((v for _, v in scored), default=math.nan)
         with shielded():
             trial.set_user_attr("status", "completed")
             trial.set_user_attr("rounds", int(result.summary.get("rounds", 0)))
