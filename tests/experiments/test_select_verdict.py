@@ -97,7 +97,7 @@ def test_below_six_seeds_each_side_is_said_and_nothing_is_tested(tmp_path, diffs
     seeds = list(range(1, len(diffs) + 1))
     rows = _confirm(tmp_path / "confirm", {"fedadc": diffs}, seeds)
     rec = recommend(_plan(tmp_path, seeds), rows, PICKED, trials=TRIALS)
-    assert words in rec["text"] and "not tested" in rec["text"] and rec["choice"] == choice
+    assert words in rec["text"] and rec["text"].count("not tested") == 1 and rec["choice"] == choice
     assert rec["tested"] is False and "seeds=" + ",".join(map(str, six_seeds(_plan(tmp_path, seeds)))) in rec["text"]
     assert "as good as any" not in rec["text"]
 

@@ -159,7 +159,8 @@ def _candidate_best(best: str, ref: str, ref_text: str, info: Mapping[str, Any],
                             f"not tested: {n} {_seeds(n)} cannot pass the sign-flip test ({SIGN_FLIP_SEEDS} needed), so "
                             "this recommendation is provisional"}
         return {"choice": ref, "verdict": "fedavg, not tested",
-                "text": f"{ref_text} is kept: the best by validation, {best}, is {_seed_words(i, ref)}; not tested: "
+                "text": f"{ref_text} is kept: the best by validation, {best}, is "
+                        f"{_seed_words(i, ref).removesuffix(', not tested')}; not tested: "
                         f"{n} {_seeds(n)} cannot pass the sign-flip test ({SIGN_FLIP_SEEDS} needed)"}
     p = "-" if i["p"] is None else f"{i['p']:.3g}"
     if i["significant"]:
