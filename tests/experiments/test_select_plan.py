@@ -94,7 +94,12 @@ def test_the_plan_keeps_the_least_search_and_refuses_only_what_cannot_pay_for_it
     assert plan["refused"] is None and plan["confirmation"]["seeds"] == [1, 2] and not plan["confirmation"]["full"]
     assert plan["search"]["rounds"] == 28 - 24
     assert make_plan(**kw, budget_seconds=None, budget_rounds=39)["confirmation"]["seeds"] == [1, 2]
-    plan = make_plan(**kw, budget_seconds=None, budget_rounds=40)  # 36 + 4: everything asked
+    # 36 + 4 would pay for everything asked, but the confirmation takes at most two thirds of
+    # the budget where a smaller one fits there (26 rounds of 40: 2 seeds), the search the rest
+    plan = make_plan(**kw, budget_seconds=None, budget_rounds=40)
+    assert plan["confirmation"]["seeds"] == [1, 2] and plan["search"]["rounds"] == 40 - 24
+    assert not make_plan(**kw, budget_seconds=None, budget_rounds=53)["confirmation"]["full"]
+    plan = make_plan(**kw, budget_seconds=None, budget_rounds=54)  # 36 <= 2/3 x 54: everything asked
     assert plan["confirmation"]["full"] and plan["confirmation"]["rounds"] == 36
     # 100 rounds: 64 for the search, FedAvg's first trial 6 of them; a trial costs 2 + 4/3 rounds
     plan = make_plan(**kw, budget_seconds=None, budget_rounds=100)
