@@ -275,7 +275,6 @@ def test_optunas_experimental_warning_is_silenced_and_nothing_else():
     about it is not printed; other warnings still are (no global ignore)."""
     import warnings
 
-    pytest.importorskip("optuna")
     from fedrift.experiments.studies import load_optuna
 
     with warnings.catch_warnings(record=True) as caught:

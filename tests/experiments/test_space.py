@@ -38,7 +38,8 @@ def test_a_step_gives_its_multiples_with_its_decimals():
 
 @pytest.mark.parametrize("sampler", ["tpe", "tpe-multivariate", "random"])
 def test_optuna_stores_the_rounded_value_that_runs(sampler):
-    optuna = pytest.importorskip("optuna")
+    import optuna  # the tune extra, which make test installs
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     make = {"tpe": lambda: optuna.samplers.TPESampler(seed=0, n_startup_trials=2),
             "tpe-multivariate": lambda: optuna.samplers.TPESampler(seed=0, multivariate=True, n_startup_trials=2),
