@@ -207,23 +207,18 @@ class Calibration:
     stats)``: the server's running fold (``acc`` None for the first client); ``calibrate(params,
     acc, round, apply, head)``: the calibrated model, equal to ``params`` outside the
     parameter names in ``head`` (the classifier). When: ``at`` None, at every evaluated
-    round (``final_only``: the last round only); ``at`` a tuple of rounds, at those rounds
-    (evaluated there whatever ``eval.every`` says) and the last; ``()``: the last only."""
+    round; ``at`` a tuple of rounds, at those rounds (evaluated there whatever ``eval.every``
+    says) and the last; ``()``: the last only."""
 
     stats: Callable[[torch.Tensor, torch.Tensor], Tree]
     merge: Callable[[Tree | None, Tree], Tree]
     calibrate: Callable[[Params, Tree, int, Apply, set[str]], Params]
-    final_only: bool = False
     at: tuple[int, ...] | None = None
 
     def due(self, t: int, last: int) -> bool:
         """Whether evaluated round ``t`` of ``last`` calibrates (the last always does: a
         calibrated model is the run's output)."""
-        if t == last:
-            return True
-        if self.at is not None:
-            return t in self.at
-        return not self.final_only
+        return t == last or self.at is None or t in self.at
 
 
 @dataclass(frozen=True)
