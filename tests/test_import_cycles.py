@@ -133,3 +133,62 @@ def test_every_unit_has_a_layer_and_imports_only_downward():
     placed = {u for units in LAYERS for u in units}
     assert {unit_of(m) for m in graph} <= placed, f"units without a layer: {sorted({unit_of(m) for m in graph} - placed)}"
     assert upward_imports(graph, LAYERS) == []
+
+
+def load_time_imports(src: Path, package: str) -> dict[str, set[str]]:
+    """Per module, what importing it imports at once: the imports run at module level (inside
+    ``if``, ``try``, ``with`` and class bodies too), not those in functions or under ``if
+    TYPE_CHECKING:``. Names as written (absolute, relative ones resolved), not narrowed."""
+    out: dict[str, set[str]] = {}
+    for f in sorted((src / package).rglob("*.py")):
+        parts = list(f.relative_to(src).with_suffix("").parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        here = module.split(".") if f.name == "__init__.py" else module.split(".")[:-1]
+        names: set[str] = set()
+        todo = list(ast.parse(f.read_text(), str(f)).body)
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+                names |= {base} | {f"{base}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                todo += node.orelse
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.ClassDef)):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    todo += getattr(node, field, [])
+            elif isinstance(node, ast.ExceptHandler):
+                todo += node.body
+        out[module] = names
+    return out
+
+
+def imported_with(module: str, imports: dict[str, set[str]]) -> set[str]:
+    """Every name importing ``module`` reaches at load time: fedrift's modules (with their
+    packages' ``__init__``) followed, others' top-level names collected."""
+    seen, outside, todo = set(), set(), [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for k in range(1, len(parts) + 1):  # a module's packages are imported first
+            m = ".".join(parts[:k])
+            if m in imports and m not in seen:
+                seen.add(m)
+                todo += sorted(imports[m])
+        if parts[0] != "fedrift":
+            outside.add(parts[0])
+    return outside
+
+
+def test_the_command_loads_no_plotting_or_scipy_until_it_draws():
+    """``fedrift`` (the package, the command, a Flower app, a worker) imports matplotlib,
+    scipy, scikit-learn and the DP accountant only where they are used: each cost about a
+    second of a core in every process that starts (the suite starts hundreds)."""
+    imports = load_time_imports(SRC, "fedrift")
+    heavy = {"matplotlib", "scipy", "sklearn", "dp_accounting", "optuna", "ray", "flwr", "transformers"}
+    for module in ("fedrift", "fedrift.cli", "fedrift.engine.executors.processes"):
+        assert not imported_with(module, imports) & heavy, (module, imported_with(module, imports) & heavy)
+    assert imported_with("fedrift.report.plots", imports) >= {"matplotlib"}  # the walk sees them where they are

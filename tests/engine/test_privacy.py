@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dp_accounting
 import pytest
 import torch
 from torch.func import grad
@@ -77,6 +76,8 @@ def test_client_noise_has_the_stated_scale():
 def test_client_level_epsilon_is_the_accountants(tiny):
     res = _run(tiny, "", train={"rounds": 3, "clients_per_round": 3},
                privacy={"level": "client", "clip": 1.0, "noise_multiplier": 1.5, "delta": 1e-4})
+    import dp_accounting  # scipy: seconds to import, in the one test process that runs this
+
     acc = dp_accounting.rdp.RdpAccountant()
     event = dp_accounting.PoissonSampledDpEvent(3 / 6, dp_accounting.GaussianDpEvent(1.5))
     eps = []
@@ -165,6 +166,8 @@ def test_sample_level_epsilon_and_executors_agree(tiny):
     for k, v in runs["sequential"].global_state.items():  # vmap sums in another order; the noise's
         torch.testing.assert_close(runs["batched"].global_state[k], v, rtol=0, atol=1e-3)  # step is lr z C / B = 7e-3
     n = int(Partition.load(runs["sequential"].output_dir / "partition.json").sizes().min())
+    import dp_accounting  # scipy: seconds to import, in the one test process that runs this
+
     acc = dp_accounting.rdp.RdpAccountant()
     step = dp_accounting.PoissonSampledDpEvent(8 / n, dp_accounting.GaussianDpEvent(1.1))
     acc.compose(dp_accounting.SelfComposedDpEvent(step, math.ceil(n / 8)), 2)  # tiny: one local epoch

@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 
 def _as_counts(counts: np.ndarray) -> np.ndarray:
@@ -78,6 +76,9 @@ def bubble_plot(counts: np.ndarray, path: Path, title: str) -> None:
     Always writes a PNG (``path`` itself, or ``path`` with a .png suffix); when ``path``
     ends with .svg the SVG is written there too.
     """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib: only where a plot is drawn
+    from matplotlib.figure import Figure
+
     counts = _as_counts(counts)
     k, c = counts.shape
     path = Path(path)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fedrift.report.html import _e, _img, fit_table, page_head
-from fedrift.report.plots import new_figure, save
 from fedrift.report.table import markdown_lines
 
 
@@ -86,6 +85,8 @@ def _figure(root: Path, page: Mapping[str, Any]) -> Path | None:
     trials = [t for t in page.get("trials") or [] if t.get("curve")]
     if not trials:
         return None
+    from fedrift.report.plots import new_figure, save  # matplotlib: only where a figure is drawn
+
     fig = new_figure(7.5, 4.0)
     ax = fig.add_subplot(1, 1, 1)
     picked = {t["trial"] for t in page.get("picked") or []}

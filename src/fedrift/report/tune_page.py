@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fedrift.report.html import _e, _img, fit_table, page_head
-from fedrift.report.plots import new_figure, save
 from fedrift.report.table import read_metrics
 
 
@@ -34,6 +33,8 @@ def _figure(root: Path, name: str, study: Mapping[str, Any]) -> Path | None:
     if not trials:
         return None
     n = 1 + len(keys)
+    from fedrift.report.plots import new_figure, save  # matplotlib: only where a figure is drawn
+
     fig = new_figure(3.6 * n, 3.0)
     ax = fig.add_subplot(1, n, 1)
     best = study["best"]
