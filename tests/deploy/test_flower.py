@@ -15,7 +15,7 @@ One is deployed under Flower's default isolation, a ClientApp process started pe
 message at a time, so those starts are most of the time, and a second run there was the
 suite's longest wait): SCAFFOLD under a step schedule (client state and a schedule, FedAvg's
 model and aggregation beneath). The others go to a second federation beside it, whose
-ClientApps are forked from a warm process (``fedrift.deploy.forkexec``): FedAvg again, FedGKD
+ClientApps (and ServerApps) are forked from a warm process (``fedrift.deploy.forkexec``): FedAvg again, FedGKD
 (a teacher in the payload) and SCAFFOLD (its controls kept in the devices' Flower context must
 cross the forked processes unchanged), FedACG (a look-ahead in the payload), FedDC (drift
 variables in the devices' context) and Elastic (a sensitivity in each reply), so both
@@ -138,10 +138,11 @@ def deployed(tmp_path_factory):
                 for alg in ALGORITHMS}
         forked = feds["fork"]
         forkexec = {k: forked.log(f"forkexec{k}") for k in range(CLIENTS)}
+        server = forked.log("forkexec-server")
         alive = all(p.poll() is None for p in forked.executors.values())
         started = forked.descendants()  # the long run's ServerApp among them
         assert started
-    forks = SimpleNamespace(logs=forkexec, alive=alive, started=started)
+    forks = SimpleNamespace(logs=forkexec, server=server, alive=alive, started=started)
     return {alg: (entries[alg], base / f"deployed-{alg}", simulated[alg]) for alg in ALGORITHMS}, refused[0], logs, forks
 
 
@@ -238,13 +239,17 @@ def test_client_state_stays_on_the_devices(deployed):
 
 def test_each_message_runs_in_its_own_forked_process(deployed):
     """Per SuperNode and run on the forked federation: the discovery query, the rounds'
-    training messages; each task in a process of its own, the warm process still up after them."""
+    training messages; each task in a process of its own, the warm process still up after them.
+    The SuperLink's ServerApps likewise, one forked process a run."""
     *_, forks = deployed
     assert forks.alive
     for k, log in forks.logs.items():
         tasks = re.findall(r"fedrift forkexec: task (\d+) in process (\d+)", log)
         assert len(tasks) >= len(ISOLATION["fork"]) * (1 + ROUNDS), log[-2000:]
         assert len({pid for _, pid in tasks}) == len(tasks) and len({t for t, _ in tasks}) == len(tasks)
+    # the SuperLink's ServerApps too: one forked process per run (the long run's among them)
+    runs = re.findall(r"fedrift forkexec: task (\d+) in process (\d+)", forks.server)
+    assert len(runs) == len(ISOLATION["fork"]) + 1 and len({pid for _, pid in runs}) == len(runs), forks.server[-2000:]
 
 
 def test_nothing_is_left_running(deployed):

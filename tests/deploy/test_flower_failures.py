@@ -2,7 +2,7 @@
 authentication, 3 SuperNodes): a SuperNode stopped mid-run with and without
 ``engine.accept_failures``, a device's config error, and what ends legibly in each case (the
 ServerApp's log lines, ``summary.json``'s status, the model so far, Flower's own status).
-The ClientApps are forked from a warm process beside each SuperNode (``fedrift.deploy.forkexec``,
+The ClientApps are forked from a warm process beside each SuperNode, the ServerApps from one beside the SuperLink (``fedrift.deploy.forkexec``,
 as test_flower.py's second federation): what fails here is a SuperNode, not a ClientApp start.
 The three runs go to the SuperLink one after another; SuperNode 1 is stopped once both
 training runs have finished round 1. SuperNode 2 reads its ``data-root`` (node config), which an embedded

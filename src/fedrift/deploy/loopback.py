@@ -97,7 +97,8 @@ class LoopbackFederation:
     1.42, whichever way): ``"subprocess"`` (Flower's default: the SuperNode starts
     ``flower-superexec``), ``"process"`` (``--isolation process`` with ``flower-superexec``
     started beside it) or ``"fork"`` (``--isolation process`` with
-    ``fedrift.deploy.forkexec`` beside it: the processes forked from one that has imported
+    ``fedrift.deploy.forkexec`` beside it, and beside the SuperLink for its ServerApps: the
+    processes forked from one that has imported
     torch, Flower and fedrift)."""
 
     ISOLATIONS = ("subprocess", "process", "fork")
@@ -108,6 +109,7 @@ class LoopbackFederation:
             raise ValueError(f"isolation: {isolation!r}; allowed: {', '.join(self.ISOLATIONS)}")
         self.folder, self.clients, self.isolation = folder, clients, isolation
         self.executors: dict[int, subprocess.Popen] = {}
+        self.server_executor: subprocess.Popen | None = None  # under "fork": the SuperLink's forkexec
         self.node_config = node_config or {}
         self.bin = Path(sys.executable).parent
         # Flower starts its helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH
@@ -141,7 +143,7 @@ class LoopbackFederation:
         self._spawn("superlink", "flower-superlink", "--host", "127.0.0.1", "--port", str(self.port),
                     "--ssl-ca-certfile", str(certs / "ca.crt"), "--ssl-certfile", str(certs / "server.pem"),
                     "--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth",
-                    "--disable-runtime-dependency-installation")
+                    "--disable-runtime-dependency-installation", *self._server_isolation())
         self._wait_listening(self.port, 60)
         for k in range(self.clients):
             self.flwr("supernode", "register", str(certs / f"node{k}.pub"), CONNECTION)
@@ -161,7 +163,17 @@ class LoopbackFederation:
             else:
                 self.executors[k] = self._spawn(f"forkexec{k}", Path(sys.executable).name, "-m",
                                                 "fedrift.deploy.forkexec", *args)
+        if self._server_isolation():  # the SuperLink's ServerApps, forked beside it (after the nodes: procs[1 + k] stays node k)
+            self.server_executor = self._spawn("forkexec-server", Path(sys.executable).name, "-m", "fedrift.deploy.forkexec",
+                                               "--runtime-api-address", f"127.0.0.1:{self.port}", "--root-certificates",
+                                               str(certs / "ca.crt"), "--parent-pid", str(self.procs[0].pid))
         self._wait_nodes(60)
+
+    def _server_isolation(self) -> tuple[str, ...]:
+        """The SuperLink's own flags for its ServerApps: under ``fork`` they are forked by a
+        ``fedrift.deploy.forkexec`` beside it (``--isolation process``); otherwise the
+        SuperLink starts ``flower-superexec`` and a ``flwr-serverapp`` process per run."""
+        return ("--isolation", "process") if self.isolation == "fork" else ()
 
     def unregistered_node_refused(self, timeout: float = 30) -> tuple[bool, str]:
         """Start a SuperNode whose key was never registered: (whether it gave up, its log)."""
