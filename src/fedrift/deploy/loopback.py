@@ -98,8 +98,7 @@ class LoopbackFederation:
     ``flower-superexec``), ``"process"`` (``--isolation process`` with ``flower-superexec``
     started beside it) or ``"fork"`` (``--isolation process`` with
     ``fedrift.deploy.forkexec`` beside it, and beside the SuperLink for its ServerApps: the
-    processes forked from one that has imported
-    torch, Flower and fedrift)."""
+    processes forked from one that has imported torch, Flower and fedrift)."""
 
     ISOLATIONS = ("subprocess", "process", "fork")
 
