@@ -17,25 +17,35 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def module_graph(src: Path, package: str) -> dict[str, set[str]]:
+def module_files(src: Path, package: str) -> dict[str, Path]:
+    """Every module of ``package`` under ``src``: dotted name (a package by its own name) -> file."""
     files = {}
     for f in sorted((src / package).rglob("*.py")):
         parts = list(f.relative_to(src).with_suffix("").parts)
         files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return files
+
+
+def imported_names(node: ast.AST, module: str, file: Path) -> list[str]:
+    """The names an import statement in ``module`` imports, relative ones made absolute (a
+    ``from`` import: the module and each name under it); [] for any other statement."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    here = module.split(".") if file.name == "__init__.py" else module.split(".")[:-1]  # the package of a relative import
+    base = node.module or ""
+    if node.level:
+        base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+
+
+def module_graph(src: Path, package: str) -> dict[str, set[str]]:
+    files = module_files(src, package)
     graph: dict[str, set[str]] = {m: set() for m in files}
     for m, f in files.items():
-        here = m.split(".") if f.name == "__init__.py" else m.split(".")[:-1]  # the package of a relative import
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
-                names = [base] + [f"{base}.{a.name}" for a in node.names]
-            else:
-                continue
-            for name in names:
+            for name in imported_names(node, m, f):
                 while name and name not in files:
                     name = name.rpartition(".")[0]
                 if name and name != m and not m.startswith(name + "."):
@@ -140,22 +150,13 @@ def load_time_imports(src: Path, package: str) -> dict[str, set[str]]:
     ``if``, ``try``, ``with`` and class bodies too), not those in functions or under ``if
     TYPE_CHECKING:``. Names as written (absolute, relative ones resolved), not narrowed."""
     out: dict[str, set[str]] = {}
-    for f in sorted((src / package).rglob("*.py")):
-        parts = list(f.relative_to(src).with_suffix("").parts)
-        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        here = module.split(".") if f.name == "__init__.py" else module.split(".")[:-1]
+    for module, f in module_files(src, package).items():
         names: set[str] = set()
         todo = list(ast.parse(f.read_text(), str(f)).body)
         while todo:
             node = todo.pop()
-            if isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
-                names |= {base} | {f"{base}.{a.name}" for a in node.names}
-            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            names |= set(imported_names(node, module, f))
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 todo += node.orelse
             elif isinstance(node, (ast.If, ast.Try, ast.With, ast.ClassDef)):
                 for field in ("body", "orelse", "finalbody", "handlers"):

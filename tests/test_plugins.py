@@ -317,5 +317,6 @@ def test_the_example_plugin_is_not_installed_by_setup():
     # an environment set up before this rule may still hold it: the message says how to remove it
     with pytest.raises(PackageNotFoundError):
         distribution("fedrift-example-plugin")
+        pytest.fail("fedrift-example-plugin is installed here: pip uninstall -y fedrift-example-plugin")
     assert not [ep for ep in entry_points(group=plugins.GROUP) if ep.value.startswith("fedrift_example_plugin")], \
         "fedrift-example-plugin's entry points are installed here: pip uninstall -y fedrift-example-plugin"

@@ -108,7 +108,6 @@ class LoopbackFederation:
             raise ValueError(f"isolation: {isolation!r}; allowed: {', '.join(self.ISOLATIONS)}")
         self.folder, self.clients, self.isolation = folder, clients, isolation
         self.executors: dict[int, subprocess.Popen] = {}
-        self.server_executor: subprocess.Popen | None = None  # under "fork": the SuperLink's forkexec
         self.node_config = node_config or {}
         self.bin = Path(sys.executable).parent
         # Flower starts its helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH
@@ -163,9 +162,8 @@ class LoopbackFederation:
                 self.executors[k] = self._spawn(f"forkexec{k}", Path(sys.executable).name, "-m",
                                                 "fedrift.deploy.forkexec", *args)
         if self._server_isolation():  # the SuperLink's ServerApps, forked beside it (after the nodes: procs[1 + k] stays node k)
-            self.server_executor = self._spawn("forkexec-server", Path(sys.executable).name, "-m", "fedrift.deploy.forkexec",
-                                               "--runtime-api-address", f"127.0.0.1:{self.port}", "--root-certificates",
-                                               str(certs / "ca.crt"), "--parent-pid", str(self.procs[0].pid))
+            self._spawn("forkexec-server", Path(sys.executable).name, "-m", "fedrift.deploy.forkexec", "--runtime-api-address",
+                        f"127.0.0.1:{self.port}", "--root-certificates", str(certs / "ca.crt"), "--parent-pid", str(self.procs[0].pid))
         self._wait_nodes(60)
 
     def _server_isolation(self) -> tuple[str, ...]:
