@@ -150,3 +150,37 @@ def test_lr_schedule_keys_at_their_defaults_are_accepted_with_any_schedule():
         cfg = load_config({}, over)
         assert load_config(yaml.safe_load(to_yaml(cfg))) == cfg
     assert load_config({}, ["train.lr_schedule=step", "train.lr_milestones=[1,50]"]).train.lr_at(1) == pytest.approx(0.005)
+
+
+def test_yaml_by_libyaml_reads_and_writes_what_pure_python_pyyaml_does(tmp_path):
+    """fedrift.yamlio's C parser and emitter give PyYAML's pure-Python documents and texts (the
+    examples, and each one's resolved config as a run writes it), and a text the C parser
+    refuses gets PyYAML's usual error (a text's quotes the line, a file's names the file)."""
+    import yaml
+
+    from fedrift import yamlio
+    from fedrift.api import prepare
+    from fedrift.engine.build import resolved_yaml
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    files = sorted(root.rglob("*.yaml"))
+    assert len(files) >= 10
+    for path in files:
+        text = path.read_text()
+        doc = yaml.safe_load(text)
+        assert yamlio.load(text) == doc, path
+        assert yamlio.dump(doc) == yaml.safe_dump(doc, sort_keys=False), path
+    resolved = resolved_yaml(prepare(str(root / "demo.yaml")))
+    assert yamlio.dump(yamlio.load(resolved)) == yaml.safe_dump(yaml.safe_load(resolved), sort_keys=False) == resolved
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {rounds: 3\nmodel: cnn\n")
+    with pytest.raises(yaml.YAMLError) as python, bad.open() as f:
+        yaml.safe_load(f)
+    with pytest.raises(yaml.YAMLError) as ours, bad.open() as f:
+        yamlio.load(f)
+    assert str(ours.value) == str(python.value) and "bad.yaml" in str(ours.value)
+    with pytest.raises(yaml.YAMLError) as python:
+        yaml.safe_load(bad.read_text())
+    with pytest.raises(yaml.YAMLError) as ours:
+        yamlio.load(bad.read_text())
+    assert str(ours.value) == str(python.value) and "^" in str(ours.value)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
-import yaml
 
+from fedrift import yamlio
 from fedrift.algorithms.base import Algorithm
 from fedrift.config import Config, apply_overrides, read_yaml
 from fedrift.data.fingerprint import dataset_fingerprint
@@ -106,7 +106,7 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
         raise ConfigError("output.dir: resuming needs the run's folder; allowed: the folder of a stopped run")
     out_dir = run_folder(cfg)
     config_text = resolved_yaml(prep)
-    doc = yaml.safe_load(config_text)
+    doc = yamlio.load(config_text)
     doc["engine"].update(executor=executor_name, device=str(prep.device))  # as resolved: both change results
     checkpoints = Checkpointer(out_dir, doc, cfg.engine.checkpoint_every, data=dataset_fingerprint(prep.dataset),
                                accept_changed=cfg.data.accept_changed)

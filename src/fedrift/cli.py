@@ -365,12 +365,13 @@ def _report(args: argparse.Namespace) -> int:
 def _plugins(raw: str) -> None:
     """Import the modules of a ``plugins=[a,b]`` token (and the installed entry points)."""
     import yaml
+    from fedrift import yamlio
 
     from fedrift.config import plugin_list
     from fedrift.plugins import load_plugins
 
     try:
-        value = yaml.safe_load(raw)
+        value = yamlio.load(raw)
     except yaml.YAMLError:
         value = raw
     load_plugins(plugin_list(value))

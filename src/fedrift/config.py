@@ -17,6 +17,7 @@ from typing import Annotated, Any, Callable, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fedrift import yamlio
 from fedrift.errors import ConfigError
 from fedrift.overrides import parse_algorithm, parse_value
 from fedrift.plugins import load_plugins
@@ -322,7 +323,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
         with p.open() as f:
-            doc = yaml.safe_load(f)  # from the file object: errors name the file, not "<unicode string>"
+            doc = yamlio.load(f)  # from the file object: errors name the file, not "<unicode string>"
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_one_line(err)}") from None
     except UnicodeDecodeError:
@@ -559,4 +560,4 @@ def to_yaml(cfg: Config, resolved_options: Mapping[str, Any] | None = None) -> s
     doc = cfg.model_dump(mode="json")
     for section, options in (resolved_options or {}).items():
         doc[section] = {"name": doc[section]["name"], **{k: v for k, v in doc[section].items() if k != "name"}, **options}
-    return yaml.safe_dump(doc, sort_keys=False)
+    return yamlio.dump(doc)

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from fedrift import yamlio
 from fedrift.errors import ConfigError
 
 
@@ -50,7 +51,7 @@ def _depth_zero_close(raw: str) -> bool:
 def parse_value(raw: str) -> Any:
     """A value as YAML reads it (``0.1``, ``[64, 64]``, ``none``); text that is not YAML as it is."""
     try:
-        return yaml.safe_load(raw) if raw.strip() else None
+        return yamlio.load(raw) if raw.strip() else None
     except yaml.YAMLError:
         return raw
 

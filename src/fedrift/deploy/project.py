@@ -101,7 +101,7 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
     require_flwr()
     import tomli_w  # comes with flwr
 
-    import yaml
+    from fedrift import yamlio
 
     from fedrift.engine.build import build_run, prepare, resolved_yaml
 
@@ -114,7 +114,7 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"DIR: {str(out)!r} exists and is not an empty folder; allowed: a new folder")
     text = resolved_yaml(prep)
-    doc = yaml.safe_load(text)
+    doc = yamlio.load(text)
     name = f"fedrift-{prep.config.algorithm.name}".replace("_", "-")
     from fedrift.data.fingerprint import client_fingerprints
 

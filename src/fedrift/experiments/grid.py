@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
+from fedrift import yamlio
 from fedrift.config import Config, apply_overrides, config_dict, load_config, same_root, to_yaml
 from fedrift.engine.checkpoint import FOLDER as CHECKPOINTS, MANIFEST
 from fedrift.engine.outputs import OWNED, unfinished
@@ -97,7 +98,7 @@ def _resolved(cfg: Config, options: dict[str, Any]) -> dict[str, Any]:
     import dataclasses
 
     as_dict = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {}) for k, v in options.items()}
-    return flatten(yaml.safe_load(to_yaml(cfg, as_dict)))
+    return flatten(yamlio.load(to_yaml(cfg, as_dict)))
 
 
 def _check_seeds(seeds: Iterable[Any]) -> list[int]:
@@ -296,7 +297,7 @@ def config_differences(stored: Mapping[str, Any], expected: Mapping[str, Any], r
 def _stored_run(d: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """A run folder's summary and its config.yaml flattened; None when either is unreadable."""
     try:
-        return json.loads((d / "summary.json").read_text()), flatten(yaml.safe_load((d / "config.yaml").read_text()) or {})
+        return json.loads((d / "summary.json").read_text()), flatten(yamlio.load((d / "config.yaml").read_text()) or {})
     except (OSError, ValueError, AttributeError, yaml.YAMLError):
         return None
 

@@ -97,8 +97,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import yaml
-
+from fedrift import yamlio
 from fedrift.config import Config, apply_overrides, config_dict, entry_doc
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, DivergenceError, writing
@@ -831,7 +830,7 @@ def write_candidates(plan: Select, picked: Sequence[Mapping[str, Any]]) -> Path:
                            "rounds": t["rounds"], "base": tune_base(entry.doc, list(values))}
     path = plan.root / CANDIDATES
     path.write_text("# fedrift select: the confirmed entries' values (the best trial of each), in the format of "
-                    f"a tune's {BEST}\n" + yaml.safe_dump(doc, sort_keys=False))
+                    f"a tune's {BEST}\n" + yamlio.dump(doc))
     return path
 
 
@@ -844,7 +843,7 @@ def write_recommendation(plan: Select, rec: Mapping[str, Any], picked: Sequence[
     doc.pop("output", None)
     path = plan.root / RECOMMENDATION
     lines = ["# fedrift select: " + line for line in wrap(rec["text"])]
-    path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False))
+    path.write_text("\n".join(lines) + "\n" + yamlio.dump(doc))
     return path
 
 

@@ -67,9 +67,9 @@ def check_stackable(preps: Sequence[Prepared]) -> None:
 
 
 def _comparable(prep: Prepared) -> dict[str, Any]:
-    import yaml
+    from fedrift import yamlio
 
-    flat = flatten(yaml.safe_load(resolved_yaml(prep)))
+    flat = flatten(yamlio.load(resolved_yaml(prep)))
     return {k: v for k, v in flat.items() if not k.startswith(PER_RUN)}
 
 

@@ -48,8 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import yaml
-
+from fedrift import yamlio
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.space import takes
@@ -306,7 +305,7 @@ def _values(study: Study, entries: Sequence[Entry], built: Mapping[str, Any], ec
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / VALUES
         text = ("# fedrift study: each entry's values (its tune's best, the study's tuned: file's, or none: the "
-                "config's); what compare's tuned= reads\n" + yaml.safe_dump(doc, sort_keys=False))
+                "config's); what compare's tuned= reads\n" + yamlio.dump(doc))
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
     return path

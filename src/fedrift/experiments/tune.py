@@ -49,8 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import yaml
-
+from fedrift import yamlio
 from fedrift.config import Config, apply_overrides, config_dict, entry_doc
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, DivergenceError, writing
@@ -443,7 +442,7 @@ def write_results(tune: Tune, echo: Callable[[str], None] = print, figures: bool
     (tune.root / BEST).write_text(
         "# fedrift tune: per algorithm entry, the best trial's values (fedrift compare ... tuned=DIR), the space\n"
         "# searched, the values at its edge, and the base they were chosen on (compare warns when its runs differ)\n"
-        + yaml.safe_dump(best, sort_keys=False))
+        + yamlio.dump(best))
     keys = sorted({k for r in results.values() for t in r["trials"] for k in t["params"]})
     with open(tune.root / "trials.csv", "w", newline="") as f:
         w = csv.writer(f)

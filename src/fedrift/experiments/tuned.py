@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from fedrift import yamlio
 from fedrift.config import load_config
 from fedrift.errors import ConfigError
 from fedrift.overrides import parse_algorithm
@@ -80,7 +81,7 @@ def read_tuned(path: str | Path) -> dict[str, dict[str, Any]]:
     if not p.is_file():
         raise ConfigError(f"tuned: {str(path)!r} holds no {BEST}; allowed: a folder written by fedrift tune")
     try:
-        doc = yaml.safe_load(p.read_text()) or {}
+        doc = yamlio.load(p.read_text()) or {}
     except (yaml.YAMLError, ValueError):
         raise ConfigError(f"tuned: {p} is not valid YAML") from None
     if not isinstance(doc, dict) or not all(isinstance(v, dict) and isinstance(v.get("overrides"), dict) for v in doc.values()):

@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
+from fedrift import yamlio
 from fedrift.config import Config, load_config
 from fedrift.errors import ConfigError, FedriftError
 from fedrift.report import paired, published
@@ -141,7 +142,7 @@ def _read_mapping(path: Path, parse: Callable[[str], Any]) -> dict[str, Any]:
 def load_run(d: Path) -> Run:
     d = Path(d)
     run = Run(d)
-    config = _read_mapping(d / "config.yaml", yaml.safe_load)
+    config = _read_mapping(d / "config.yaml", yamlio.load)
     run.config = _with_defaults(config) if config else {}
     run.summary = _read_mapping(d / "summary.json", json.loads)
     run.metrics = read_metrics(d / "metrics.jsonl")
