@@ -96,11 +96,32 @@ def mnist5k_raw() -> tuple[np.ndarray, np.ndarray]:
 
 @lru_cache(maxsize=1)
 def digits_raw() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's arrays as shipped: x float64 (1797, 64) in 0..16, y int64; read-only."""
-    from sklearn import datasets as sk_datasets
+    """scikit-learn's arrays as shipped: x float64 (1797, 64) in 0..16, y int64; read-only.
 
-    bunch = sk_datasets.load_digits()
-    x, y = np.asarray(bunch.data, dtype=np.float64), np.asarray(bunch.target, dtype=np.int64)
+    Read from the installed package's ``digits.csv.gz`` as ``load_digits`` reads it
+    (``np.loadtxt``), without importing scikit-learn: its import alone is about 3 s of CPU,
+    paid by every process that loads this dataset (a command, a pool or Ray worker, a
+    Flower ClientApp). ``load_digits`` itself is the fallback if the file moves or its
+    format changes.
+    """
+    import gzip
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+        if spec is None or not spec.submodule_search_locations:
+            raise OSError("scikit-learn is not installed")
+        with gzip.open(Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz", "rt") as f:
+            table = np.loadtxt(f, delimiter=",")
+        if table.shape != (1797, 65):
+            raise ValueError(f"unexpected shape {table.shape}")
+        x, y = table[:, :-1], table[:, -1].astype(np.int64)
+    except (OSError, ValueError):
+        from sklearn import datasets as sk_datasets
+
+        bunch = sk_datasets.load_digits()
+        x, y = bunch.data, bunch.target
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.int64)
     _read_only(x, y)
     return x, y
 
