@@ -152,7 +152,8 @@ def test_every_algorithm_runs_on_the_text_model_or_refuses_adamw(tmp_path, monke
 
     monkeypatch.setenv("FEDRIFT_CACHE", str(tmp_path / "cache"))
     extra = {"moon": {"model": {"projection_dim": 8}}, "fedgkd_plus": {"model": {"projection_dim": 8}},
-             "feddf": {"partition": {"holdout": 0.2}, "algorithm": {"steps": 2}}}
+             "feddf": {"partition": {"holdout": 0.2}, "algorithm": {"steps": 2}},
+             "ccvr": {"algorithm": {"M": 40, "epochs": 2}}}  # its calibration runs, on fewer virtual features
     sgd_only = {"scaffold", "slowmo", "fedadc", "fedadc_plus", "fednova", "feddc"}
     for name in ALGORITHMS.names():
         if name == "fedbn":  # keeps BatchNorm layers on the clients: the text model has none, refused in one line
