@@ -113,3 +113,33 @@ def test_training_lays_out_kernels_only_without_narrow_1x1_kernels(threads):
         assert laid(cnn, False) and laid(wide, False) and laid(narrow, False)
     finally:
         torch.set_num_threads(saved)
+
+
+def test_weight_tying_is_walked_only_for_a_model_that_ties_a_tensor():
+    """functional_call's weight tying (a walk over every name on each call) runs for a model
+    whose tensor has two names, which needs it; a model without one gets the very same values
+    without it."""
+    from torch.func import functional_call
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+            self.b.weight = self.a.weight  # one tensor, two names
+
+        def forward(self, x, mode="logits"):
+            return self.b(torch.relu(self.a(x)))
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    tied = Tied()
+    apply = make_apply(tied, {})
+    params = {k: 2 * v.detach() for k, v in tied.named_parameters()}  # b.weight is not among them
+    assert apply.tie and "b.weight" not in params
+    w, bias_a, bias_b = params["a.weight"], params["a.bias"], params["b.bias"]
+    torch.testing.assert_close(apply(params, x), torch.relu(x @ w.T + bias_a) @ w.T + bias_b)
+    mlp = build_model("mlp", None, (1, 4, 4), 10, seed=0)
+    apply = make_apply(mlp, {})
+    params = {k: v.detach() for k, v in mlp.named_parameters()}
+    x = torch.randn(5, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    assert not apply.tie
+    assert torch.equal(apply(params, x), functional_call(mlp, params, (x,), {"mode": "logits"}, strict=True))
