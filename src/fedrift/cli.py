@@ -365,8 +365,8 @@ def _report(args: argparse.Namespace) -> int:
 def _plugins(raw: str) -> None:
     """Import the modules of a ``plugins=[a,b]`` token (and the installed entry points)."""
     import yaml
-    from fedrift import yamlio
 
+    from fedrift import yamlio
     from fedrift.config import plugin_list
     from fedrift.plugins import load_plugins
 

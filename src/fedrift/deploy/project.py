@@ -102,7 +102,6 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
     import tomli_w  # comes with flwr
 
     from fedrift import yamlio
-
     from fedrift.engine.build import build_run, prepare, resolved_yaml
 
     overrides = list(overrides or [])
