@@ -20,6 +20,8 @@ import sys
 import time
 from collections import Counter
 
+from suite_cpu import _busy as busy  # this folder's: the machine's busy CPU seconds
+
 TICK = os.sysconf("SC_CLK_TCK")
 KINDS = [  # (kind, any of these in the command line), first match wins
     ("the test processes (xdist workers)", ("-u -c import sys;exec",)),
@@ -31,13 +33,6 @@ KINDS = [  # (kind, any of these in the command line), first match wins
     ("sphinx", ("sphinx",)),
     ("this sampler and pytest's main process", ("suite_processes.py", "-m pytest tests -n")),
 ]
-
-
-def busy() -> float:
-    """CPU seconds the machine has been busy since boot (idle and iowait out)."""
-    with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / TICK
 
 
 def sample(seen: dict, first: bool = False) -> None:
