@@ -143,3 +143,49 @@ def test_weight_tying_is_walked_only_for_a_model_that_ties_a_tensor():
     x = torch.randn(5, 1, 4, 4, generator=torch.Generator().manual_seed(1))
     assert not apply.tie
     assert torch.equal(apply(params, x), functional_call(mlp, params, (x,), {"mode": "logits"}, strict=True))
+
+
+def test_apply_is_functional_call_without_its_per_call_walk():
+    """``apply`` swaps the model's tensors around the forward pass as ``functional_call(...,
+    strict=True)`` does (the same values and gradients, bit for bit; BatchNorm's new running
+    statistics handed back in the dict), leaves the model's own tensors in place after a call,
+    one that raised too, and for a missing, unexpected or repeated name raises
+    ``functional_call``'s own error."""
+    from torch.func import functional_call
+
+    from fedrift.models.norm import batch_norms, norm_mode, without_stats
+    from fedrift.models.resnet import ResNetParams
+
+    model = build_model("resnet8", ResNetParams(width=4, norm="batch"), (3, 8, 8), 10, seed=0)
+    own = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
+    apply = make_apply(model, dict(model.named_buffers()))
+    state = {k: (v.detach() + 0.01).requires_grad_(v.is_floating_point() and k not in apply.stat_keys)
+             for k, v in own.items() if k not in apply.buffers}  # the model state: parameters and statistics
+    x = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    params = without_stats(state, apply.stat_keys)
+    stats = {k: state[k] for k in apply.stat_keys}
+    out, new_stats = apply.train_call(params, stats, x)
+    theirs = {**params, **stats, **apply.buffers}
+    norms = [m for _, m in batch_norms(model)]
+    with norm_mode(norms, train=True):
+        expected = functional_call(model, theirs, (x,), {"mode": "logits"}, strict=True)
+    assert torch.equal(out, expected)
+    assert all(torch.equal(new_stats[k], theirs[k]) and not torch.equal(new_stats[k], stats[k])
+               for k in apply.stat_keys if k.endswith("running_mean"))
+    trained = [v for v in params.values() if v.requires_grad]
+    grads = torch.autograd.grad(out.square().sum(), trained)
+    expected_grads = torch.autograd.grad(expected.square().sum(), trained)
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected_grads))
+    with norm_mode(norms, train=False):
+        expected = functional_call(model, (state, apply.buffers), (x,), {"mode": "logits"}, strict=True)
+    assert torch.equal(apply(state, x), expected)
+    assert all(v is own[k] for k, v in [*model.named_parameters(), *model.named_buffers()])  # put back
+    with pytest.raises(RuntimeError, match="Missing key"):
+        apply({k: v for k, v in state.items() if k != "fc.bias"}, x)
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        apply({**state, "extra": torch.zeros(1)}, x)
+    with pytest.raises(ValueError, match="appeared in multiple dictionaries"):
+        apply({**state, **apply.buffers}, x)  # the fixed buffers (num_batches_tracked) twice
+    with pytest.raises(RuntimeError):
+        apply(state, torch.randn(2, 5, 8, 8))  # a wrong input shape: raised inside the forward pass
+    assert all(v is own[k] for k, v in [*model.named_parameters(), *model.named_buffers()])

@@ -70,6 +70,7 @@ class ModelApply:
         # (30 us of a tiny MLP's 190 us forward): only for a model that has a tensor under two
         # names; for any other it changes nothing, so it is skipped there
         self.tie = _has_tied_tensors(model)
+        self.slots = _slots(model)
 
     def _inputs(self, params: Params, x: torch.Tensor) -> tuple[Params, torch.Tensor]:
         if self.channels_last and (self.laid_out_training or not torch.is_grad_enabled()):
@@ -81,9 +82,36 @@ class ModelApply:
     def __call__(self, params: Params, x: torch.Tensor, mode: str = "logits") -> Any:
         params, x = self._inputs(params, x)
         if not self.norms:
-            return functional_call(self.model, (params, self.buffers), (x,), {"mode": mode}, strict=True, tie_weights=self.tie)
+            return self._call((params, self.buffers), x, mode)
         with norm_mode(self.norms, train=False):
-            return functional_call(self.model, (params, self.buffers), (x,), {"mode": mode}, strict=True, tie_weights=self.tie)
+            return self._call((params, self.buffers), x, mode)
+
+    def _call(self, dicts: Params | tuple[Params, ...], x: torch.Tensor, mode: str) -> Any:
+        """``torch.func.functional_call(model, dicts, (x,), {"mode": mode}, strict=True)``, the
+        same swap of tensors around the same forward pass, without the checks it repeats on
+        each call (a walk over every name of the model: a quarter of a tiny model's step).
+        What they check is checked here once a call, by the names' set: anything else (a
+        missing, unexpected or repeated name; a model with tied tensors) goes to
+        ``functional_call`` itself, which raises or ties as it does.
+
+        Like ``functional_call``, a tensor that the forward pass put in the model's place of
+        one (``models/norm.py``'s new running statistics) is written back into the dict handed
+        in (a single dict; the merged one of a tuple is not kept)."""
+        state = dicts if isinstance(dicts, dict) else {k: v for d in dicts for k, v in d.items()}
+        whole = len(state) == (len(dicts) if isinstance(dicts, dict) else sum(len(d) for d in dicts))
+        if self.tie or not whole or state.keys() != self.slots.keys():
+            return functional_call(self.model, dicts, (x,), {"mode": mode}, strict=True, tie_weights=self.tie)
+        slots, saved = self.slots, []
+        try:
+            for name, value in state.items():
+                store, leaf = slots[name]
+                saved.append((name, store, leaf, store[leaf]))
+                store[leaf] = value
+            return self.model(x, mode=mode)
+        finally:
+            for name, store, leaf, old in saved:
+                state[name] = store[leaf]
+                store[leaf] = old
 
     def train_call(self, params: Params, stats: Params, x: torch.Tensor, mode: str = "logits",
                    mask: torch.Tensor | None = None) -> tuple[Any, Params]:
@@ -93,8 +121,20 @@ class ModelApply:
         params, x = self._inputs(params, x)
         state = {**params, **stats, **self.buffers}  # one dict: the layers' new statistics are written back into it
         with norm_mode(self.norms, train=True, mask=mask):
-            out = functional_call(self.model, state, (x,), {"mode": mode}, strict=True, tie_weights=self.tie)
+            out = self._call(state, x, mode)
         return out, {k: state[k] for k in self.stat_keys}
+
+
+def _slots(model: nn.Module) -> dict[str, tuple[dict[str, Any], str]]:
+    """Each parameter's and buffer's full name -> (its module's ``_parameters`` or ``_buffers``
+    dict, its name there): where ``functional_call`` swaps it (``torch.nn.utils.stateless``)."""
+    slots: dict[str, tuple[dict[str, Any], str]] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for store in (module._parameters, module._buffers):
+            for leaf, value in store.items():
+                if value is not None:
+                    slots[f"{prefix}.{leaf}" if prefix else leaf] = (store, leaf)
+    return slots
 
 
 def _has_tied_tensors(model: nn.Module) -> bool:
