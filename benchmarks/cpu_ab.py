@@ -1,8 +1,9 @@
 """A/B of two source trees on the CPU paths (issue 49 item 5: "the CPU path does not slow down").
 
 Runs workload S1 under ``batched`` (100 small clients a round: the vectorised group's per-step
-Python is what a change to it would show) and workload A under ``sequential`` (the FedAvg CNN,
-one client at a time: the local step's loop) from tree A and tree B alternately, each run in a
+Python is what a change to it would show), a small MLP on digits under ``sequential`` (6 clients
+of ~240 samples, batches of 16: the per-call Python of ``apply`` and the step) and workload A
+under ``sequential`` (the FedAvg CNN, one client at a time: the local step's loop) from tree A and tree B alternately, each run in a
 fresh child process with one torch thread, ``--passes`` times, and prints the **CPU seconds of
 a round's training** (``time.process_time`` around the executor's ``run_round``, rounds 2..;
 start-up, evaluation and aggregation outside): the minimum over all rounds and passes (what a
@@ -48,6 +49,11 @@ WORKLOADS = {
         "data": {"name": "synthetic", "alpha": 1.0, "beta": 1.0, "num_devices": 1000},
         "partition": {"name": "natural"}, "model": {"name": "logreg"}, "algorithm": {"name": "fedavg"},
         "train": {"clients_per_round": 100, "local_steps": 20, "batch_size": 10}, "engine": {"executor": "batched"},
+    },
+    "digits-MLP-sequential": {  # the small model a test or a quick study runs: the step's Python shows
+        "data": {"name": "digits"}, "partition": {"name": "dirichlet", "alpha": 0.5, "num_clients": 6, "min_size": 5},
+        "model": {"name": "mlp", "hidden": [32]}, "algorithm": {"name": "fedavg"},
+        "train": {"clients_per_round": 6, "local_epochs": 1, "batch_size": 16}, "engine": {"executor": "sequential"},
     },
     "A-sequential": {
         "data": {"name": "mnist5k"}, "partition": {"name": "dirichlet", "alpha": 0.1, "num_clients": 20},

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrift.config import read_yaml
+from fedrift.config import DataConfig, read_yaml
 from fedrift.experiments.grid import build_grid
 from fedrift.experiments.study_file import load_study
 from fedrift.report.published import PUBLISHED, data_caveat, match
@@ -92,6 +92,13 @@ def test_the_presets_use_the_papers_own_settings():
         assert adc["algorithm"]["aggregation"] == "uniform" and adc["train"]["clients_per_round"] == cohort
         assert (adc["partition"]["num_clients"], adc["train"]["rounds"], adc["train"]["local_epochs"]) == (100, 500, 2)
         assert match(PUBLISHED["fedadc-table1-cifar10"], adc) == (0 if c == "0.2" else 1)
+    # each preset says which training pipeline its paper's code used, and takes it: crop and flip
+    # in FedGKD's and FedCSD's released code; FedADC names none
+    for preset in PRESETS:
+        assert "# Training pipeline" in preset.read_text(), preset.name
+    csd = read_yaml(REPO / "examples/papers/fedcsd-table1-cifar100.yaml")
+    assert gkd["data"]["augment"] is True and csd["data"]["augment"] is True and "augment" not in adc["data"]
+    assert "crop_padding" not in gkd["data"] and DataConfig.model_fields["crop_padding"].default == 4  # RandomCrop(32, 4)
 
 
 @pytest.mark.parametrize("name, paper, classes", [("workload_r1", "fedgkd-table3-cifar10", 10),
