@@ -1,7 +1,10 @@
 """The channels-last ``apply``: the same function as the plain one (values and gradients),
-used on the CPU for convolutional models only, and never inside the batched executor's vmap."""
+used on the CPU for convolutional models only, and never inside the batched executor's vmap;
+and ``apply`` itself: ``functional_call``'s swap of the model's tensors, without its per-call walk."""
 
 from __future__ import annotations
+
+import pickle
 
 import pytest
 import torch
@@ -180,6 +183,8 @@ def test_apply_is_functional_call_without_its_per_call_walk():
         expected = functional_call(model, (state, apply.buffers), (x,), {"mode": "logits"}, strict=True)
     assert torch.equal(apply(state, x), expected)
     assert all(v is own[k] for k, v in [*model.named_parameters(), *model.named_buffers()])  # put back
+    shipped = pickle.loads(pickle.dumps(apply))  # as the processes and Ray executors ship it: its slots are its model's
+    assert torch.equal(shipped(state, x), expected) and all(v is own[k] for k, v in model.named_parameters())
     with pytest.raises(RuntimeError, match="Missing key"):
         apply({k: v for k, v in state.items() if k != "fc.bias"}, x)
     with pytest.raises(RuntimeError, match="Unexpected key"):
