@@ -161,6 +161,10 @@ def test_apply_is_functional_call_without_its_per_call_walk():
 
     model = build_model("resnet8", ResNetParams(width=4, norm="batch"), (3, 8, 8), 10, seed=0)
     own = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
+
+    def put_back(m: torch.nn.Module) -> bool:  # the model holds its own tensors again
+        return all(v is own[k] for k, v in [*m.named_parameters(), *m.named_buffers()])
+
     apply = make_apply(model, dict(model.named_buffers()))
     state = {k: (v.detach() + 0.01).requires_grad_(v.is_floating_point() and k not in apply.stat_keys)
              for k, v in own.items() if k not in apply.buffers}  # the model state: parameters and statistics
@@ -182,9 +186,9 @@ def test_apply_is_functional_call_without_its_per_call_walk():
     with norm_mode(norms, train=False):
         expected = functional_call(model, (state, apply.buffers), (x,), {"mode": "logits"}, strict=True)
     assert torch.equal(apply(state, x), expected)
-    assert all(v is own[k] for k, v in [*model.named_parameters(), *model.named_buffers()])  # put back
+    assert put_back(model)
     shipped = pickle.loads(pickle.dumps(apply))  # as the processes and Ray executors ship it: its slots are its model's
-    assert torch.equal(shipped(state, x), expected) and all(v is own[k] for k, v in model.named_parameters())
+    assert torch.equal(shipped(state, x), expected) and put_back(model)
     with pytest.raises(RuntimeError, match="Missing key"):
         apply({k: v for k, v in state.items() if k != "fc.bias"}, x)
     with pytest.raises(RuntimeError, match="Unexpected key"):
@@ -193,4 +197,4 @@ def test_apply_is_functional_call_without_its_per_call_walk():
         apply({**state, **apply.buffers}, x)  # the fixed buffers (num_batches_tracked) twice
     with pytest.raises(RuntimeError):
         apply(state, torch.randn(2, 5, 8, 8))  # a wrong input shape: raised inside the forward pass
-    assert all(v is own[k] for k, v in [*model.named_parameters(), *model.named_buffers()])
+    assert put_back(model)

@@ -66,11 +66,11 @@ class ModelApply:
         self.norms = [m for _, m in batch_norms(model)]
         carried = set(self.stat_keys)
         self.buffers = {k: v for k, v in buffers.items() if k not in carried}  # fixed: not model state
+        self.slots = _slots(model)
         # functional_call's weight tying walks every parameter and buffer name on each call
         # (30 us of a tiny MLP's 190 us forward): only for a model that has a tensor under two
         # names; for any other it changes nothing, so it is skipped there
-        self.tie = _has_tied_tensors(model)
-        self.slots = _slots(model)
+        self.tie = len({id(store[leaf]) for store, leaf in self.slots.values()}) < len(self.slots)
 
     def _inputs(self, params: Params, x: torch.Tensor) -> tuple[Params, torch.Tensor]:
         if self.channels_last and (self.laid_out_training or not torch.is_grad_enabled()):
@@ -97,9 +97,9 @@ class ModelApply:
         Like ``functional_call``, a tensor that the forward pass put in the model's place of
         one (``models/norm.py``'s new running statistics) is written back into the dict handed
         in (a single dict; the merged one of a tuple is not kept)."""
-        state = dicts if isinstance(dicts, dict) else {k: v for d in dicts for k, v in d.items()}
-        whole = len(state) == (len(dicts) if isinstance(dicts, dict) else sum(len(d) for d in dicts))
-        if self.tie or not whole or state.keys() != self.slots.keys():
+        parts = (dicts,) if isinstance(dicts, dict) else dicts
+        state = parts[0] if len(parts) == 1 else {k: v for d in parts for k, v in d.items()}
+        if self.tie or len(state) != sum(map(len, parts)) or state.keys() != self.slots.keys():
             return functional_call(self.model, dicts, (x,), {"mode": mode}, strict=True, tie_weights=self.tie)
         slots, saved = self.slots, []
         try:
@@ -135,12 +135,6 @@ def _slots(model: nn.Module) -> dict[str, tuple[dict[str, Any], str]]:
                 if value is not None:
                     slots[f"{prefix}.{leaf}" if prefix else leaf] = (store, leaf)
     return slots
-
-
-def _has_tied_tensors(model: nn.Module) -> bool:
-    """Whether one parameter or buffer is registered under more than one name."""
-    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    return len({id(v) for _, v in named}) < len(named)
 
 
 def stat_keys_of(apply: Callable[..., Any]) -> tuple[str, ...]:
