@@ -143,16 +143,43 @@ def flops_per_sample(device: str) -> float:
     return 3.0 * counter.get_total_flops() / 64
 
 
+def stacked_runs(configs: list[dict[str, Any]], train_together: Any = None) -> list[Any]:
+    """``run_stacked(configs)`` and the stacks it made; ``train_together(real, stack, requests)``
+    wraps each stack's ``_train_together`` (the profile's window). Raises a run's error."""
+    from fedrift.experiments import stacked
+
+    made, real = [], stacked.RunStack
+
+    class Seen(real):  # type: ignore[misc, valid-type]
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            made.append(self)
+
+        def _train_together(self, requests):  # noqa: ANN001, ANN202
+            if train_together is None:
+                return real._train_together(self, requests)
+            return train_together(real, self, requests)
+
+    stacked.RunStack = Seen  # type: ignore[misc]
+    try:
+        bad = [r for r in run_stacked(configs) if isinstance(r, BaseException)]
+    finally:
+        stacked.RunStack = real  # type: ignore[misc]
+    if bad:
+        raise bad[0]
+    return made
+
+
 def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, work: Path) -> dict[str, Any]:
     folder = work / f"{path}-{runs}-{precision}"
     engine_path = "stacked" if path == "stacked" else path
     configs = [config(data, args, engine_path, precision, seed, folder) for seed in range(runs)]
     start = time.perf_counter()
+    alone = 0
     if path == "stacked":
-        results = run_stacked(configs)
-        bad = [r for r in results if isinstance(r, BaseException)]
-        if bad:
-            raise bad[0]
+        alone = sum(s.rounds_alone for s in stacked_runs(configs))  # rounds whose stacked step raised: run by run
+        if alone:
+            print(f"stacked x{runs} {precision}: {alone} round(s) trained run by run (the stacked step raised)", flush=True)
     else:
         fedrift.run(configs[0])
     wall = time.perf_counter() - start
@@ -163,7 +190,7 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
     seconds = sum(max(s[t] for s in per_run) for t in timed)
     return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision,
             "samples_per_second": samples / seconds, "samples": samples, "seconds": seconds, "wall_seconds": wall,
-            "rounds_timed": len(timed), "local_epochs": args.epochs}
+            "rounds_timed": len(timed), "local_epochs": args.epochs, "rounds_trained_run_by_run": alone}
 
 
 class Window:
@@ -201,7 +228,6 @@ def profiled_run(data: Path, args: argparse.Namespace, path: str, runs: int, wor
     """A 2-round run of ``path`` (``runs`` stacked runs) with ``window`` around round 2's training."""
     from fedrift.api import run_prepared
     from fedrift.engine.executors.sequential import SequentialExecutor
-    from fedrift.experiments import stacked
 
     two = argparse.Namespace(**{**vars(args), "rounds": 2})
     configs = [config(data, two, path, "fp32", seed, work) for seed in range(runs)]
@@ -213,18 +239,10 @@ def profiled_run(data: Path, args: argparse.Namespace, path: str, runs: int, wor
         run_prepared(prepare(configs[0]), executor=Profiled())
         return configs
 
-    class ProfiledStack(stacked.RunStack):
-        def _train_together(self, requests):  # noqa: ANN001, ANN202
-            return window.around(requests[0].part.round_, lambda: stacked.RunStack._train_together(self, requests))
-
-    real = stacked.RunStack
-    stacked.RunStack = ProfiledStack  # type: ignore[misc]
-    try:
-        bad = [r for r in run_stacked(configs) if isinstance(r, BaseException)]
-    finally:
-        stacked.RunStack = real  # type: ignore[misc]
-    if bad:
-        raise bad[0]
+    made = stacked_runs(configs, lambda real, stack, requests: window.around(
+        requests[0].part.round_, lambda: real._train_together(stack, requests)))
+    if any(s.rounds_alone for s in made):
+        raise RuntimeError(f"profile stacked x{runs}: the stacked step raised; its rounds trained run by run")
     return configs
 
 
@@ -236,6 +254,8 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
         configs = profiled_run(data, args, path, runs, work / f"prof-{path}", window)
         prof, wall = window.prof, window.wall
         events = prof.key_averages()
+        if not any(e.key.startswith("aten::") for e in events):  # a window around nothing: say so, write nothing false
+            raise RuntimeError(f"profile {path} x{runs}: the profiler recorded no operation in round 2's training")
         labelled = sum(e.count for e in events if e.key == "fedrift.step")
         steps = labelled or steps_taken(configs, path, range(2, 3))
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]

@@ -135,9 +135,13 @@ def test_stacked_runs_resume_from_their_checkpoints(tiny, tmp_path, monkeypatch)
         _same_history(w.history, r.history)
 
 
-def test_stacked_runs_a_failed_client_is_its_runs_alone(tiny, tmp_path, monkeypatch):
+def _stack_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "fedrift" and r.getMessage().startswith("stacked runs:")]
+
+
+def test_stacked_runs_a_failed_client_is_its_runs_alone(tiny, tmp_path, monkeypatch, caplog):
     """Under engine.accept_failures a client that raises is left out of its own run only: the
-    stack's round is trained again run by run, and each run equals its run alone."""
+    stack's round is trained again run by run (said in a line), and each run equals its run alone."""
     real = batched.BatchedExecutor.train_group
     bad = []  # seed 1's first client of round 2: it raises whenever it trains in that round
 
@@ -156,9 +160,38 @@ def test_stacked_runs_a_failed_client_is_its_runs_alone(tiny, tmp_path, monkeypa
     # seed 0's run never saw the failure; seed 1's lost one client in round 2 and went on
     assert together[0].summary["clients_failed_total"] == 0
     assert together[1].summary["clients_failed_total"] >= 1
+    assert _stack_lines(caplog) == ["stacked runs: round 2: training 2 runs together raised RuntimeError: client failure; "
+                                    "this round trains each run alone"]
     monkeypatch.setattr(batched.BatchedExecutor, "train_group", real)
     alone = _alone(tiny, tmp_path, [0], **{"train": {"rounds": 3}})
     _close(alone[0].global_state, together[0].global_state)
+
+
+def test_stacked_runs_an_error_of_the_stacks_own_trains_the_round_alone_and_says_so(tiny, tmp_path, monkeypatch, stacks,
+                                                                                      caplog):
+    """The stacked step itself failing (a device out of memory for the whole stack, a bug in
+    the stacking) is not a run's failure: that round is trained run by run, a line says so
+    (the stack's speed lost, not in silence), later rounds train together again, and the
+    results are still the runs alone."""
+    real = batched.BatchedExecutor.train_group
+    raised = []
+
+    def stack_fails_once(self, parts, batch_size, stop=None):
+        if len({id(p.tools) for p in parts}) > 1 and not raised:  # several runs' clients in one step
+            raised.append(1)
+            raise RuntimeError("out of memory\n(a device's second line)")
+        return real(self, parts, batch_size, stop)
+
+    monkeypatch.setattr(batched.BatchedExecutor, "train_group", stack_fails_once)
+    together = run_stacked(_configs(tiny, tmp_path, (0, 1), train={"rounds": 3}))
+    assert raised and [s.rounds_alone for s in stacks] == [1] and stacks[0].rounds_trained == 2
+    assert _stack_lines(caplog) == ["stacked runs: round 1: training 2 runs together raised RuntimeError: out of memory; "
+                                    "this round trains each run alone"]
+    monkeypatch.setattr(batched.BatchedExecutor, "train_group", real)
+    for alone, got in zip(_alone(tiny, tmp_path, (0, 1), train={"rounds": 3}), together):
+        assert got.summary["status"] == "completed" and got.summary["clients_failed_total"] == 0
+        _close(alone.global_state, got.global_state)
+        _same_history(alone.history, got.history)
 
 
 def test_stacked_runs_one_diverging_run_ends_alone(tiny, tmp_path):

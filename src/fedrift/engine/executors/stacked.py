@@ -21,19 +21,24 @@ are still running, and the runs are joined in a fixed order (their index), not b
 
 Failures: a round whose stacked training raises is trained again run by run (each run's
 round as the batched executor trains it alone), so the error, or a client failure under
-``engine.accept_failures``, reaches the run it belongs to and no other. Ctrl-C
+``engine.accept_failures``, reaches the run it belongs to and no other; a warning line says
+so (the round lost the stack's speed: an error of the stack's own, a device's memory, would
+otherwise slow every round in silence). Ctrl-C
 (:meth:`RunStack.stop`): every run stops as at Ctrl-C, at its next local step or meeting,
 and writes its ``interrupted`` summary, resumable from its checkpoint.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from fedrift.engine.executors.batched import BatchedExecutor, Part, batch_width
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
+
+log = logging.getLogger("fedrift")
 
 
 @dataclass
@@ -56,6 +61,7 @@ class RunStack:
     max_parallel: int | None = None
     live: int = 0
     rounds_trained: int = 0  # meetings that trained more than one run at once (tests read it)
+    rounds_alone: int = 0  # meetings whose stacked training raised, trained run by run instead
     _pending: dict[int, _Request] = field(default_factory=dict)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _stopped: bool = False
@@ -115,12 +121,20 @@ class RunStack:
         except KeyboardInterrupt as err:  # stop() during the stack's steps: every run stops
             for r in requests:
                 r.error = err
-        except BaseException:  # noqa: BLE001 - retried run by run: each error reaches its own run
+        except BaseException as err:  # noqa: BLE001 - retried run by run: each error reaches its own run
+            # said when runs lose the stack's speed for the round (a systematic error, a device's
+            # memory: every round, in silence otherwise); an error of one run's own reaches it below
+            if len(requests) > 1:
+                self.rounds_alone += 1
+                rounds = "/".join(str(t) for t in sorted({r.part.round_ for r in requests}))
+                log.warning(f"stacked runs: round {rounds}: training {len(requests)} runs together raised "
+                            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else '(no message)'}; "
+                            "this round trains each run alone")
             for r in requests:
                 try:
                     r.outputs = self._engine.run_round(r.part.tools, r.part.payload, r.part.jobs, r.part.round_)
-                except BaseException as err:  # noqa: BLE001 - handed to the run it belongs to
-                    r.error = err
+                except BaseException as own:  # noqa: BLE001 - handed to the run it belongs to
+                    r.error = own
         for r in requests:
             r.done = True
         self._cond.notify_all()
