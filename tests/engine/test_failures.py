@@ -153,6 +153,29 @@ def test_accept_failures_leaves_the_failing_client_out(tiny, victim_fails, how, 
     assert [r["clients_failed"] for r in res.history] == [int(t in hit) for t in range(1, 5)]
     assert res.summary["clients_failed_total"] == len(hit)
     assert f"client {VICTIM} " in caplog.text and "left out" in caplog.text
+    if how == "raise":  # the round raised first, then each client trained alone: said once a round it hit
+        assert caplog.text.count("clients raised RuntimeError: the device ran out of battery; each client trains again alone") == len(hit)
+
+
+def test_a_round_that_raises_as_a_whole_trains_each_client_alone_and_says_so(tiny, monkeypatch, caplog):
+    """The batched executor's vectorised round raising for a reason of its own (a device out of
+    memory for the whole group): under accept_failures each client trains again alone, no
+    client is counted failed, and a line says the round lost its vectorised step."""
+    batched = importlib.import_module("fedrift.engine.executors.batched")  # the package's `batched` is a function
+    real, raised = batched.BatchedExecutor.train_group, []
+
+    def group_fails_once(self, parts, batch_size, stop=None):
+        if sum(len(p.jobs) for p in parts) > 1 and not raised:
+            raised.append(1)
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(a second line)")
+        return real(self, parts, batch_size, stop)
+
+    monkeypatch.setattr(batched.BatchedExecutor, "train_group", group_fails_once)
+    res = fedrift.run(tiny(train={"rounds": 2, "clients_per_round": 3}, engine={"executor": "batched", "accept_failures": True}))
+    assert raised and res.summary["status"] == "completed" and res.summary["clients_failed_total"] == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "fedrift"]
+    assert said == ["round 1: training its 3 clients raised RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB; "
+                    "each client trains again alone"], said
 
 
 def test_without_accept_failures_a_failing_client_stops_the_run(tiny, victim_fails):

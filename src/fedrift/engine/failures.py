@@ -80,8 +80,9 @@ def train_clients(
 
     With ``accept``, a round whose training raises is run again one client at a time (each
     client's work is a pure function of the payload and its job, so the others' results are
-    those of a one-client round), and clients that raise or return a non-finite loss or
-    upload are left out. A :class:`FedriftError` (bad input) is never a client failure.
+    those of a one-client round; a line says so, since a vectorised round then loses its
+    speed, in silence otherwise when the error was the round's own, such as a device's
+    memory), and clients that raise or return a non-finite loss or upload are left out. A :class:`FedriftError` (bad input) is never a client failure.
     ``take`` (without ``accept``): handed each output as soon as it exists, by an executor
     that trains in this process (``hands_over``; ``Server.take``).
     """
@@ -94,16 +95,19 @@ def train_clients(
         outputs = executor.run_round(tools, payload, jobs, round_)
     except FedriftError:
         raise
-    except Exception:
+    except Exception as err:
+        if len(jobs) > 1:  # said: a vectorised round (or worker pool) retried one client at a time is slower
+            log.warning(f"round {round_}: training its {len(jobs)} clients raised {type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else '(no message)'}; each client trains again alone")
         outputs = []
         for job in jobs:
             try:
                 outputs += executor.run_round(tools, payload, [job], round_)
             except FedriftError:
                 raise
-            except Exception as err:
+            except Exception as own:
                 failed.append(job.client_id)
-                log.warning(f"round {round_}: client {job.client_id} failed and is left out ({type(err).__name__}: {err})")
+                log.warning(f"round {round_}: client {job.client_id} failed and is left out ({type(own).__name__}: {own})")
     kept, bad, diverged = screen(outputs, round_)
     return kept, sorted(failed + bad), diverged
 
