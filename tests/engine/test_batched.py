@@ -1,6 +1,7 @@
 """The batched executor must reproduce the sequential one: same batches, same results."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import fedrift
 from algorithm_cases import NAMES, case
 from fedrift.api import prepare, run_prepared
 from fedrift.data.partition_base import Partition
-from fedrift.engine.executors.batched import BatchedExecutor, _select
+from fedrift.engine.executors.batched import BatchedExecutor, _rows
 
 
 def _close(a, b, rtol=1e-4):
@@ -19,19 +20,30 @@ def _close(a, b, rtol=1e-4):
         assert ((a[k] - b[k]).abs().max() / scale).item() < rtol, k
 
 
-def test_masked_steps_keep_the_old_values():
-    new = ({"w": torch.ones(3, 2)}, (torch.ones(3),))
-    old = ({"w": torch.zeros(3, 2)}, (torch.zeros(3),))
-    out = _select(torch.tensor([True, False, True]), new, old)
-    assert torch.equal(out[0]["w"][:, 0], torch.tensor([1.0, 0.0, 1.0]))
-    assert torch.equal(out[1][0], torch.tensor([1.0, 0.0, 1.0]))
+def test_rows_of_a_batched_tree_and_its_unbatched_leaves():
+    """A finished client leaves the step: the rows kept of every batched tensor at any nesting;
+    what vmap does not batch (in-dim None, non-tensor leaves) as it is."""
+    tree = ({"w": torch.arange(6.0).reshape(3, 2), "n": 4}, (torch.arange(3.0),), {"shared": torch.ones(5)})
+    keep = torch.tensor([0, 2])
+    out = _rows(tree, keep, (0, 0, {"shared": None}))
+    assert torch.equal(out[0]["w"], torch.tensor([[0.0, 1.0], [4.0, 5.0]])) and out[0]["n"] == 4
+    assert torch.equal(out[1][0], torch.tensor([0.0, 2.0])) and out[2]["shared"] is tree[2]["shared"]
+    assert _rows(tree, keep, None) is tree
 
 
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}])
 @pytest.mark.parametrize("max_parallel", [None, 2])
-def test_uneven_clients_one_sample_to_fifty_times_more(tiny, tmp_path, algorithm, max_parallel):
-    """Sizes 1, 2, 3, 150: masked steps, padded last batches, and groups split by K."""
-    results = {}
+def test_uneven_clients_one_sample_to_fifty_times_more(tiny, tmp_path, algorithm, max_parallel, monkeypatch):
+    """Sizes 1, 2, 3, 150: clients that finish early leave the step, padded last batches, and
+    groups split by K."""
+    results, trained = {}, []
+    vstep = BatchedExecutor.vstep
+
+    def counted(self, tools, payload_dims=None):  # the clients each vectorised step trains
+        step = vstep(self, tools, payload_dims)
+        return lambda params, *rest: (trained.append(len(next(iter(params.values())))), step(params, *rest))[1]
+
+    monkeypatch.setattr(BatchedExecutor, "vstep", counted)
     for ex in ("sequential", "batched"):
         cfg = tiny(algorithm=algorithm, engine={"executor": ex, "max_parallel_clients": max_parallel},
                    train={"rounds": 2, "clients_per_round": 4, "local_epochs": 2, "batch_size": 8},
@@ -48,6 +60,9 @@ def test_uneven_clients_one_sample_to_fifty_times_more(tiny, tmp_path, algorithm
     _close(results["sequential"].global_state, results["batched"].global_state)
     for a, b in zip(results["sequential"].history, results["batched"].history):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    # the vectorised steps trained only clients with steps left: 2, 2, 2 and 38 steps a round
+    # (2 epochs of batch 8), 44 client-steps a round, not 4 x 38
+    assert sum(trained) == 2 * sum(math.ceil(n / 8) * 2 for n in sizes) == 88, trained
 
 
 def test_auto_parallel_is_bounded():

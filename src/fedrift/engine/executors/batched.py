@@ -1,17 +1,20 @@
 """K clients trained at once: one ``torch.func.vmap`` over stacked parameters and optimiser state.
 
 Each local step of K clients is one vectorised call of the same pure step the sequential
-executor runs. Clients with fewer samples in a batch get padded rows with sample weight 0;
-clients with fewer steps get masked steps (their parameters and optimiser state are kept
-as they were), so every client ends where the sequential executor leaves it up to float
+executor runs. Clients with fewer samples in a batch get padded rows with sample weight 0; a
+client whose steps are done leaves the vectorised call (its model and optimiser state taken
+out, the next steps train the others only: nothing is spent on it, where masking its steps
+had left about two thirds of a group's work padding under Dirichlet(0.1) client sizes,
+BENCHMARKS.md G). Every client ends where the sequential executor leaves it up to float
 rounding: not bit for bit, as vmap runs other kernels (batched matrix products, convolutions
-in the default layout rather than channels-last). Tested (tests/engine/test_batched.py): after
-3 rounds every parameter within 1e-4 of its tensor's largest value and metrics within 1e-3
-relative, for every algorithm on a tiny MLP; the FedAvg CNN within 1e-4 after one round (the
-differences grow with rounds). Clients are grouped by step count so little is spent on padding.
+in the default layout rather than channels-last), for as many clients as are still training.
+Tested (tests/engine/test_batched.py): after 3 rounds every parameter within 1e-4 of its
+tensor's largest value and metrics within 1e-3 relative, for every algorithm on a tiny MLP;
+the FedAvg CNN within 1e-4 after one round (the differences grow with rounds). Clients are
+grouped by step count, longest first, where a round has more clients than one group holds.
 
 BatchNorm models (``model.norm: batch``): the running statistics are stacked with the
-parameters, so a masked step keeps them too, and padded rows are left out of the batch
+parameters (a client that has finished takes them with it), and padded rows are left out of the batch
 statistics (``models/norm.py``): the same statistics as ``sequential`` to float rounding.
 """
 
@@ -31,16 +34,19 @@ from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.functional.tree import cat, split, stack
 
 
-def _select(mask: torch.Tensor, new: Any, old: Any) -> Any:
-    """``new`` where a client's step is real, ``old`` where it is padding; any nesting."""
-    if isinstance(new, torch.Tensor):
-        m = mask.reshape(-1, *([1] * (new.dim() - 1)))
-        return torch.where(m, new, old)
-    if isinstance(new, dict):
-        return {k: _select(mask, new[k], old[k]) for k in new}
-    if isinstance(new, (tuple, list)):
-        return type(new)(_select(mask, n, o) for n, o in zip(new, old))
-    return new
+def _rows(tree: Any, keep: torch.Tensor, dims: Any = 0) -> Any:
+    """The rows ``keep`` of every tensor of ``tree`` batched on its leading axis (``dims``: the
+    tree's ``vmap`` in-dims, the same nesting or one value for all; None: not batched, kept
+    whole); other leaves as they are."""
+    if dims is None:
+        return tree
+    if isinstance(tree, torch.Tensor):
+        return tree.index_select(0, keep)
+    if isinstance(tree, dict):
+        return {k: _rows(v, keep, dims[k] if isinstance(dims, dict) else dims) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_rows(v, keep, dims[i] if isinstance(dims, (tuple, list)) else dims) for i, v in enumerate(tree))
+    return tree
 
 
 def _index_table(jobs: list[ClientJob], steps: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,33 +182,42 @@ class BatchedExecutor:
         vstep = self.vstep(tools0, payload_dims)
         steps = [j.num_steps for j in jobs]
         idx_all, w_all = _index_table(jobs, max(steps), batch_size)
-        active_all = torch.arange(max(steps), device=dev)[:, None] < torch.tensor(steps, device=dev)[None, :]
         loss_sum = torch.zeros(n, device=dev)
         aux_sum: dict[str, torch.Tensor] = {}
         views_all = _views_table(parts, max(steps), batch_size, dev)
         label = labeller()
+        alive = list(range(n))  # the clients still training, in group order: the rows of params, opt_state, ...
+        at = torch.arange(n, device=dev)
+        ends: dict[int, dict[str, torch.Tensor]] = {}  # the models of the clients that have finished
         for s in range(max(steps)):
             if stop is not None:
                 stop()
-            active = active_all[s]
+            if any(steps[i] <= s for i in alive):  # some finished: the step trains the others only
+                keep = [r for r, i in enumerate(alive) if steps[i] > s]
+                for r, i in enumerate(alive):
+                    if steps[i] <= s:
+                        ends[i] = {name: p[r].clone() for name, p in params.items()}
+                rows = torch.tensor(keep, device=dev)
+                params, opt_state, ctx = _rows(params, rows), _rows(opt_state, rows), _rows(ctx, rows)
+                payload = _rows(payload, rows, payload_dims)
+                alive = [alive[r] for r in keep]
+                at = torch.tensor(alive, device=dev)
             with label("fedrift.batch"):  # labels for torch.profiler (benchmarks/gpu_throughput.py)
-                batch = _step_batch(parts, idx_all[s], w_all[s], s, batch_size, None if views_all is None else views_all[s])
+                batch = _step_batch(parts, idx_all[s], w_all[s], s, batch_size, None if views_all is None else views_all[s],
+                                    alive if len(alive) < n else None)
             with label("fedrift.step"):
-                new_params, new_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
-            if s < min(steps):  # every client still training: nothing to mask (and no pass over the stack)
-                params, opt_state = new_params, new_state
-            else:
-                params = _select(active, new_params, params)
-                opt_state = _select(active, new_state, opt_state)
-            loss_sum = loss_sum + torch.where(active, loss, torch.zeros_like(loss))
+                params, opt_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
+            loss_sum = loss_sum.index_add(0, at, loss)
             for key, v in aux.items():
-                aux_sum[key] = aux_sum.get(key, 0.0) + torch.where(active, v, torch.zeros_like(v))
+                aux_sum[key] = aux_sum.get(key, torch.zeros(n, *v.shape[1:], dtype=v.dtype, device=v.device)).index_add(0, at, v)
+        for r, i in enumerate(alive):
+            ends[i] = {name: p[r].clone() for name, p in params.items()}
         outs: list[list[ClientOutput]] = []
         i = 0
         for part in parts:
             a, mine = part.tools.algorithm, []
             for job in part.jobs:
-                end = {name: p[i].clone() for name, p in params.items()}
+                end = ends[i]
                 if a.client_end is not None:
                     with torch.no_grad():
                         ctxs[i].update(a.client_end(part.payload, end, ctxs[i], part.tools.client_data(job, part.payload), part.tools.apply))
@@ -248,29 +263,41 @@ def _views_table(parts: list[Part], steps: int, batch_size: int, dev: torch.devi
 
 
 def _step_batch(parts: list[Part], idx: torch.Tensor, w: torch.Tensor, s: int, batch_size: int,
-                views: torch.Tensor | None) -> dict[str, Any]:
-    """Step ``s``'s batch of the whole group: the rows ``idx`` (client x batch) gathered with
-    each client's own draws (noise, DP noise: keyed by its run's seed, its round, itself and
-    the step; ``views``, the step's rows of :func:`_views_table`). One gather for the group
-    when the parts share their training set and no teacher reads the batch; else one per
-    part, joined."""
-    def draws(part: Part) -> tuple[Any, Any]:
-        t, r = part.tools, part.round_
-        noise = None if t.algorithm.noise_dim is None else torch.stack([t.noise(r, j.client_id, s, batch_size) for j in part.jobs])
-        dp = stack([t.dp_noise(r, j.client_id, s) for j in part.jobs]) if t.dp is not None else None
+                views: torch.Tensor | None, alive: list[int] | None = None) -> dict[str, Any]:
+    """Step ``s``'s batch of the group's clients still training (``alive``: their positions in
+    the parts' job order; None: all): the rows ``idx`` (client x batch) gathered with each
+    client's own draws (noise, DP noise: keyed by its run's seed, its round, itself and the
+    step; ``views``, the step's rows of :func:`_views_table`). One gather for the group when
+    the parts share their training set and no teacher reads the batch; else one per part, joined."""
+    own: list[list[int]] = []  # each part's jobs still training, by position in the part
+    start = 0
+    for part in parts:
+        own.append([i - start for i in alive if start <= i < start + len(part.jobs)] if alive is not None
+                   else list(range(len(part.jobs))))
+        start += len(part.jobs)
+    if alive is not None:
+        rows = torch.tensor(alive, device=idx.device)
+        idx, w, views = idx[rows], w[rows], None if views is None else views[rows]
+
+    def draws(part: Part, mine: list[int]) -> tuple[Any, Any]:
+        t, r, jobs = part.tools, part.round_, [part.jobs[i] for i in mine]
+        noise = None if t.algorithm.noise_dim is None else torch.stack([t.noise(r, j.client_id, s, batch_size) for j in jobs])
+        dp = stack([t.dp_noise(r, j.client_id, s) for j in jobs]) if t.dp is not None else None
         return noise, dp
 
     t0 = parts[0].tools
     if len(parts) == 1 or (t0.algorithm.teacher is None and all(p.tools.x is t0.x and p.tools.y is t0.y for p in parts)):
-        got = [draws(p) for p in parts]
+        got = [draws(p, mine) for p, mine in zip(parts, own) if mine]
         noise, dp = (None if got[0][k] is None else cat([g[k] for g in got]) for k in range(2))
         return t0.batch(parts[0].payload, idx, w, noise=noise, views=views, dp_noise=dp)
     out, at = [], 0
-    for part in parts:
-        n = len(part.jobs)
-        noise, dp = draws(part)
-        mine = None if views is None else views[at : at + n]
-        out.append(part.tools.batch(part.payload, idx[at : at + n], w[at : at + n], noise=noise, views=mine, dp_noise=dp))
+    for part, mine in zip(parts, own):
+        n = len(mine)
+        if not n:
+            continue
+        noise, dp = draws(part, mine)
+        rows_of = None if views is None else views[at : at + n]
+        out.append(part.tools.batch(part.payload, idx[at : at + n], w[at : at + n], noise=noise, views=rows_of, dp_noise=dp))
         at += n
     return cat(out)
 
