@@ -11,7 +11,10 @@ val_share 0.1, FedAvg. Each row trains ``--rounds`` rounds (the first one a warm
 counted) of ``--epochs`` local epochs; samples a second = the rounds' training samples (each
 sampled client's samples x epochs, from the run's own sampler and partition) over the rounds'
 ``seconds`` (metrics.jsonl: a round's federated work, evaluation excluded), of all runs at
-once for stacked rows (they train together, and their rounds overlap).
+once for stacked rows (they train together, and their rounds overlap). ``real_step_share``
+(vectorised rows): the clients' steps over clients x the longest client's steps, the share of
+the group's work that was real when finished clients' steps were masked (Dirichlet 0.1:
+about a third); since they leave the call, that padding costs nothing.
 
 Rows are written as they are measured to ``--out``/throughput-<device>.json in BENCH.md's form
 (``{"device", "torch", "cuda", "date", "rows": [{"path", "runs", "clients", "precision",
@@ -123,6 +126,19 @@ def steps_taken(configs: list[dict[str, Any]], path: str, rounds: range) -> int:
     return sum(max(s for run in work for _, s in run[i]) for i in range(len(rounds)))
 
 
+def real_step_share(configs: list[dict[str, Any]], path: str, rounds: range) -> float | None:
+    """Of a vectorised group's client-steps were every client to take the longest's steps, the
+    share that are real (the sum of the clients' steps over clients x the longest's): what
+    masking the finished clients' steps had cost, and what their leaving the call saves.
+    None for the sequential path."""
+    if path == "sequential":
+        return None
+    work = [client_work(c, rounds) for c in configs]
+    groups = [[s for run in work for _, s in run[i]] for i in range(len(rounds))] if path == "stacked" else \
+        [[s for _, s in clients] for run in work for clients in run]
+    return sum(sum(g) for g in groups) / sum(len(g) * max(g) for g in groups)
+
+
 def round_seconds(folder: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     return {r["round"]: r["seconds"] for r in rows}
@@ -190,7 +206,8 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
     seconds = sum(max(s[t] for s in per_run) for t in timed)
     return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision,
             "samples_per_second": samples / seconds, "samples": samples, "seconds": seconds, "wall_seconds": wall,
-            "rounds_timed": len(timed), "local_epochs": args.epochs, "rounds_trained_run_by_run": alone}
+            "rounds_timed": len(timed), "local_epochs": args.epochs, "rounds_trained_run_by_run": alone,
+            "real_step_share": real_step_share(configs, path, timed)}
 
 
 class Window:

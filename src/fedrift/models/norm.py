@@ -30,8 +30,8 @@ statistics and updating nothing. Several train-mode calls in one step update the
 in turn, as several forward passes of a torch module would.
 
 Padding (the batched executor). Its padded rows (sample weight 0) are left out of the batch
-statistics (:class:`BatchNorm2d`'s ``sample_mask``), and a masked step (a client past its
-last batch) keeps the statistics with the parameters, so every client's statistics follow
+statistics (:class:`BatchNorm2d`'s ``sample_mask``), and a client past its last batch leaves
+the vectorised call with its statistics and parameters, so every client's statistics follow
 the same updates as under ``sequential``, to float rounding (the same formula, run by other
 kernels, like the rest of a vectorised step). ``processes`` and ``ray`` run ``sequential``'s
 code: the same bits.
@@ -96,7 +96,7 @@ class BatchNorm2d(nn.BatchNorm2d):
 
     def _normalise(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Batch norm over the rows ``mask`` keeps, and the updated running statistics. No
-        row kept (a masked step): a finite result that the caller discards."""
+        row kept: a finite result (the count clamped to 1), not a division by zero."""
         dims = [0, *range(2, x.dim())]
         shape = (1, -1) + (1,) * (x.dim() - 2)
         per_row = x[0, 0].numel()
