@@ -98,3 +98,10 @@ def describe_os_error(err: OSError, path: object = None, verb: str = "write") ->
     if err.filename2 is not None:
         where += f" -> {err.filename2}"
     return f"cannot {verb}{where} ({reason})"
+
+
+def first_line(err: BaseException) -> str:
+    """``Type: the message's first line``: how a warning names an exception it passes over (a
+    device's or a library's message may run to many lines)."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

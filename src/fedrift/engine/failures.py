@@ -34,7 +34,7 @@ from fedrift.functional import rng
 from fedrift.engine.executors.base import Executor
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.functional.tree import all_finite
-from fedrift.errors import FedriftError
+from fedrift.errors import FedriftError, first_line
 
 log = logging.getLogger("fedrift")
 
@@ -82,7 +82,8 @@ def train_clients(
     client's work is a pure function of the payload and its job, so the others' results are
     those of a one-client round; a line says so, since a vectorised round then loses its
     speed, in silence otherwise when the error was the round's own, such as a device's
-    memory), and clients that raise or return a non-finite loss or upload are left out. A :class:`FedriftError` (bad input) is never a client failure.
+    memory), and clients that raise or return a non-finite loss or upload are left out. A
+    :class:`FedriftError` (bad input) is never a client failure.
     ``take`` (without ``accept``): handed each output as soon as it exists, by an executor
     that trains in this process (``hands_over``; ``Server.take``).
     """
@@ -97,8 +98,8 @@ def train_clients(
         raise
     except Exception as err:
         if len(jobs) > 1:  # said: a vectorised round (or worker pool) retried one client at a time is slower
-            log.warning(f"round {round_}: training its {len(jobs)} clients raised {type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else '(no message)'}; each client trains again alone")
+            log.warning(f"round {round_}: training its {len(jobs)} clients raised {first_line(err)}; "
+                        "each client trains again alone")
         outputs = []
         for job in jobs:
             try:

@@ -14,8 +14,9 @@ the FedAvg CNN within 1e-4 after one round (the differences grow with rounds). C
 grouped by step count, longest first, where a round has more clients than one group holds.
 
 BatchNorm models (``model.norm: batch``): the running statistics are stacked with the
-parameters (a client that has finished takes them with it), and padded rows are left out of the batch
-statistics (``models/norm.py``): the same statistics as ``sequential`` to float rounding.
+parameters (a client that has finished takes them with it), and padded rows are left out of
+the batch statistics (``models/norm.py``): the same statistics as ``sequential`` to float
+rounding.
 """
 
 from __future__ import annotations
@@ -268,7 +269,8 @@ def _step_batch(parts: list[Part], idx: torch.Tensor, w: torch.Tensor, s: int, b
     the parts' job order; None: all): the rows ``idx`` (client x batch) gathered with each
     client's own draws (noise, DP noise: keyed by its run's seed, its round, itself and the
     step; ``views``, the step's rows of :func:`_views_table`). One gather for the group when
-    the parts share their training set and no teacher reads the batch; else one per part, joined."""
+    the parts share their training set and no teacher reads the batch; else one per part,
+    joined."""
     own: list[list[int]] = []  # each part's jobs still training, by position in the part
     start = 0
     for part in parts:

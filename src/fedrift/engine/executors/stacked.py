@@ -23,9 +23,9 @@ Failures: a round whose stacked training raises is trained again run by run (eac
 round as the batched executor trains it alone), so the error, or a client failure under
 ``engine.accept_failures``, reaches the run it belongs to and no other; a warning line says
 so (the round lost the stack's speed: an error of the stack's own, a device's memory, would
-otherwise slow every round in silence). Ctrl-C
-(:meth:`RunStack.stop`): every run stops as at Ctrl-C, at its next local step or meeting,
-and writes its ``interrupted`` summary, resumable from its checkpoint.
+otherwise slow every round in silence). Ctrl-C (:meth:`RunStack.stop`): every run stops as
+at Ctrl-C, at its next local step or meeting, and writes its ``interrupted`` summary,
+resumable from its checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 
 from fedrift.engine.executors.batched import BatchedExecutor, Part, batch_width
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
+from fedrift.errors import first_line
 
 log = logging.getLogger("fedrift")
 
@@ -128,8 +129,7 @@ class RunStack:
                 self.rounds_alone += 1
                 rounds = "/".join(str(t) for t in sorted({r.part.round_ for r in requests}))
                 log.warning(f"stacked runs: round {rounds}: training {len(requests)} runs together raised "
-                            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else '(no message)'}; "
-                            "this round trains each run alone")
+                            f"{first_line(err)}; this round trains each run alone")
             for r in requests:
                 try:
                     r.outputs = self._engine.run_round(r.part.tools, r.part.payload, r.part.jobs, r.part.round_)
