@@ -266,6 +266,9 @@ def profiled_run(data: Path, args: argparse.Namespace, path: str, runs: int, wor
 def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: str) -> None:
     """G2: round 2's training of the sequential path and of 12 stacked runs under torch.profiler."""
     report: dict[str, Any] = {"device": tag, "cases": []}
+    # sequential first: the profiler's first start is then in the main thread, where Kineto set
+    # its client up at import (a first start in a stack's training thread prints "External init
+    # callback must run in same thread as registerClient" and skips that set-up)
     for path, runs in (("sequential", 1), ("stacked", 3 if args.quick else 12)):
         window = Window(args.device)
         configs = profiled_run(data, args, path, runs, work / f"prof-{path}", window)
@@ -276,6 +279,8 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
         labelled = sum(e.count for e in events if e.key == "fedrift.step")
         steps = labelled or steps_taken(configs, path, range(2, 3))
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        if args.device == "cuda" and not kernels:
+            raise RuntimeError(f"profile {path} x{runs}: the profiler recorded no CUDA kernel in round 2's training")
         kernel_s = sum(e.device_time_total for e in kernels) / 1e6 if kernels else 0.0
         by_name: dict[str, list[float]] = {}
         for e in kernels:
