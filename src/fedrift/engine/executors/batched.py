@@ -21,6 +21,7 @@ rounding.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable
@@ -190,10 +191,11 @@ class BatchedExecutor:
         alive = list(range(n))  # the clients still training, in group order: the rows of params, opt_state, ...
         at = torch.arange(n, device=dev)
         ends: dict[int, dict[str, torch.Tensor]] = {}  # the models of the clients that have finished
+        finishing = set(steps)  # the steps at which some client has done all of its own
         for s in range(max(steps)):
             if stop is not None:
                 stop()
-            if any(steps[i] <= s for i in alive):  # some finished: the step trains the others only
+            if s in finishing:  # some finished: the step trains the others only
                 keep = [r for r, i in enumerate(alive) if steps[i] > s]
                 for r, i in enumerate(alive):
                     if steps[i] <= s:
@@ -273,10 +275,11 @@ def _step_batch(parts: list[Part], idx: torch.Tensor, w: torch.Tensor, s: int, b
     joined."""
     own: list[list[int]] = []  # each part's jobs still training, by position in the part
     start = 0
-    for part in parts:
-        own.append([i - start for i in alive if start <= i < start + len(part.jobs)] if alive is not None
-                   else list(range(len(part.jobs))))
-        start += len(part.jobs)
+    for part in parts:  # alive is in order: each part's share is one slice of it
+        end = start + len(part.jobs)
+        own.append(list(range(len(part.jobs))) if alive is None else
+                   [i - start for i in alive[bisect_left(alive, start):bisect_left(alive, end)]])
+        start = end
     if alive is not None:
         rows = torch.tensor(alive, device=idx.device)
         idx, w, views = idx[rows], w[rows], None if views is None else views[rows]
