@@ -276,9 +276,12 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
         events = prof.key_averages()
         if not any(e.key.startswith("aten::") for e in events):  # a window around nothing: say so, write nothing false
             raise RuntimeError(f"profile {path} x{runs}: the profiler recorded no operation in round 2's training")
-        labelled = sum(e.count for e in events if e.key == "fedrift.step")
+        # the labels' CPU ranges count the steps; on CUDA each label also shows as a device-side
+        # annotation spanning its kernels, which is no kernel (counting it doubled the steps and
+        # put the steps' whole spans into the kernel time: the first H200 profile, BENCHMARKS.md G)
+        labelled = sum(1 for e in prof.events() if e.name == "fedrift.step" and e.device_type.name == "CPU")
         steps = labelled or steps_taken(configs, path, range(2, 3))
-        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith("fedrift.")]
         if args.device == "cuda" and not kernels:
             raise RuntimeError(f"profile {path} x{runs}: the profiler recorded no CUDA kernel in round 2's training")
         kernel_s = sum(e.device_time_total for e in kernels) / 1e6 if kernels else 0.0
@@ -286,7 +289,11 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
         for e in kernels:
             by_name.setdefault(e.name, []).append(e.device_time_total)
         top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
-        labels = {e.key: {"count": e.count, "cpu_ms": e.cpu_time_total / 1e3} for e in events if e.key.startswith("fedrift.")}
+        labels = {e.name: {"count": 0, "cpu_ms": 0.0} for e in prof.events() if e.name.startswith("fedrift.")}
+        for e in prof.events():
+            if e.name.startswith("fedrift.") and e.device_type.name == "CPU":
+                labels[e.name]["count"] += 1
+                labels[e.name]["cpu_ms"] += e.cpu_time_total / 1e3
         samples = sum(samples_per_round(c, range(2, 3))[0] for c in configs)
         report["cases"].append({
             "path": path, "runs": runs, "wall_seconds": wall, "steps": steps, "samples": samples,
