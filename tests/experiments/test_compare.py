@@ -175,7 +175,10 @@ def test_killed_process_resumes(tmp_path):
 
 
 def _session_alive(sid: int) -> list[str]:
-    """The processes of session ``sid`` that are not zombies ("pid name state"), from /proc."""
+    """The processes of session ``sid`` that are not zombies ("pid name state"), from /proc
+    (Linux, as the suite's other process checks: the CLI's signal masks, Ray's and Flower's
+    leftover processes)."""
+    assert Path("/proc/self/stat").is_file(), "no /proc here: the processes a compare leaves cannot be listed"
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -188,13 +191,6 @@ def _session_alive(sid: int) -> list[str]:
     return out
 
 
-# Linux only: whether a worker outlives its compare is read from the process table in /proc,
-# which macOS and Windows do not have (fedrift's CI and its Ray and Flower tests run on Linux)
-NO_PROC = ("needs /proc (Linux) to list the processes a killed compare leaves running; "
-           "this system has none, so the check cannot be made here")
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason=NO_PROC)
 def test_a_killed_parallel_compare_leaves_no_worker_running(tmp_path, capsys):
     """`compare --jobs 2` killed with SIGKILL while both workers train: the workers stop too
     (their lifeline closes) instead of finishing runs nobody waits for, and the next compare
@@ -233,7 +229,6 @@ def test_a_killed_parallel_compare_leaves_no_worker_running(tmp_path, capsys):
     assert [json.loads(p.read_text())["status"] for p in root.glob("*/seed0/summary.json")] == ["completed"] * 2
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason=NO_PROC)
 @pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "process"])
 def test_ctrl_c_on_a_parallel_compare_records_its_runs_as_interrupted(tmp_path, terminal):
     """Ctrl-C on `compare --jobs 2` with 4 runs, while the first two train: a terminal's
