@@ -41,7 +41,12 @@ def test_uneven_clients_one_sample_to_fifty_times_more(tiny, tmp_path, algorithm
 
     def counted(self, tools, payload_dims=None):  # the clients each vectorised step trains
         step = vstep(self, tools, payload_dims)
-        return lambda params, *rest: (trained.append(len(next(iter(params.values())))), step(params, *rest))[1]
+
+        def counting_step(params, *rest):
+            trained.append(len(next(iter(params.values()))))
+            return step(params, *rest)
+
+        return counting_step
 
     monkeypatch.setattr(BatchedExecutor, "vstep", counted)
     for ex in ("sequential", "batched"):

@@ -81,10 +81,11 @@ class ModelApply:
 
     def __call__(self, params: Params, x: torch.Tensor, mode: str = "logits") -> Any:
         params, x = self._inputs(params, x)
+        dicts = (params, self.buffers) if self.buffers else params  # no merged copy a call where nothing is fixed
         if not self.norms:
-            return self._call((params, self.buffers), x, mode)
+            return self._call(dicts, x, mode)
         with norm_mode(self.norms, train=False):
-            return self._call((params, self.buffers), x, mode)
+            return self._call(dicts, x, mode)
 
     def _call(self, dicts: Params | tuple[Params, ...], x: torch.Tensor, mode: str) -> Any:
         """``torch.func.functional_call(model, dicts, (x,), {"mode": mode}, strict=True)``, the

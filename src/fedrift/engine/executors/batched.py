@@ -189,32 +189,34 @@ class BatchedExecutor:
         views_all = _views_table(parts, max(steps), batch_size, dev)
         label = labeller()
         alive = list(range(n))  # the clients still training, in group order: the rows of params, opt_state, ...
-        at = torch.arange(n, device=dev)
+        at = torch.arange(n, device=dev)  # ... and the same on the device
         ends: dict[int, dict[str, torch.Tensor]] = {}  # the models of the clients that have finished
+
+        def take_out(done: set[int]) -> None:  # the finished clients' rows of params, copied out
+            for r, i in enumerate(alive):
+                if i in done:
+                    ends[i] = {name: p[r].clone() for name, p in params.items()}
+
         finishing = set(steps)  # the steps at which some client has done all of its own
         for s in range(max(steps)):
             if stop is not None:
                 stop()
             if s in finishing:  # some finished: the step trains the others only
-                keep = [r for r, i in enumerate(alive) if steps[i] > s]
-                for r, i in enumerate(alive):
-                    if steps[i] <= s:
-                        ends[i] = {name: p[r].clone() for name, p in params.items()}
-                rows = torch.tensor(keep, device=dev)
+                take_out({i for i in alive if steps[i] <= s})
+                rows = torch.tensor([r for r, i in enumerate(alive) if steps[i] > s], device=dev)
                 params, opt_state, ctx = _rows(params, rows), _rows(opt_state, rows), _rows(ctx, rows)
                 payload = _rows(payload, rows, payload_dims)
-                alive = [alive[r] for r in keep]
+                alive = [i for i in alive if steps[i] > s]
                 at = torch.tensor(alive, device=dev)
             with label("fedrift.batch"):  # labels for torch.profiler (benchmarks/gpu_throughput.py)
                 batch = _step_batch(parts, idx_all[s], w_all[s], s, batch_size, None if views_all is None else views_all[s],
-                                    alive if len(alive) < n else None)
+                                    (alive, at) if len(alive) < n else None)
             with label("fedrift.step"):
                 params, opt_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
             loss_sum = loss_sum.index_add(0, at, loss)
             for key, v in aux.items():
                 aux_sum[key] = aux_sum.get(key, torch.zeros(n, *v.shape[1:], dtype=v.dtype, device=v.device)).index_add(0, at, v)
-        for r, i in enumerate(alive):
-            ends[i] = {name: p[r].clone() for name, p in params.items()}
+        take_out(set(alive))
         outs: list[list[ClientOutput]] = []
         i = 0
         for part in parts:
@@ -266,22 +268,22 @@ def _views_table(parts: list[Part], steps: int, batch_size: int, dev: torch.devi
 
 
 def _step_batch(parts: list[Part], idx: torch.Tensor, w: torch.Tensor, s: int, batch_size: int,
-                views: torch.Tensor | None, alive: list[int] | None = None) -> dict[str, Any]:
+                views: torch.Tensor | None, alive: tuple[list[int], torch.Tensor] | None = None) -> dict[str, Any]:
     """Step ``s``'s batch of the group's clients still training (``alive``: their positions in
-    the parts' job order; None: all): the rows ``idx`` (client x batch) gathered with each
+    the parts' job order, as a list and as a tensor on the device; None: all): the rows ``idx`` (client x batch) gathered with each
     client's own draws (noise, DP noise: keyed by its run's seed, its round, itself and the
     step; ``views``, the step's rows of :func:`_views_table`). One gather for the group when
     the parts share their training set and no teacher reads the batch; else one per part,
     joined."""
+    order, rows = alive if alive is not None else (None, None)
     own: list[list[int]] = []  # each part's jobs still training, by position in the part
     start = 0
     for part in parts:  # alive is in order: each part's share is one slice of it
         end = start + len(part.jobs)
-        own.append(list(range(len(part.jobs))) if alive is None else
-                   [i - start for i in alive[bisect_left(alive, start):bisect_left(alive, end)]])
+        own.append(list(range(len(part.jobs))) if order is None else
+                   [i - start for i in order[bisect_left(order, start):bisect_left(order, end)]])
         start = end
-    if alive is not None:
-        rows = torch.tensor(alive, device=idx.device)
+    if rows is not None:
         idx, w, views = idx[rows], w[rows], None if views is None else views[rows]
 
     def draws(part: Part, mine: list[int]) -> tuple[Any, Any]:
