@@ -60,10 +60,16 @@ from fedrift.engine.sampling import SAMPLERS, cohort_size
 from fedrift.experiments.stacked import run_stacked
 
 PEAK_FLOPS = {"bf16": 989e12, "fp32": 67e12}  # H100/H200 SXM dense (NVIDIA's data sheets)
-ORDER = [  # most informative first: the baseline, then the stacks that should fill the device
-    ("sequential", 1, "fp32"), ("stacked", 12, "fp32"), ("stacked", 48, "fp32"), ("batched", 1, "fp32"),
-    ("stacked", 48, "bf16"), ("stacked", 3, "fp32"), ("stacked", 1, "fp32"), ("sequential", 1, "bf16"),
-    ("stacked", 12, "bf16"), ("batched", 1, "bf16"), ("stacked", 3, "bf16"), ("stacked", 1, "bf16"),
+# most informative first: the baseline; the stacks with their steps captured (engine.cuda_graphs,
+# the default), which should fill the device; the same stack launched op by op (the first H200
+# call's way) for the ratio in one call; then the rest of BENCH.md's rows
+ORDER = [
+    ("sequential", 1, "fp32", "eager"), ("stacked", 48, "fp32", "graphs"), ("stacked", 12, "fp32", "graphs"),
+    ("stacked", 48, "bf16", "graphs"), ("stacked", 48, "fp32", "eager"), ("batched", 1, "fp32", "graphs"),
+    ("stacked", 96, "fp32", "graphs"), ("stacked", 3, "fp32", "graphs"), ("stacked", 1, "fp32", "graphs"),
+    ("stacked", 96, "bf16", "graphs"), ("stacked", 12, "bf16", "graphs"), ("stacked", 12, "fp32", "eager"),
+    ("batched", 1, "fp32", "eager"), ("sequential", 1, "bf16", "eager"), ("batched", 1, "bf16", "graphs"),
+    ("stacked", 3, "bf16", "graphs"), ("stacked", 1, "bf16", "graphs"),
 ]
 
 
@@ -78,7 +84,8 @@ def make_data(folder: Path, n_train: int, n_test: int) -> Path:
     return path
 
 
-def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed: int, out: Path) -> dict[str, Any]:
+def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed: int, out: Path,
+           graphs: bool = False) -> dict[str, Any]:
     return {
         "seed": seed,
         "data": {"name": "npz", "root": str(data), "augment": True},
@@ -88,7 +95,7 @@ def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed
         "train": {"rounds": args.rounds, "clients_per_round": 4, "local_epochs": args.epochs, "batch_size": 64, "lr": 0.05,
                   "momentum": 0.9, "weight_decay": 1e-5, "clip_grad_norm": 10, "precision": precision},
         "eval": {"every": 1},  # a metrics line a round: its `seconds` (evaluation excluded) are what is timed
-        "engine": {"executor": path, "device": args.device},
+        "engine": {"executor": path, "device": args.device, "cuda_graphs": graphs},
         "output": {"dir": str(out / f"s{seed}"), "progress": False, "save_model": False, "overwrite": True},
     }
 
@@ -159,15 +166,19 @@ def flops_per_sample(device: str) -> float:
     return 3.0 * counter.get_total_flops() / 64
 
 
-def stacked_runs(configs: list[dict[str, Any]], train_together: Any = None) -> list[Any]:
+def stacked_runs(configs: list[dict[str, Any]], train_together: Any = None, capture: Any = None) -> list[Any]:
     """``run_stacked(configs)`` and the stacks it made; ``train_together(real, stack, requests)``
-    wraps each stack's ``_train_together`` (the profile's window). Raises a run's error."""
+    wraps each stack's ``_train_together`` (the profile's window); ``capture``: the stacks'
+    capture function instead of the config's ``engine.cuda_graphs`` (the CPU check's stand-in).
+    Raises a run's error."""
     from fedrift.experiments import stacked
 
     made, real = [], stacked.RunStack
 
     class Seen(real):  # type: ignore[misc, valid-type]
         def __post_init__(self) -> None:
+            if capture is not None:
+                self.cuda_graphs = capture
             super().__post_init__()
             made.append(self)
 
@@ -186,25 +197,40 @@ def stacked_runs(configs: list[dict[str, Any]], train_together: Any = None) -> l
     return made
 
 
-def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, work: Path) -> dict[str, Any]:
-    folder = work / f"{path}-{runs}-{precision}"
-    engine_path = "stacked" if path == "stacked" else path
-    configs = [config(data, args, engine_path, precision, seed, folder) for seed in range(runs)]
+def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, work: Path,
+            graphs: bool = False) -> dict[str, Any]:
+    from fedrift.api import run_prepared
+    from fedrift.engine.executors.batched import BatchedExecutor
+    from fedrift.engine.step_graphs import eager_capture
+
+    # on a CPU (the script's own check) captured steps are the tests' stand-in: the same buffers
+    capture = eager_capture if graphs and args.device == "cpu" else None
+    folder = work / f"{path}-{runs}-{precision}-{'graphs' if graphs else 'eager'}"
+    configs = [config(data, args, path, precision, seed, folder, graphs) for seed in range(runs)]
     start = time.perf_counter()
-    alone = 0
+    alone, engines = 0, []
     if path == "stacked":
-        alone = sum(s.rounds_alone for s in stacked_runs(configs))  # rounds whose stacked step raised: run by run
+        stacks = stacked_runs(configs, capture=capture)
+        alone = sum(s.rounds_alone for s in stacks)  # rounds whose stacked step raised: run by run
+        engines = [s._engine for s in stacks]
         if alone:
             print(f"stacked x{runs} {precision}: {alone} round(s) trained run by run (the stacked step raised)", flush=True)
+    elif path == "batched":  # the executor made here, to read what its captured steps did
+        engines = [BatchedExecutor(None, capture or graphs)]
+        run_prepared(prepare(configs[0]), executor=engines[0])
     else:
         fedrift.run(configs[0])
     wall = time.perf_counter() - start
+    counts = [e.graph_counts() for e in engines]
     timed = range(2, args.rounds + 1) or range(1, 2)  # round 1: the warm-up (a 1-round profile run: itself)
     samples = sum(sum(samples_per_round(c, timed)) for c in configs)
     per_run = [round_seconds(Path(c["output"]["dir"])) for c in configs]
     # the runs of a stack train together: the stack's round takes the longest of theirs
     seconds = sum(max(s[t] for s in per_run) for t in timed)
-    return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision,
+    return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision, "cuda_graphs": graphs,
+            "graph_captures": sum(c["captures"] for c in counts), "graph_replays": sum(c["replays"] for c in counts),
+            "capture_seconds": sum(c["capture_seconds"] for c in counts),
+            "capture_failed": next((c["failed"] for c in counts if c["failed"]), None),
             "samples_per_second": samples / seconds, "samples": samples, "seconds": seconds, "wall_seconds": wall,
             "rounds_timed": len(timed), "local_epochs": args.epochs, "rounds_trained_run_by_run": alone,
             "real_step_share": real_step_share(configs, path, timed)}
@@ -241,13 +267,15 @@ class Window:
             self.prof = prof
 
 
-def profiled_run(data: Path, args: argparse.Namespace, path: str, runs: int, work: Path, window: Window) -> list[dict]:
-    """A 2-round run of ``path`` (``runs`` stacked runs) with ``window`` around round 2's training."""
+def profiled_run(data: Path, args: argparse.Namespace, path: str, runs: int, work: Path, window: Window,
+                 graphs: bool = False) -> list[dict]:
+    """A 2-round run of ``path`` (``runs`` stacked runs; ``graphs``: steps captured) with
+    ``window`` around round 2's training."""
     from fedrift.api import run_prepared
     from fedrift.engine.executors.sequential import SequentialExecutor
 
     two = argparse.Namespace(**{**vars(args), "rounds": 2})
-    configs = [config(data, two, path, "fp32", seed, work) for seed in range(runs)]
+    configs = [config(data, two, path, "fp32", seed, work, graphs) for seed in range(runs)]
     if path == "sequential":
         class Profiled(SequentialExecutor):
             def run_round(self, tools, payload, jobs, round_, take=None):  # noqa: ANN001, ANN202
@@ -264,54 +292,30 @@ def profiled_run(data: Path, args: argparse.Namespace, path: str, runs: int, wor
 
 
 def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: str) -> None:
-    """G2: round 2's training of the sequential path and of 12 stacked runs under torch.profiler."""
+    """G2: round 2's training of ``--profile-cases`` (the sequential path first, then 12 stacked
+    runs) under torch.profiler; a case that fails is written down with its error."""
     report: dict[str, Any] = {"device": tag, "cases": []}
+    name = f"profile-{tag}{'-' + args.series if args.series else ''}"
     # sequential first: the profiler's first start is then in the main thread, where Kineto set
     # its client up at import (a first start in a stack's training thread prints "External init
     # callback must run in same thread as registerClient" and skips that set-up)
-    for path, runs in (("sequential", 1), ("stacked", 3 if args.quick else 12)):
-        window = Window(args.device)
-        configs = profiled_run(data, args, path, runs, work / f"prof-{path}", window)
-        prof, wall = window.prof, window.wall
-        events = prof.key_averages()
-        if not any(e.key.startswith("aten::") for e in events):  # a window around nothing: say so, write nothing false
-            raise RuntimeError(f"profile {path} x{runs}: the profiler recorded no operation in round 2's training")
-        # the labels' CPU ranges count the steps; on CUDA each label also shows as a device-side
-        # annotation spanning its kernels, which is no kernel (counting it doubled the steps and
-        # put the steps' whole spans into the kernel time: the first H200 profile, BENCHMARKS.md G)
-        labelled = sum(1 for e in prof.events() if e.name == "fedrift.step" and e.device_type.name == "CPU")
-        steps = labelled or steps_taken(configs, path, range(2, 3))
-        kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith("fedrift.")]
-        if args.device == "cuda" and not kernels:
-            raise RuntimeError(f"profile {path} x{runs}: the profiler recorded no CUDA kernel in round 2's training")
-        kernel_s = sum(e.device_time_total for e in kernels) / 1e6 if kernels else 0.0
-        by_name: dict[str, list[float]] = {}
-        for e in kernels:
-            by_name.setdefault(e.name, []).append(e.device_time_total)
-        top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
-        labels = {e.name: {"count": 0, "cpu_ms": 0.0} for e in prof.events() if e.name.startswith("fedrift.")}
-        for e in prof.events():
-            if e.name.startswith("fedrift.") and e.device_type.name == "CPU":
-                labels[e.name]["count"] += 1
-                labels[e.name]["cpu_ms"] += e.cpu_time_total / 1e3
-        samples = sum(samples_per_round(c, range(2, 3))[0] for c in configs)
-        report["cases"].append({
-            "path": path, "runs": runs, "wall_seconds": wall, "steps": steps, "samples": samples,
-            "samples_per_second": samples / wall, "kernels": len(kernels),
-            "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps,
-            "kernels_per_step": len(kernels) / steps, "kernel_ms_per_step": 1e3 * kernel_s / steps,
-            "wall_ms_per_step": 1e3 * wall / steps, "device_busy_share": kernel_s / wall if kernels else None,
-            "labels": labels,
-            "top_kernels": [{"name": n[:120], "count": len(v), "ms": sum(v) / 1e3} for n, v in top],
-            "top_cpu_ops": [{"name": e.key, "count": e.count, "cpu_ms": e.self_cpu_time_total / 1e3}
-                            for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]],
-        })
-        print(f"profile {path} x{runs}: {steps} steps, {len(kernels)} kernels, wall {wall:.2f} s", flush=True)
-    (out / f"profile-{tag}.json").write_text(json.dumps(report, indent=1) + "\n")
+    for case in args.profile_cases.split(","):
+        path, runs, mode = case.split(":")
+        runs = min(int(runs), 3) if args.quick else int(runs)
+        try:
+            report["cases"].append(profile_case(data, args, work, path, runs, mode == "graphs"))
+        except Exception as err:  # noqa: BLE001 - written down; the other cases go on
+            report["cases"].append({"path": path, "runs": runs, "cuda_graphs": mode == "graphs",
+                                    "error": f"{type(err).__name__}: {err}"})
+            print(f"profile {path} x{runs} {mode}: {type(err).__name__}: {err}", flush=True)
+        (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"# G2 profile, {tag}: round 2's training (round 1 a warm-up)", ""]
     for c in report["cases"]:
+        if "error" in c:
+            lines.append(f"- {c['path']} x{c['runs']} (cuda_graphs {c['cuda_graphs']}): {c['error']}")
+            continue
         busy = "n/a" if c["device_busy_share"] is None else f"{c['device_busy_share']:.2f}"
-        lines.append(f"- {c['path']} x{c['runs']}: {c['steps']} steps, {c['wall_seconds']:.2f} s "
+        lines.append(f"- {c['path']} x{c['runs']} (cuda_graphs {c['cuda_graphs']}): {c['steps']} steps, {c['wall_seconds']:.2f} s "
                      f"({c['wall_ms_per_step']:.2f} ms a step, {c['samples_per_second']:.0f} samples/s), "
                      f"{c['aten_ops_per_step']:.0f} aten ops and {c['kernels_per_step']:.0f} kernels a step "
                      f"({c['kernel_ms_per_step']:.2f} ms of kernels), device busy {busy}")
@@ -319,7 +323,48 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
             lines.append(f"  - {k['name'][:80]}: {k['count']} calls, {k['ms']:.1f} ms")
         for k in c["top_cpu_ops"][:6]:
             lines.append(f"  - host: {k['name'][:60]}: {k['count']} calls, {k['cpu_ms']:.1f} ms self")
-    (out / f"profile-{tag}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def profile_case(data: Path, args: argparse.Namespace, work: Path, path: str, runs: int, graphs: bool) -> dict[str, Any]:
+    """One case of :func:`profile`: its summary."""
+    window = Window(args.device)
+    configs = profiled_run(data, args, path, runs, work / f"prof-{path}-{runs}-{graphs}", window, graphs)
+    prof, wall = window.prof, window.wall
+    events = prof.key_averages()
+    if not any(e.key.startswith("aten::") for e in events):  # a window around nothing: say so, write nothing false
+        raise RuntimeError(f"profile {path} x{runs}: the profiler recorded no operation in round 2's training")
+    # the labels' CPU ranges count the steps; on CUDA each label also shows as a device-side
+    # annotation spanning its kernels, which is no kernel (counting it doubled the steps and
+    # put the steps' whole spans into the kernel time: the first H200 profile, BENCHMARKS.md G)
+    labelled = sum(1 for e in prof.events() if e.name == "fedrift.step" and e.device_type.name == "CPU")
+    steps = labelled or steps_taken(configs, path, range(2, 3))
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith("fedrift.")]
+    if args.device == "cuda" and not kernels:
+        raise RuntimeError(f"profile {path} x{runs}: the profiler recorded no CUDA kernel in round 2's training")
+    kernel_s = sum(e.device_time_total for e in kernels) / 1e6 if kernels else 0.0
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time_total)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    labels = {e.name: {"count": 0, "cpu_ms": 0.0} for e in prof.events() if e.name.startswith("fedrift.")}
+    for e in prof.events():
+        if e.name.startswith("fedrift.") and e.device_type.name == "CPU":
+            labels[e.name]["count"] += 1
+            labels[e.name]["cpu_ms"] += e.cpu_time_total / 1e3
+    samples = sum(samples_per_round(c, range(2, 3))[0] for c in configs)
+    print(f"profile {path} x{runs} graphs={graphs}: {steps} steps, {len(kernels)} kernels, wall {wall:.2f} s", flush=True)
+    return {
+        "path": path, "runs": runs, "cuda_graphs": graphs, "wall_seconds": wall, "steps": steps, "samples": samples,
+        "samples_per_second": samples / wall, "kernels": len(kernels),
+        "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps,
+        "kernels_per_step": len(kernels) / steps, "kernel_ms_per_step": 1e3 * kernel_s / steps,
+        "wall_ms_per_step": 1e3 * wall / steps, "device_busy_share": kernel_s / wall if kernels else None,
+        "labels": labels,
+        "top_kernels": [{"name": n[:120], "count": len(v), "ms": sum(v) / 1e3} for n, v in top],
+        "top_cpu_ops": [{"name": e.key, "count": e.count, "cpu_ms": e.self_cpu_time_total / 1e3}
+                        for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]],
+    }
 
 
 def main() -> int:
@@ -329,9 +374,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds a row trains (the first is a warm-up)")
     ap.add_argument("--epochs", type=int, default=1, help="local epochs (throughput does not depend on them)")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for all rows; a row is not started past it")
-    ap.add_argument("--rows", default="", help="path:runs:precision,... (default: BENCH.md's, most informative first)")
+    ap.add_argument("--rows", default="", help="path:runs:precision:graphs|eager,... (default: ORDER, most informative first)")
+    ap.add_argument("--series", default="", help="a name for this call's file, throughput-<device>-<series>.json (its own baseline)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a check of the script on a CPU")
     ap.add_argument("--profile", action="store_true", help="G2 instead of G1")
+    ap.add_argument("--profile-cases", default="sequential:1:eager,stacked:12:eager",
+                    help="path:runs:graphs|eager,... profiled (sequential first: see profile())")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "fedrift-gpu-throughput")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -346,7 +394,7 @@ def main() -> int:
     if args.profile:
         profile(data, args, args.work, args.out, tag)
         return 0
-    path = args.out / f"throughput-{tag}.json"
+    path = args.out / f"throughput-{tag}{'-' + args.series if args.series else ''}.json"
     doc = json.loads(path.read_text()) if path.is_file() else {
         "device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "date": str(datetime.date.today()),
         "workload": "R1 at paper settings (ResNet-8 GN16, batch 64, 20 clients Dirichlet 0.1, 4 a round, augmented), "
@@ -355,19 +403,22 @@ def main() -> int:
     doc["train_flops_per_sample"] = fps
     rows = [tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ORDER
     if args.quick:
-        rows = [(p, min(int(r), 3), prec) for p, r, prec in rows]
+        rows = [(p, min(int(r), 3), prec, mode) for p, r, prec, mode in rows]
     start = time.perf_counter()
-    for p, r, prec in rows:
-        r = int(r)
-        if any(x["path"] == p and x["runs"] == r and x["precision"] == prec for x in doc["rows"]):
+    for p, r, prec, mode in rows:
+        r, graphs = int(r), mode == "graphs"
+        # rows of a file written before cuda_graphs existed were launched op by op
+        if any(x["path"] == p and x["runs"] == r and x["precision"] == prec and x.get("cuda_graphs", False) == graphs
+               for x in doc["rows"]):
             continue  # measured by an earlier call
         if time.perf_counter() - start > args.budget:
-            print(f"budget spent: {p} x{r} {prec} not measured", flush=True)
+            print(f"budget spent: {p} x{r} {prec} {mode} not measured", flush=True)
             continue
         try:
-            row = measure(data, args, p, r, prec, args.work)
+            row = measure(data, args, p, r, prec, args.work, graphs)
         except Exception as err:  # noqa: BLE001 - one row's failure is written down, the rest go on
-            row = {"path": p, "runs": r, "clients": 4 * r, "precision": prec, "error": f"{type(err).__name__}: {err}"}
+            row = {"path": p, "runs": r, "clients": 4 * r, "precision": prec, "cuda_graphs": graphs,
+                   "error": f"{type(err).__name__}: {err}"}
         if "samples_per_second" in row:
             on_gpu = args.device == "cuda"
             row["fraction_of_peak"] = row["samples_per_second"] * fps / PEAK_FLOPS[prec] if on_gpu else None
@@ -376,9 +427,11 @@ def main() -> int:
         path.write_text(json.dumps(doc, indent=1) + "\n")  # after every row: a cut call keeps what it measured
         print(json.dumps(row), flush=True)
     base = next((x for x in doc["rows"] if x["path"] == "sequential" and x["precision"] == "fp32" and "samples_per_second" in x), None)
+    # the same call's baseline: the ratios are within one call, as BENCH.md asks
     for x in doc["rows"]:
         if base and "samples_per_second" in x:
-            print(f"{x['path']:>10} x{x['runs']:<3} {x['precision']}: {x['samples_per_second']:>10.0f} samples/s "
+            mode = "graphs" if x.get("cuda_graphs") else "eager"
+            print(f"{x['path']:>10} x{x['runs']:<3} {x['precision']} {mode:>6}: {x['samples_per_second']:>10.0f} samples/s "
                   f"({x['samples_per_second'] / base['samples_per_second']:.2f}x sequential fp32)")
     return 0
 

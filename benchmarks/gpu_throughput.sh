@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 49's device call (BENCH.md G2 then G1), prepared to run at once in a session with a lent
-# GPU: the profile of one round (sequential, 12 stacked runs), then the throughput rows, most
-# informative first, each written to $OUT as it is measured (a call cut short keeps its rows; the
-# next call, given the JSON back under benchmarks/results/gpu-throughput/, skips them).
+# Issue 49's device call (BENCH.md G1 then G2), prepared to run at once in a session with a lent
+# GPU: the throughput rows, most informative first, each written to $OUT as it is measured (a call
+# cut short keeps its rows; the next call, given the JSON back under
+# benchmarks/results/gpu-throughput/, skips them), then the profile of one round.
 #
 # Here, once: `PARTS=r1 bash benchmarks/gpu_prepare.sh` (its .gpu/whl; only pydantic and its four
 # dependencies are needed: `mkdir -p .gpu/whlmin && cp .gpu/whl/{pydantic,pydantic_core,annotated_types,typing_extensions,typing_inspection}-*.whl .gpu/whlmin`).
@@ -12,7 +12,10 @@
 #   QUICK=1 DEVICE=cpu PY=.venv/bin/python INSTALL=0 OUT=/tmp/gpu-tp bash benchmarks/gpu_throughput.sh
 # Environment: BUDGET (420 s for the throughput rows; the profile runs first, about a minute),
 # PROFILE (1), DEVICE (cuda), PY (python3), INSTALL (1), WHL (.gpu/whlmin), SITE (/tmp/site),
-# OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK.
+# OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK,
+# SERIES (the call's own files, throughput-<device>-<series>.json: its own baseline row),
+# PROFILE_CASES (default sequential:1:eager,stacked:12:eager).
+# The third H200 call (captured steps): SERIES=graphs PROFILE_CASES=sequential:1:eager,stacked:12:graphs
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; WHL=${WHL:-.gpu/whlmin}; OUT=${OUT:-$PWD/runs/gpu-out}
@@ -30,8 +33,11 @@ mkdir -p benchmarks/results/gpu-throughput
 cp benchmarks/results/gpu-throughput/throughput-*.json "$OUT"/ 2>/dev/null
 args=(--device "$DEVICE" --out "$OUT")
 [ -n "${QUICK:-}" ] && args+=(--quick)
-if [ "${PROFILE:-1}" = 1 ] && ! ls "$OUT"/profile-*.json >/dev/null 2>&1; then
-  timeout -k 10 "${PROFILE_TIMEOUT:-150}" "$PY" benchmarks/gpu_throughput.py "${args[@]}" --profile 2>&1 | tail -n 30
-fi
+[ -n "${SERIES:-}" ] && args+=(--series "$SERIES")
 timeout -s INT -k 20 "$((BUDGET + 60))" "$PY" benchmarks/gpu_throughput.py "${args[@]}" --budget "$BUDGET" ${ROWS:+--rows "$ROWS"} 2>&1 | tail -n 40
+# the profile after the rows (they are what the issue's bound reads); a call that ends first keeps the rows
+if [ "${PROFILE:-1}" = 1 ] && ! ls "$OUT"/profile-*"${SERIES:-}".json >/dev/null 2>&1; then
+  timeout -k 10 "${PROFILE_TIMEOUT:-150}" "$PY" benchmarks/gpu_throughput.py "${args[@]}" --profile \
+    ${PROFILE_CASES:+--profile-cases "$PROFILE_CASES"} 2>&1 | tail -n 30
+fi
 ls -la "$OUT"

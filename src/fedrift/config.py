@@ -177,6 +177,9 @@ class EngineConfig(_Section):
         " with `data.augment`"))  # distillation teachers' outputs computed once per round
     max_parallel_clients: PositiveInt | None = Field(None, description=(
         "`batched`: clients per `vmap` call (null: from a memory budget, at most 64)"))  # batched: clients per vmap call (None: from memory)
+    cuda_graphs: bool = Field(True, description=(
+        "`batched` and `stacked` on a GPU: each vectorised step replayed as a captured CUDA graph (one launch, "
+        "not one per operation; groups padded to a few widths); false: launched op by op. No effect on a CPU"))
     threads: PositiveInt | None = Field(None, description=(
         "torch CPU threads for the run (restored afterwards; null: torch's default, one per core)"))
     client_state: Literal["memory", "disk", "auto"] = Field("auto", description=(

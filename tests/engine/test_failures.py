@@ -164,11 +164,11 @@ def test_a_round_that_raises_as_a_whole_trains_each_client_alone_and_says_so(tin
     batched = importlib.import_module("fedrift.engine.executors.batched")  # the package's `batched` is a function
     real, raised = batched.BatchedExecutor.train_group, []
 
-    def group_fails_once(self, parts, batch_size, stop=None):
+    def group_fails_once(self, parts, batch_size, stop=None, **kw):
         if sum(len(p.jobs) for p in parts) > 1 and not raised:
             raised.append(1)
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(a second line)")
-        return real(self, parts, batch_size, stop)
+        return real(self, parts, batch_size, stop, **kw)
 
     monkeypatch.setattr(batched.BatchedExecutor, "train_group", group_fails_once)
     res = fedrift.run(tiny(train={"rounds": 2, "clients_per_round": 3}, engine={"executor": "batched", "accept_failures": True}))

@@ -145,13 +145,13 @@ def test_stacked_runs_a_failed_client_is_its_runs_alone(tiny, tmp_path, monkeypa
     real = batched.BatchedExecutor.train_group
     bad = []  # seed 1's first client of round 2: it raises whenever it trains in that round
 
-    def failing(self, parts, batch_size, stop=None):
+    def failing(self, parts, batch_size, stop=None, **kw):
         for part in parts:
             if part.round_ == 2 and part.tools.seed == 1:
                 bad[:] = bad or [part.jobs[0].client_id]
                 if any(j.client_id == bad[0] for j in part.jobs):
                     raise RuntimeError("client failure")
-        return real(self, parts, batch_size, stop)
+        return real(self, parts, batch_size, stop, **kw)
 
     monkeypatch.setattr(batched.BatchedExecutor, "train_group", failing)
     sections = {"train": {"rounds": 3}, "engine": {"executor": "stacked", "accept_failures": True}}
@@ -176,11 +176,11 @@ def test_stacked_runs_an_error_of_the_stacks_own_trains_the_round_alone_and_says
     real = batched.BatchedExecutor.train_group
     raised = []
 
-    def stack_fails_once(self, parts, batch_size, stop=None):
+    def stack_fails_once(self, parts, batch_size, stop=None, **kw):
         if len({id(p.tools) for p in parts}) > 1 and not raised:  # several runs' clients in one step
             raised.append(1)
             raise RuntimeError("out of memory\n(a device's second line)")
-        return real(self, parts, batch_size, stop)
+        return real(self, parts, batch_size, stop, **kw)
 
     monkeypatch.setattr(batched.BatchedExecutor, "train_group", stack_fails_once)
     together = run_stacked(_configs(tiny, tmp_path, (0, 1), train={"rounds": 3}))

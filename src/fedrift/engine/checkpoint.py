@@ -52,7 +52,9 @@ NOT_RESULTS = ("engine.checkpoint_every", "engine.client_state", "plugins", "eng
 # on the CPU with ``engine.threads: 1`` a run may stop under one of them and continue under
 # another; how many workers share the clients does not change results either.
 EQUAL_EXECUTORS = ("sequential", "processes", "ray")
-EQUAL_EXECUTOR_KEYS = ("engine.executor", "engine.workers", "engine.max_parallel_clients")
+EQUAL_EXECUTOR_KEYS = ("engine.executor", "engine.workers", "engine.max_parallel_clients", "engine.cuda_graphs")
+# keys added after checkpoints were written: a manifest without one holds the default it had in effect
+LATER_KEYS = {"engine.cuda_graphs": True}
 
 
 class CheckpointError(FedriftError):
@@ -95,8 +97,9 @@ def resumable_keys(keys: Mapping[str, Any]) -> dict[str, Any]:
     (also of a manifest written before a key joined ``NOT_RESULTS``), and under one of the
     ``EQUAL_EXECUTORS`` on one CPU thread, the executor and its worker count left out too.
     ``data.root`` as the path it names from here (a manifest written before relative roots
-    were stored absolute holds the relative one)."""
-    out = {k: v for k, v in keys.items() if k not in NOT_RESULTS}
+    were stored absolute holds the relative one); a key of ``LATER_KEYS`` that a manifest lacks,
+    as its default."""
+    out = {**LATER_KEYS, **{k: v for k, v in keys.items() if k not in NOT_RESULTS}}
     if isinstance(out.get("data.root"), str):
         out["data.root"] = absolute_root(out["data.root"])
     if out.get("engine.executor") in EQUAL_EXECUTORS and out.get("engine.threads") == 1 and out.get("engine.device") == "cpu":

@@ -20,7 +20,7 @@ Resumption
     reported as diverged, not rerun), and its ``config.yaml`` agrees with the run's resolved
     config on every key both know and on every key the grid sets. How a run executes
     (``output.*``, ``engine.executor``, ``engine.workers``, ``engine.threads``,
-    ``engine.max_parallel_clients``,
+    ``engine.max_parallel_clients``, ``engine.cuda_graphs``,
     ``engine.teacher_cache``, ``engine.client_state``) does not make it a different run;
     the executors give the same results. Any other difference reruns it, and says which key.
     A run that stopped (killed, Ctrl-C) continues from its last checkpoint

@@ -94,8 +94,8 @@ def run_stacked(
     ``interrupted`` summary) and is raised here once all have stopped."""
     preps = prepare_stack(configs)
     flags = list(resume) if resume is not None else [False] * len(preps)
-    max_parallel = preps[0].config.engine.max_parallel_clients
-    stack = RunStack(len(preps), max_parallel)
+    engine = preps[0].config.engine
+    stack = RunStack(len(preps), engine.max_parallel_clients, engine.cuda_graphs)
     out: list[RunResult | BaseException | None] = [None] * len(preps)
 
     def one(i: int) -> None:

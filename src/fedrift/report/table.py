@@ -71,6 +71,7 @@ EXECUTION_KEYS = (
     "engine.workers",
     "engine.threads",
     "engine.max_parallel_clients",
+    "engine.cuda_graphs",
     "engine.teacher_cache",
     "engine.client_state",
     "engine.checkpoint_every",

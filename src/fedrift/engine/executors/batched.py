@@ -33,6 +33,7 @@ from torch.func import vmap
 from fedrift.engine.local import make_step, optimizer_init
 from fedrift.engine.profiling import labeller
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
+from fedrift.engine.step_graphs import Capture, StepGraphs, cuda_capture, width
 from fedrift.functional.tree import cat, split, stack
 
 
@@ -88,8 +89,13 @@ def auto_parallel(params: dict[str, torch.Tensor], batch_size: int, sample_numel
 
 
 class BatchedExecutor:
-    def __init__(self, max_parallel_clients: int | None = None) -> None:
+    """``graphs``: on a GPU, the vectorised step captured as CUDA graphs (``engine.step_graphs``;
+    ``engine.cuda_graphs``); a capture function instead of True captures with it on any device
+    (the tests' CPU stand-in, ``step_graphs.eager_capture``)."""
+
+    def __init__(self, max_parallel_clients: int | None = None, graphs: bool | Capture = True) -> None:
         self.max_parallel = max_parallel_clients
+        self.graphs = graphs
         self._steps: dict[Any, Any] = {}
 
     def close(self) -> None:
@@ -142,16 +148,30 @@ class BatchedExecutor:
         dims_key = repr(payload_dims)
         if dims_key not in vsteps:
             vsteps[dims_key] = vmap(step, in_dims=(0, 0, 0, payload_dims, 0))
+            capture = self.graphs if callable(self.graphs) else cuda_capture if self.graphs and tools.x.is_cuda else None
+            if capture is not None:
+                vsteps[dims_key] = StepGraphs(vsteps[dims_key], capture)
         return vsteps[dims_key]
 
-    def train_group(self, parts: list["Part"], batch_size: int, stop: Callable[[], None] | None = None) -> list[list[ClientOutput]]:
+    def graph_counts(self) -> dict[str, Any]:
+        """What the captured steps did (benchmarks report it): captures, replays, seconds spent
+        capturing, and a capture's error if one failed."""
+        graphed = [v for entry in self._steps.values() for v in entry[3].values() if isinstance(v, StepGraphs)]
+        return {"captures": sum(g.captures for g in graphed), "replays": sum(g.replays for g in graphed),
+                "capture_seconds": sum(g.capture_seconds for g in graphed),
+                "failed": next((g.failed for g in graphed if g.failed), None)}
+
+    def train_group(self, parts: list["Part"], batch_size: int, stop: Callable[[], None] | None = None,
+                    step_tools: RoundTools | None = None) -> list[list[ClientOutput]]:
         """One vectorised group: the clients of ``parts`` (each part one run's jobs, with its
         tools, payload and round) trained together, one ``vmap`` call a local step, every batch
         padded to ``batch_size`` rows (the round's widest); their outputs, per part in job
         order. With one part the payload is shared by every client (as it is); with several
         (stacked runs, ``executors.stacked``) each client gets its run's payload as a row of a
-        stacked one, and the step is the first part's (the runs share one config). ``stop`` is
-        called before every step (it raises to stop the group: a stacked run's Ctrl-C)."""
+        stacked one, and the step is ``step_tools``' (default: the first part's; the runs share
+        one config: a stack hands the same run's tools to all its groups, so that one step, and
+        on a GPU one set of captured graphs, serves them all). ``stop`` is called before every
+        step (it raises to stop the group: a stacked run's Ctrl-C)."""
         first = parts[0]
         tools0, dev = first.tools, first.tools.x.device
         alg = tools0.algorithm  # every part's algorithm trains with this step (stacked runs: one config)
@@ -181,7 +201,18 @@ class BatchedExecutor:
             params = cat([{name: p.unsqueeze(0).expand(len(part.jobs), *p.shape) for name, p in part.payload["params"].items()}
                            for part in parts])
         opt_state = vmap(partial(optimizer_init, tools0.optimizer, apply=tools0.apply))(params)
-        vstep = self.vstep(tools0, payload_dims)
+        vstep = self.vstep(step_tools or tools0, payload_dims)
+        # a captured step's rows: the clients still training, then the first of them repeated
+        # up to the graphs' width (those rows' results are not read)
+        size = width if isinstance(vstep, StepGraphs) else (lambda m: m)
+
+        def padded(keep: list[int]) -> torch.Tensor:
+            return torch.tensor(keep + keep[:1] * (size(len(keep)) - len(keep)), device=dev)
+
+        fill = padded(list(range(n))) if size(n) > n else None  # the step batch's padding rows (None: none)
+        if fill is not None:
+            params, opt_state, ctx, payload = (_rows(params, fill), _rows(opt_state, fill), _rows(ctx, fill),
+                                               _rows(payload, fill, payload_dims))
         steps = [j.num_steps for j in jobs]
         idx_all, w_all = _index_table(jobs, max(steps), batch_size)
         loss_sum = torch.zeros(n, device=dev)
@@ -203,19 +234,23 @@ class BatchedExecutor:
                 stop()
             if s in finishing:  # some finished: the step trains the others only
                 take_out({i for i in alive if steps[i] <= s})
-                rows = torch.tensor([r for r, i in enumerate(alive) if steps[i] > s], device=dev)
+                rows = padded([r for r, i in enumerate(alive) if steps[i] > s])
                 params, opt_state, ctx = _rows(params, rows), _rows(opt_state, rows), _rows(ctx, rows)
                 payload = _rows(payload, rows, payload_dims)
                 alive = [i for i in alive if steps[i] > s]
                 at = torch.tensor(alive, device=dev)
+                fill = padded(list(range(len(alive)))) if size(len(alive)) > len(alive) else None
             with label("fedrift.batch"):  # labels for torch.profiler (benchmarks/gpu_throughput.py)
                 batch = _step_batch(parts, idx_all[s], w_all[s], s, batch_size, None if views_all is None else views_all[s],
                                     (alive, at) if len(alive) < n else None)
+                if fill is not None:
+                    batch = _rows(batch, fill)
             with label("fedrift.step"):
                 params, opt_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
-            loss_sum = loss_sum.index_add(0, at, loss)
+            m = len(alive)  # the real rows (the rest: a captured step's padding)
+            loss_sum = loss_sum.index_add(0, at, loss[:m])
             for key, v in aux.items():
-                aux_sum[key] = aux_sum.get(key, torch.zeros(n, *v.shape[1:], dtype=v.dtype, device=v.device)).index_add(0, at, v)
+                aux_sum[key] = aux_sum.get(key, torch.zeros(n, *v.shape[1:], dtype=v.dtype, device=v.device)).index_add(0, at, v[:m])
         take_out(set(alive))
         outs: list[list[ClientOutput]] = []
         i = 0

@@ -56,10 +56,11 @@ class _Request:
 class RunStack:
     """The meeting point of ``size`` runs' executors (see the module's docstring).
     ``max_parallel``: clients per vectorised group, over all runs (``engine.max_parallel_clients``;
-    None: the batched executor's memory rule)."""
+    None: the batched executor's memory rule); ``cuda_graphs``: ``engine.cuda_graphs``."""
 
     size: int
     max_parallel: int | None = None
+    cuda_graphs: Any = True  # engine.cuda_graphs (or a capture function: BatchedExecutor's graphs)
     live: int = 0
     rounds_trained: int = 0  # meetings that trained more than one run at once (tests read it)
     rounds_alone: int = 0  # meetings whose stacked training raised, trained run by run instead
@@ -70,7 +71,7 @@ class RunStack:
 
     def __post_init__(self) -> None:
         self.live = self.size
-        self._engine = BatchedExecutor(self.max_parallel)
+        self._engine = BatchedExecutor(self.max_parallel, self.cuda_graphs)
 
     def member(self, index: int) -> "StackMember":
         """Run ``index``'s executor."""
@@ -154,7 +155,8 @@ class RunStack:
             width = batch_width(parts)
             got: dict[tuple[int, int], ClientOutput] = {}
             for group in engine.groups(parts):
-                trained = engine.train_group([g for _, g in group], width, stop=self._check_stop)
+                trained = engine.train_group([g for _, g in group], width, stop=self._check_stop,
+                                             step_tools=parts[0].tools)
                 for (n, _), outs in zip(group, trained):
                     for out in outs:
                         got[(n, out.client_id)] = out
