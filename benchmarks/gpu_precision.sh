@@ -7,8 +7,13 @@
 # (.gpu/cifar/SUBSET.txt). SIGINT at $BUDGET s: finished runs and the table stay (a rerun of the
 # compare resumes the rest from their checkpoints).
 #
-# Device (carry [".gpu/whlmin", ".gpu/cifar"], about 60 MB with the tree):
-#   bash benchmarks/gpu_precision.sh
+# The subset's zip (43 MB) does not travel beside the tree (45 MB; 64 MB a call), so it travels
+# in parts, one a call, stashed in the machine's /tmp while it is held (30 s idle), as
+# gpu_r1_full.sh's zip does. Here, once:
+#   STEP=parts CIFAR_ZIP=.gpu/cifar/cifar10-jpeg-subset.zip WHL=.gpu/whlmin bash benchmarks/gpu_r1_full.sh
+# Device, each call at once after the last: carry [".gpu/cifarA"]: STEP=stash bash benchmarks/gpu_precision.sh;
+#   the same for each part but the last; then carry [".gpu/whlmin", ".gpu/cifar<last>"]:
+#   bash benchmarks/gpu_precision.sh (joins the parts: 40,000 images, then the compare)
 # Here, to check it end to end (minutes on this CPU):
 #   DEVICE=cpu ROUNDS=1 INSTALL=0 PY=.venv/bin/python OUT=/tmp/gpu-prec bash benchmarks/gpu_precision.sh
 # Environment: ROUNDS (40: R1's on the CPU), SEEDS (0,1,2), BUDGET (330), JOBS (2), DEVICE (cuda),
@@ -17,24 +22,44 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; WHL=${WHL:-.gpu/whlmin}; OUT=${OUT:-$PWD/runs/gpu-out}
 DEVICE=${DEVICE:-cuda}; ROUNDS=${ROUNDS:-40}; SEEDS=${SEEDS:-0,1,2}; BUDGET=${BUDGET:-330}; JOBS=${JOBS:-2}
-mkdir -p "$OUT"
-[ -f .gpu/cifar/SUBSET.txt ] || { echo "gpu_precision: no .gpu/cifar (benchmarks/gpu_prepare.sh makes it; carry it)"; exit 1; }
+STASH=/tmp/precision-parts; DATA=/tmp/cifar-subset
+mkdir -p "$OUT" "$STASH" "$DATA"
+for z in .gpu/cifar[A-Z]/*.zip; do [ -f "$z" ] && cp "$z" "$STASH/"; done
+if [ "${STEP:-run}" = stash ]; then
+  ls -l "$STASH" && exit 0
+fi
 if [ "${INSTALL:-1}" = 1 ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHL"/*.whl \
     || { echo "gpu_precision: installing $WHL failed"; exit 1; }
 fi
 export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c 'import torch; print("torch", torch.__version__, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")'
-echo "data: $(cat .gpu/cifar/SUBSET.txt)"
+# the data: the subset whole where it travelled (.gpu/cifar), else the parts joined
+if [ -f .gpu/cifar/SUBSET.txt ]; then DATA=.gpu/cifar; else
+  "$PY" - "$DATA/cifar10-jpeg-subset.zip" "$STASH"/*.zip <<'PY' || exit 1
+import sys, zipfile
+dst, *parts = sys.argv[1:]
+n = 0
+with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as z:
+    for src in parts:
+        with zipfile.ZipFile(src) as zin:
+            for info in zin.infolist():
+                z.writestr(info, zin.read(info)); n += 1
+print(f"gpu_precision: joined {n} images from {len(parts)} parts")
+if n != 40000:
+    sys.exit(f"gpu_precision: {n} images, not the subset's 40,000: a part is missing (carry each in its own call)")
+PY
+fi
+echo "data: the CIFAR-10 JPEG q75 subset (.gpu/cifar/SUBSET.txt: 3,000 training images a class, all 10,000 test images) in $DATA"
 t0=$(date +%s)
 "$PY" -c 'import sys; from pathlib import Path; from fedrift.data import DATASETS, load_dataset
 d = load_dataset("imagefolder", Path(sys.argv[1]), DATASETS.get("imagefolder").params(size=32))
-print(f"decoded once (the runs read the cache): {len(d.y_train)} train, {len(d.y_test)} test images")' .gpu/cifar
+print(f"decoded once (the runs read the cache): {len(d.y_train)} train, {len(d.y_test)} test images")' "$DATA"
 echo "decoded in $(($(date +%s) - t0)) s"
 t0=$(date +%s)
 timeout -s INT -k 30 "$BUDGET" "$PY" -c 'import sys; from fedrift.cli import main; sys.exit(main(sys.argv[1:]))' \
   compare -c examples/workload_r1.yaml --out "$OUT/r1-precision" --jobs "$JOBS" --no-report seeds="$SEEDS" \
-  sweep.train.precision=fp32,bf16 data.root=.gpu/cifar engine.device="$DEVICE" engine.executor=stacked \
+  sweep.train.precision=fp32,bf16 data.root="$DATA" engine.device="$DEVICE" engine.executor=stacked \
   engine.threads=null train.rounds="$ROUNDS" "eval.at_rounds=[10,20,$ROUNDS]" output.progress=false 2>&1 | tail -n 30
 echo "compare: exit ${PIPESTATUS[0]} after $(($(date +%s) - t0)) s"
 # what each run measured, for the note: final accuracy, mean s/round (rounds 2..), rounds done
