@@ -59,7 +59,7 @@ def resolve_executor(cfg: Config, prep: Prepared, model: FedModel) -> str:
     mean_size = float(prep.partition.sizes().mean()) if prep.partition.num_clients else 0.0
     samples = tc.local_steps * tc.batch_size if tc.local_steps else tc.local_epochs * mean_size
     return choose_executor(str(prep.device), cohort, num_params, has_conv, cpus, samples, tc.rounds,
-                           states_on_disk=cfg.engine.client_state == "disk")
+                           states_on_disk=cfg.engine.client_state == "disk", graphs=cfg.engine.cuda_graphs)
 
 
 def run(

@@ -148,9 +148,12 @@ def test_a_calibration_is_the_same_for_equal_trained_models(tiny, tmp_path):
 def test_auto_rule():
     from fedrift.engine.executors import choose_executor
 
-    assert choose_executor("cuda:0", 4, 10, True, 2) == "sequential"  # R1 on a GPU: 4 clients of ResNet-8
-    assert choose_executor("cuda:0", 20, 2_300_000, True, 2) == "batched"  # R2 on a GPU: 20 clients of a CNN
-    assert choose_executor("cuda:0", 8, 10, False, 2) == "batched" and choose_executor("cuda:0", 7, 10, False, 2) == "sequential"
+    # R1 on a GPU (4 clients of ResNet-8): batched with its step captured, sequential launched op by op
+    assert choose_executor("cuda:0", 4, 10, True, 2) == "batched" and choose_executor("cuda:0", 1, 10, True, 2) == "sequential"
+    assert choose_executor("cuda:0", 4, 10, True, 2, graphs=False) == "sequential"
+    assert choose_executor("cuda:0", 20, 2_300_000, True, 2, graphs=False) == "batched"  # R2 on a GPU: 20 clients of a CNN
+    assert choose_executor("cuda:0", 8, 10, False, 2, graphs=False) == "batched"
+    assert choose_executor("cuda:0", 7, 10, False, 2, graphs=False) == "sequential"
     assert choose_executor("cpu", 4, 1_663_370, True, 2) == "processes"  # the FedAvg CNN
     assert choose_executor("cpu", 4, 1_663_370, True, 2, samples_per_client=1000) == "processes"  # workload A
     assert choose_executor("cpu", 50, 1_663_370, True, 2, samples_per_client=8) == "sequential"  # S2

@@ -22,22 +22,24 @@ PROCESSES_MIN_SAMPLES = 256
 # FedAvg-CNN samples; with the training split over two workers that is earned back after
 # about twice as many (a 4-round demo run, 4,000 samples: processes 7.2 s, sequential 4.8 s)
 PROCESSES_MIN_RUN_SAMPLES = 10_000
-# clients a round from which a GPU runs them vectorised (choose_executor says why)
-GPU_BATCHED_MIN_COHORT = 8
+# clients a round from which a GPU runs them vectorised (choose_executor says why): with the
+# step captured as CUDA graphs (engine.cuda_graphs), and launched op by op
+GPU_BATCHED_MIN_COHORT, GPU_UNCAPTURED_MIN_COHORT = 2, 8
 
 
 def choose_executor(
     device: str, cohort: int, num_params: int, has_conv: bool, cpus: int, samples_per_client: float = float("inf"),
-    rounds: int | None = None, states_on_disk: bool = False,
+    rounds: int | None = None, states_on_disk: bool = False, graphs: bool = True,
 ) -> str:
     """What ``engine.executor: auto`` runs (BENCHMARKS.md has the measurements behind it).
 
-    - On a GPU: ``batched`` with 8 or more clients a round, where one vectorised step for
-      many clients keeps the device busier (workload R2 on an H200, 20 clients of FedADC's
-      CNN: 1.15x faster than ``sequential``); ``sequential`` with fewer, where the stacked
-      states cost more than the vectorised step gains (R1, 4 clients of ResNet-8: sequential
-      1.4-1.7x faster). The threshold lies between the two measured cohorts; its value, 8, is
-      the CPU rule's, not measured on a GPU.
+    - On a GPU, with the vectorised step captured as CUDA graphs (``graphs``,
+      ``engine.cuda_graphs``, the default): ``batched`` from 2 clients a round, where one
+      launch a step replaces the host's hundreds (R1 at paper settings on an H200, 4 clients
+      of ResNet-8: 3.57x the samples a second of ``sequential``, BENCHMARKS.md G); one client
+      has nothing to vectorise. Launched op by op: ``batched`` from 8 clients a round (R2, 20
+      clients of FedADC's CNN: 1.15x faster than ``sequential``), ``sequential`` with fewer
+      (R1's 4 clients: sequential 1.4-1.7x faster; 8, between the two, is the CPU rule's).
     - On CPUs, compute-bound models (convolutions, or over a million parameters): each
       client's step already saturates a core, so ``processes`` (one thread per worker) uses
       the cores better than threads inside one process do, when each client trains on
@@ -55,7 +57,7 @@ def choose_executor(
     - Otherwise ``sequential``.
     """
     if device.startswith("cuda"):
-        return "batched" if cohort >= GPU_BATCHED_MIN_COHORT else "sequential"
+        return "batched" if cohort >= (GPU_BATCHED_MIN_COHORT if graphs else GPU_UNCAPTURED_MIN_COHORT) else "sequential"
     if has_conv or num_params > 1_000_000:
         run_samples = (rounds if rounds is not None else float("inf")) * cohort * samples_per_client
         worth = (cpus > 1 and cohort > 1 and samples_per_client >= PROCESSES_MIN_SAMPLES

@@ -52,6 +52,39 @@ def _rows(tree: Any, keep: torch.Tensor, dims: Any = 0) -> Any:
     return tree
 
 
+def _leaving(steps: list[int], size: Callable[[int], int] | None,
+             dev: torch.device) -> tuple[torch.Tensor | None, dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]]:
+    """How a group of clients taking ``steps`` local steps shrinks as they finish: the first
+    step's padding rows (None: none), and for each step at which some have finished, the rows
+    of the group's tensors to keep (the clients still training; with ``size``, a captured
+    step's widths, the first of them repeated up to ``size(count)``), those clients' positions
+    in the group, and the step batch's padding rows (None: none). Every index tensor in one
+    host-to-device copy: made one by one, each is a copy that waits for the device (torch
+    synchronises a copy from pageable memory), so a GPU's host would stop at every client's
+    end and wait for the steps it had queued (the H200's profile: one wait a step)."""
+    flat: list[int] = []
+    wide = size or (lambda count: count)
+
+    def put(values: list[int]) -> slice:
+        flat.extend(values)
+        return slice(len(flat) - len(values), len(flat))
+
+    def padding(count: int) -> slice | None:
+        return put(list(range(count)) + [0] * (wide(count) - count)) if wide(count) > count else None
+
+    first = padding(len(steps))
+    alive, plan = list(range(len(steps))), {}
+    for s in sorted(set(steps)):
+        if s >= max(steps):
+            break
+        keep = [r for r, i in enumerate(alive) if steps[i] > s]
+        alive = [i for i in alive if steps[i] > s]
+        plan[s] = (put(keep + keep[:1] * (wide(len(keep)) - len(keep))), put(alive), padding(len(alive)))
+    table = torch.tensor(flat, dtype=torch.int64).to(dev)
+    cut = lambda part: None if part is None else table[part]  # noqa: E731
+    return cut(first), {s: (cut(r), cut(a), cut(f)) for s, (r, a, f) in plan.items()}
+
+
 def _index_table(jobs: list[ClientJob], steps: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``idx[s, k, :]``: client k's batch at step s, padded with its first sample; ``w``: the
     sample weights, 1/len for real rows and 0 for padding and for steps past the client's end."""
@@ -202,18 +235,13 @@ class BatchedExecutor:
                            for part in parts])
         opt_state = vmap(partial(optimizer_init, tools0.optimizer, apply=tools0.apply))(params)
         vstep = self.vstep(step_tools or tools0, payload_dims)
+        steps = [j.num_steps for j in jobs]
         # a captured step's rows: the clients still training, then the first of them repeated
         # up to the graphs' width (those rows' results are not read)
-        size = width if isinstance(vstep, StepGraphs) else (lambda m: m)
-
-        def padded(keep: list[int]) -> torch.Tensor:
-            return torch.tensor(keep + keep[:1] * (size(len(keep)) - len(keep)), device=dev)
-
-        fill = padded(list(range(n))) if size(n) > n else None  # the step batch's padding rows (None: none)
+        fill, leaving = _leaving(steps, width if isinstance(vstep, StepGraphs) else None, dev)
         if fill is not None:
             params, opt_state, ctx, payload = (_rows(params, fill), _rows(opt_state, fill), _rows(ctx, fill),
                                                _rows(payload, fill, payload_dims))
-        steps = [j.num_steps for j in jobs]
         idx_all, w_all = _index_table(jobs, max(steps), batch_size)
         loss_sum = torch.zeros(n, device=dev)
         aux_sum: dict[str, torch.Tensor] = {}
@@ -228,18 +256,15 @@ class BatchedExecutor:
                 if i in done:
                     ends[i] = {name: p[r].clone() for name, p in params.items()}
 
-        finishing = set(steps)  # the steps at which some client has done all of its own
         for s in range(max(steps)):
             if stop is not None:
                 stop()
-            if s in finishing:  # some finished: the step trains the others only
+            if s in leaving:  # some finished: the step trains the others only
                 take_out({i for i in alive if steps[i] <= s})
-                rows = padded([r for r, i in enumerate(alive) if steps[i] > s])
+                rows, at, fill = leaving[s]
                 params, opt_state, ctx = _rows(params, rows), _rows(opt_state, rows), _rows(ctx, rows)
                 payload = _rows(payload, rows, payload_dims)
                 alive = [i for i in alive if steps[i] > s]
-                at = torch.tensor(alive, device=dev)
-                fill = padded(list(range(len(alive)))) if size(len(alive)) > len(alive) else None
             with label("fedrift.batch"):  # labels for torch.profiler (benchmarks/gpu_throughput.py)
                 batch = _step_batch(parts, idx_all[s], w_all[s], s, batch_size, None if views_all is None else views_all[s],
                                     (alive, at) if len(alive) < n else None)
