@@ -252,3 +252,21 @@ def test_stacked_runs_in_compare_equal_the_runs_one_by_one_and_resume(tiny, tmp_
     again = compare(base, overrides=["engine.executor=stacked"], out=tmp_path / "stacked", **kw)
     assert len(stacks) == 2  # nothing ran again
     assert again == stacked_rows
+
+
+def test_stacked_runs_share_one_device_copy_of_their_data():
+    """A stack's runs share one dataset; on another device they share one copy of each of its
+    tensors (one gather then serves every run's batch), released with the dataset. The meta
+    device stands in for a GPU: a copy there is a new tensor, as on CUDA."""
+    import gc
+
+    from fedrift.engine.federation import _COPIES, on_device
+
+    x, other = torch.arange(6), torch.arange(6)
+    assert on_device(x, "cpu") is x  # already there: no copy
+    first, again, apart = on_device(x, "meta"), on_device(x, torch.device("meta")), on_device(other, "meta")
+    assert first is again and first.device.type == "meta" and apart is not first
+    held = len(_COPIES)
+    del x, first, again
+    gc.collect()
+    assert len(_COPIES) == held - 1  # gone with its source

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,29 @@ from fedrift.engine.failures import steps_done
 from fedrift.engine.round_types import ClientJob
 
 
+_COPIES: dict[tuple[int, str], torch.Tensor] = {}
+_COPIES_LOCK = threading.Lock()
+
+
+def on_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``: ``t`` itself where it is already there, else one copy per source
+    tensor and device in this process, kept while ``t`` lives. The runs of a stack share one
+    dataset (``experiments.stacked.prepare_stack``): on a GPU each run had made its own copy of
+    it (48 runs, 48 copies of the training set), and their batches, in different tensors, were
+    gathered and augmented run by run each vectorised step, where one gather serves every run
+    whose data is one tensor (``executors.batched._step_batch``)."""
+    device = torch.device(device)
+    if t.device == device or t.device.type == device.type == "cpu":
+        return t
+    key = (id(t), str(device))
+    with _COPIES_LOCK:
+        copy = _COPIES.get(key)
+        if copy is None:
+            copy = _COPIES[key] = t.to(device)
+            weakref.finalize(t, _COPIES.pop, key, None)  # gone with its source (no stale id)
+    return copy
+
+
 class Federation:
     """The data of a run, on its device, and the per-client facts the engine hands hooks.
 
@@ -24,10 +49,8 @@ class Federation:
     """
 
     def __init__(self, dataset: Dataset, partition: Partition, device: torch.device) -> None:
-        self.x = dataset.x_train.to(device)
-        self.y = dataset.y_train.to(device)
-        self.x_test = dataset.x_test.to(device)
-        self.y_test = dataset.y_test.to(device)
+        self.x, self.y = on_device(dataset.x_train, device), on_device(dataset.y_train, device)
+        self.x_test, self.y_test = on_device(dataset.x_test, device), on_device(dataset.y_test, device)
         self.prepare = dataset.prepare  # uint8 images, token ids: how a batch becomes model input
         self.num_clients = partition.num_clients
         self.train, self.test = partition.train, partition.test  # Ragged: offsets + indices (numpy)
