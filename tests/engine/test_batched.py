@@ -31,6 +31,29 @@ def test_rows_of_a_batched_tree_and_its_unbatched_leaves():
     assert _rows(tree, keep, None) is tree
 
 
+def test_a_group_shrinks_by_one_plan_made_at_its_start():
+    """Clients of 1, 3, 3 and 5 steps: the rows kept, the clients' positions and the step
+    batch's padding at each step where some finish; padded to the captured widths (5 -> 6)."""
+    from fedrift.engine.executors.batched import _leaving
+    from fedrift.engine.step_graphs import width
+
+    fill, plan = _leaving([3, 1, 5, 3], None, torch.device("cpu"))
+    assert fill is None and sorted(plan) == [1, 3]
+    rows, at, pad = plan[1]
+    assert rows.tolist() == [0, 2, 3] and at.tolist() == [0, 2, 3] and pad is None
+    rows, at, pad = plan[3]
+    assert rows.tolist() == [1] and at.tolist() == [2] and pad is None  # client 2 was the second row left
+    fill, plan = _leaving([3, 1, 5, 3, 2], width, torch.device("cpu"))
+    assert fill.tolist() == [0, 1, 2, 3, 4, 0]  # 5 clients in a graph of 6 rows
+    rows, at, pad = plan[1]  # 4 left: a width of its own, no padding
+    assert rows.tolist() == [0, 2, 3, 4] and at.tolist() == [0, 2, 3, 4] and pad is None
+    rows, at, pad = plan[2]  # 3 left (width 3)
+    assert rows.tolist() == [0, 1, 2] and at.tolist() == [0, 2, 3]
+    rows, at, pad = plan[3]  # 1 left
+    assert rows.tolist() == [1] and at.tolist() == [2] and pad is None
+    assert len({t.untyped_storage().data_ptr() for t in (fill, *plan[1][:2], *plan[3][:2])}) == 1  # one tensor
+
+
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}])
 @pytest.mark.parametrize("max_parallel", [None, 2])
 def test_uneven_clients_one_sample_to_fifty_times_more(tiny, tmp_path, algorithm, max_parallel, monkeypatch):
