@@ -36,19 +36,7 @@ export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c 'import torch; print("torch", torch.__version__, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")'
 # the data: the subset whole where it travelled (.gpu/cifar), else the parts joined
 if [ -f .gpu/cifar/SUBSET.txt ]; then DATA=.gpu/cifar; else
-  "$PY" - "$DATA/cifar10-jpeg-subset.zip" "$STASH"/*.zip <<'PY' || exit 1
-import sys, zipfile
-dst, *parts = sys.argv[1:]
-n = 0
-with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as z:
-    for src in parts:
-        with zipfile.ZipFile(src) as zin:
-            for info in zin.infolist():
-                z.writestr(info, zin.read(info)); n += 1
-print(f"gpu_precision: joined {n} images from {len(parts)} parts")
-if n != 40000:
-    sys.exit(f"gpu_precision: {n} images, not the subset's 40,000: a part is missing (carry each in its own call)")
-PY
+  "$PY" benchmarks/join_parts.py "$DATA/cifar10-jpeg-subset.zip" 40000 "$STASH"/*.zip || exit 1
 fi
 echo "data: the CIFAR-10 JPEG q75 subset (.gpu/cifar/SUBSET.txt: 3,000 training images a class, all 10,000 test images) in $DATA"
 t0=$(date +%s)

@@ -86,19 +86,7 @@ fi
 [ "${INSTALL:-1}" = 0 ] || "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${WHL:-.gpu/whl}"/*.whl || exit 1
 export PYTHONPATH="$PWD/src:$SITE" PYTHONUNBUFFERED=1
 mkdir -p /tmp/cifar10-jpeg
-"$PY" - /tmp/cifar10-jpeg/cifar10-jpeg.zip "$STASH"/*.zip <<'PY'
-import sys, zipfile
-dst, *parts = sys.argv[1:]
-n = 0
-with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as z:
-    for src in parts:
-        with zipfile.ZipFile(src) as zin:
-            for info in zin.infolist():
-                z.writestr(info, zin.read(info)); n += 1
-print(f"gpu_r1_full: joined {n} images from {len(parts)} parts into {dst}")
-if n != 60000:
-    sys.exit(f"gpu_r1_full: {n} images, not 60,000: a part is missing (carry each in its own call)")
-PY
+"$PY" benchmarks/join_parts.py /tmp/cifar10-jpeg/cifar10-jpeg.zip 60000 "$STASH"/*.zip || exit 1
 nvidia-smi -L
 FEDRIFT=("$PY" -c 'import sys; from fedrift.cli import main; sys.exit(main(sys.argv[1:]))')
 # the joined zip where the configs name it (../shared/data/cifar10-jpeg), so that a run's config
