@@ -1,6 +1,8 @@
 """G1 and G2 of ../shared/BENCH.md (issue 49): ResNet-8 training samples a second on one device,
-per path (sequential, batched, stacked runs at 1, 3, 12, 48 runs) and precision (fp32, bf16),
-and a profile of the local step.
+per path (sequential, batched, stacked runs at 1, 3, 12, 48, 96 runs), precision (fp32, bf16)
+and way of launching the vectorised step (captured as CUDA graphs, ``engine.cuda_graphs``, or
+op by op: ``cuda_graphs`` in each row, with the graphs captured and the seconds it took), and a
+profile of the local step.
 
 Workload R1 at paper settings but for the data's content: ResNet-8 (GroupNorm, 16 channels a
 group), CIFAR-sized uint8 images (50,000 train, 10,000 test; random pixels and labels, made

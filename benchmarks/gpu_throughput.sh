@@ -15,7 +15,9 @@
 # OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK,
 # SERIES (the call's own files, throughput-<device>-<series>.json: its own baseline row),
 # PROFILE_CASES (default sequential:1:eager,stacked:12:eager).
-# The third H200 call (captured steps): SERIES=graphs PROFILE_CASES=sequential:1:eager,stacked:12:graphs
+# The third H200 call (captured steps): SERIES=graphs PROFILE_CASES=sequential:1:eager,stacked:12:graphs;
+# the next (the host's mends: one index copy a group, one device copy of a stack's data):
+# SERIES=graphs2 PROFILE_CASES=sequential:1:eager,stacked:48:graphs PROFILE_TIMEOUT=200
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; WHL=${WHL:-.gpu/whlmin}; OUT=${OUT:-$PWD/runs/gpu-out}

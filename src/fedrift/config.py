@@ -176,7 +176,8 @@ class EngineConfig(_Section):
         " teacher (FedGKD-Vote's buffer) is not run again on samples it has seen (kept up to 256 MB); off"
         " with `data.augment`"))  # distillation teachers' outputs computed once per round
     max_parallel_clients: PositiveInt | None = Field(None, description=(
-        "`batched`: clients per `vmap` call (null: from a memory budget, at most 64)"))  # batched: clients per vmap call (None: from memory)
+        "`batched` and `stacked`: clients per `vmap` call (null: from a memory budget, at most 256 on a CPU "
+        "and 4,096 on a GPU)"))  # batched: clients per vmap call (None: from memory)
     cuda_graphs: bool = Field(True, description=(
         "`batched` and `stacked` on a GPU: each vectorised step replayed as a captured CUDA graph (one launch, "
         "not one per operation; groups padded to a few widths); false: launched op by op. No effect on a CPU"))
