@@ -74,17 +74,17 @@ def test_a_capture_that_raises_is_said_once_and_the_step_runs_uncaptured(caplog)
 
 @pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedgkd", "fedadc", "fedbn"])
 def test_a_captured_group_equals_the_uncaptured_one(tiny, tmp_path, name):
-    """Five clients of 1 to 150 samples: the group starts padded (5 rows to 6), finishing
-    clients leave it and the rest are padded again; every step is a replay, one graph per width."""
+    """Eight clients of 1 to 150 samples: finishing clients leave the group and the rest are
+    padded (5 rows to 6); every step is a replay, one graph per width."""
     results, executors = {}, {}
     for graphs in (False, eager_capture):
-        cfg = tiny(**case(name), train={"rounds": 2, "clients_per_round": 5, "local_epochs": 2, "batch_size": 8},
+        cfg = tiny(**case(name), train={"rounds": 2, "clients_per_round": 8, "local_epochs": 2, "batch_size": 16},
                    output={"dir": str(tmp_path / str(bool(graphs)))})
         prep = prepare(cfg)
         ix = np.random.default_rng(0).permutation(prep.dataset.num_train)
-        cuts = np.cumsum([0, 1, 2, 3, 20, 150])
+        cuts = np.cumsum([0, 1, 2, 3, 20, 40, 60, 80, 150])
         train = [np.sort(ix[a:b]) for a, b in zip(cuts, cuts[1:])]
-        prep = dataclasses.replace(prep, partition=Partition("manual", train, [np.arange(10)] * 5))
+        prep = dataclasses.replace(prep, partition=Partition("manual", train, [np.arange(10)] * 8))
         executors[graphs] = BatchedExecutor(None, graphs)
         results[graphs] = run_prepared(prep, executor=executors[graphs])
     plain, captured = results[False], results[eager_capture]
@@ -92,9 +92,10 @@ def test_a_captured_group_equals_the_uncaptured_one(tiny, tmp_path, name):
     for a, b in zip(plain.history, captured.history):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
     counts = executors[eager_capture].graph_counts()
-    # 38 steps a round for the longest client (150 samples, 2 epochs of 8); widths 6, 4, 3 (and
-    # 2, 1): at most 5 graphs a payload's signature (FedGKD's round 2 holds a second teacher: 5 more)
-    assert counts["replays"] == 2 * 38 and 3 <= counts["captures"] <= 10 and counts["failed"] is None, counts
+    # 2 epochs of 16: 2, 2, 2, 4, 6, 8, 10 and 20 steps a round; 8, 5, 4, 3, 2 and 1 clients
+    # training, in widths 8, 6, 4, 3, 2, 1: 6 graphs a payload's signature (FedGKD's round 2 holds
+    # a second teacher: 6 more)
+    assert counts["replays"] == 2 * 20 and 6 <= counts["captures"] <= 12 and counts["failed"] is None, counts
     assert executors[False].graph_counts()["captures"] == 0
 
 
