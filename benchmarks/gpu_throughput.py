@@ -1,8 +1,10 @@
 """G1 and G2 of ../shared/BENCH.md (issue 49): ResNet-8 training samples a second on one device,
 per path (sequential, batched, stacked runs at 1, 3, 12, 48, 96 runs), precision (fp32, bf16)
 and way of launching the vectorised step (captured as CUDA graphs, ``engine.cuda_graphs``, or
-op by op: ``cuda_graphs`` in each row, with the graphs captured and the seconds it took), and a
-profile of the local step.
+op by op: ``cuda_graphs`` in each row, with the graphs captured and the seconds it took), and in
+how many processes at once (item 4's "several processes per GPU": ``processes``, copies of a
+stacked row in processes of their own meeting before their first round, their samples summed
+over the longest one's seconds: :func:`measure_processes`), and a profile of the local step.
 
 Workload R1 at paper settings but for the data's content: ResNet-8 (GroupNorm, 16 channels a
 group), CIFAR-sized uint8 images (50,000 train, 10,000 test; random pixels and labels, made
@@ -63,11 +65,13 @@ from fedrift.experiments.stacked import run_stacked
 
 PEAK_FLOPS = {"bf16": 989e12, "fp32": 67e12}  # H100/H200 SXM dense (NVIDIA's data sheets)
 # most informative first: the baseline; the stacks with their steps captured (engine.cuda_graphs,
-# the default), which should fill the device; the same stack launched op by op (the first H200
-# call's way) for the ratio in one call; then the rest of BENCH.md's rows
+# the default), which should fill the device, also as several processes at once (item 4: a 5th
+# field, the processes); the same stack launched op by op (the first H200 call's way) for the
+# ratio in one call; then the rest of BENCH.md's rows
 ORDER = [
     ("sequential", 1, "fp32", "eager"), ("stacked", 48, "fp32", "graphs"), ("stacked", 12, "fp32", "graphs"),
-    ("stacked", 48, "bf16", "graphs"), ("stacked", 48, "fp32", "eager"), ("batched", 1, "fp32", "graphs"),
+    ("stacked", 12, "fp32", "graphs", 4), ("stacked", 48, "bf16", "graphs"), ("stacked", 48, "fp32", "eager"),
+    ("batched", 1, "fp32", "graphs"), ("stacked", 48, "fp32", "graphs", 2),
     ("stacked", 96, "fp32", "graphs"), ("stacked", 3, "fp32", "graphs"), ("stacked", 1, "fp32", "graphs"),
     ("stacked", 96, "bf16", "graphs"), ("stacked", 12, "bf16", "graphs"), ("stacked", 12, "fp32", "eager"),
     ("batched", 1, "fp32", "eager"), ("sequential", 1, "bf16", "eager"), ("batched", 1, "bf16", "graphs"),
@@ -200,7 +204,7 @@ def stacked_runs(configs: list[dict[str, Any]], train_together: Any = None, capt
 
 
 def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, work: Path,
-            graphs: bool = False) -> dict[str, Any]:
+            graphs: bool = False, barrier: Path | None = None) -> dict[str, Any]:
     from fedrift.api import run_prepared
     from fedrift.engine.executors.batched import BatchedExecutor
     from fedrift.engine.step_graphs import eager_capture
@@ -211,8 +215,11 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
     configs = [config(data, args, path, precision, seed, folder, graphs) for seed in range(runs)]
     start = time.perf_counter()
     alone, engines = 0, []
+    if barrier is not None and path != "stacked":
+        raise ValueError("rows in several processes: the stacked path only (its first meeting is where the copies meet)")
     if path == "stacked":
-        stacks = stacked_runs(configs, capture=capture)
+        together = None if barrier is None else meet_first(barrier, args.parties)
+        stacks = stacked_runs(configs, together, capture=capture)
         alone = sum(s.rounds_alone for s in stacks)  # rounds whose stacked step raised: run by run
         engines = [s._engine for s in stacks]
         if alone:
@@ -229,13 +236,70 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
     per_run = [round_seconds(Path(c["output"]["dir"])) for c in configs]
     # the runs of a stack train together: the stack's round takes the longest of theirs
     seconds = sum(max(s[t] for s in per_run) for t in timed)
-    return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision, "cuda_graphs": graphs,
+    return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision, "cuda_graphs": graphs, "processes": 1,
             "graph_captures": sum(c["captures"] for c in counts), "graph_replays": sum(c["replays"] for c in counts),
             "capture_seconds": sum(c["capture_seconds"] for c in counts),
             "capture_failed": next((c["failed"] for c in counts if c["failed"]), None),
             "samples_per_second": samples / seconds, "samples": samples, "seconds": seconds, "wall_seconds": wall,
             "rounds_timed": len(timed), "local_epochs": args.epochs, "rounds_trained_run_by_run": alone,
             "real_step_share": real_step_share(configs, path, timed)}
+
+
+def meet_first(folder: Path, parties: int, timeout: float = 600.0) -> Any:
+    """A ``train_together`` for :func:`stacked_runs` that, before the stack's first training, waits
+    until ``parties`` processes have reached theirs (a file each in ``folder``): the copies of a
+    row in several processes then train their rounds at the same time, not one after another's
+    start-up."""
+    met = [False]
+
+    def together(real: Any, stack: Any, requests: Any) -> Any:
+        if not met[0]:
+            met[0] = True
+            (folder / str(os.getpid())).touch()
+            end = time.monotonic() + timeout
+            while len(list(folder.iterdir())) < parties:
+                if time.monotonic() > end:
+                    raise TimeoutError(f"{parties} processes did not all reach their first round within {timeout:.0f} s")
+                time.sleep(0.05)
+        return real._train_together(stack, requests)
+
+    return together
+
+
+def measure_processes(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, mode: str,
+                      procs: int) -> dict[str, Any]:
+    """Item 4's "several processes per GPU": ``procs`` copies of a stacked row at once, each in a
+    process of its own (this script, one row), meeting before their first round; the device's
+    samples a second = their samples over the longest one's timed seconds (their timed rounds
+    overlap: a lower bound). Each copy's own row is kept under ``per_process``."""
+    import subprocess
+
+    root = args.work / f"procs-{path}-{runs}-{precision}-{mode}-x{procs}"
+    barrier = root / "barrier"
+    if root.exists():
+        import shutil
+
+        shutil.rmtree(root)
+    barrier.mkdir(parents=True)
+    children = []
+    for k in range(procs):
+        cmd = [sys.executable, __file__, "--device", args.device, "--rows", f"{path}:{runs}:{precision}:{mode}",
+               "--out", str(root / f"p{k}"), "--work", str(root / f"w{k}"), "--data", str(data), "--rounds", str(args.rounds),
+               "--epochs", str(args.epochs), "--budget", "1e9", "--barrier", str(barrier), "--parties", str(procs)]
+        children.append(subprocess.Popen(cmd + (["--quick"] if args.quick else []), stdout=subprocess.DEVNULL))
+    codes = [c.wait() for c in children]
+    got = [json.loads(f.read_text())["rows"][0] for f in sorted(root.glob("p*/throughput-*.json"))]
+    bad = [g for g in got if "samples_per_second" not in g]
+    if len(got) < procs or bad or any(codes):
+        why = bad[0].get("error") if bad else f"exit codes {codes}"
+        raise RuntimeError(f"{procs} processes of {path} x{runs}: {len(got)} rows came back ({why})")
+    samples, seconds = sum(g["samples"] for g in got), max(g["seconds"] for g in got)
+    return {"path": path, "runs": runs, "clients": 4 * runs * procs, "precision": precision, "cuda_graphs": mode == "graphs",
+            "processes": procs, "samples_per_second": samples / seconds, "samples": samples, "seconds": seconds,
+            "wall_seconds": max(g["wall_seconds"] for g in got), "rounds_timed": got[0]["rounds_timed"],
+            "local_epochs": args.epochs, "rounds_trained_run_by_run": sum(g["rounds_trained_run_by_run"] for g in got),
+            "real_step_share": got[0]["real_step_share"],
+            "per_process": [{k: g[k] for k in ("samples_per_second", "seconds", "graph_captures", "capture_failed")} for g in got]}
 
 
 class Window:
@@ -376,7 +440,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds a row trains (the first is a warm-up)")
     ap.add_argument("--epochs", type=int, default=1, help="local epochs (throughput does not depend on them)")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for all rows; a row is not started past it")
-    ap.add_argument("--rows", default="", help="path:runs:precision:graphs|eager,... (default: ORDER, most informative first)")
+    ap.add_argument("--rows", default="", help="path:runs:precision:graphs|eager[:processes],... (default: ORDER, "
+                    "most informative first; processes: that many copies of the row at once, their samples summed)")
+    ap.add_argument("--data", type=Path, default=None, help="the .npz to train on (default: made in --work)")
+    ap.add_argument("--barrier", type=Path, default=None, help="(a copy of measure_processes') the folder where the copies meet")
+    ap.add_argument("--parties", type=int, default=1, help="(a copy of measure_processes') how many meet there")
     ap.add_argument("--series", default="", help="a name for this call's file, throughput-<device>-<series>.json (its own baseline)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a check of the script on a CPU")
     ap.add_argument("--profile", action="store_true", help="G2 instead of G1")
@@ -390,7 +458,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     n_train, n_test = (2_000, 500) if args.quick else (50_000, 10_000)
-    data = make_data(args.work, n_train, n_test)
+    data = args.data or make_data(args.work, n_train, n_test)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu"
     tag = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:40]
     if args.profile:
@@ -403,23 +471,26 @@ def main() -> int:
                     "CIFAR-sized random uint8 images", "rows": []}
     fps = flops_per_sample(args.device)
     doc["train_flops_per_sample"] = fps
-    rows = [tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ORDER
+    rows = [(*spec, 1)[:5] for spec in ([tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ORDER)]
     if args.quick:
-        rows = [(p, min(int(r), 3), prec, mode) for p, r, prec, mode in rows]
+        rows = [(p, min(int(r), 3), prec, mode, procs) for p, r, prec, mode, procs in rows]
     start = time.perf_counter()
-    for p, r, prec, mode in rows:
-        r, graphs = int(r), mode == "graphs"
+    for p, r, prec, mode, procs in rows:
+        r, graphs, procs = int(r), mode == "graphs", int(procs)
         # rows of a file written before cuda_graphs existed were launched op by op
         if any(x["path"] == p and x["runs"] == r and x["precision"] == prec and x.get("cuda_graphs", False) == graphs
-               for x in doc["rows"]):
+               and x.get("processes", 1) == procs for x in doc["rows"]):
             continue  # measured by an earlier call
         if time.perf_counter() - start > args.budget:
-            print(f"budget spent: {p} x{r} {prec} {mode} not measured", flush=True)
+            print(f"budget spent: {p} x{r} {prec} {mode} in {procs} process(es) not measured", flush=True)
             continue
         try:
-            row = measure(data, args, p, r, prec, args.work, graphs)
+            if procs > 1:
+                row = measure_processes(data, args, p, r, prec, mode, procs)
+            else:
+                row = measure(data, args, p, r, prec, args.work, graphs, barrier=args.barrier)
         except Exception as err:  # noqa: BLE001 - one row's failure is written down, the rest go on
-            row = {"path": p, "runs": r, "clients": 4 * r, "precision": prec, "cuda_graphs": graphs,
+            row = {"path": p, "runs": r, "clients": 4 * r, "precision": prec, "cuda_graphs": graphs, "processes": procs,
                    "error": f"{type(err).__name__}: {err}"}
         if "samples_per_second" in row:
             on_gpu = args.device == "cuda"
@@ -432,7 +503,7 @@ def main() -> int:
     # the same call's baseline: the ratios are within one call, as BENCH.md asks
     for x in doc["rows"]:
         if base and "samples_per_second" in x:
-            mode = "graphs" if x.get("cuda_graphs") else "eager"
+            mode = ("graphs" if x.get("cuda_graphs") else "eager") + (f" in {x['processes']} processes" if x.get("processes", 1) > 1 else "")
             print(f"{x['path']:>10} x{x['runs']:<3} {x['precision']} {mode:>6}: {x['samples_per_second']:>10.0f} samples/s "
                   f"({x['samples_per_second'] / base['samples_per_second']:.2f}x sequential fp32)")
     return 0
