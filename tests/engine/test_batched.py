@@ -32,26 +32,33 @@ def test_rows_of_a_batched_tree_and_its_unbatched_leaves():
 
 
 def test_a_group_shrinks_by_one_plan_made_at_its_start():
-    """Clients of 1, 3, 3 and 5 steps: the rows kept, the clients' positions and the step
-    batch's padding at each step where some finish; padded to the captured widths (5 -> 6)."""
+    """Clients of 1, 3, 3 and 5 steps: the rows kept, the clients still training (a list and
+    the same on the device) and the step batch's padding at each step where some finish;
+    padded to the captured widths (5 -> 6)."""
     from fedrift.engine.executors.batched import _leaving
     from fedrift.engine.step_graphs import width
 
     fill, plan = _leaving([3, 1, 5, 3], None, torch.device("cpu"))
     assert fill is None and sorted(plan) == [1, 3]
-    rows, at, pad = plan[1]
-    assert rows.tolist() == [0, 2, 3] and at.tolist() == [0, 2, 3] and pad is None
-    rows, at, pad = plan[3]
-    assert rows.tolist() == [1] and at.tolist() == [2] and pad is None  # client 2 was the second row left
+    rows, still, at, pad = plan[1]
+    assert rows.tolist() == [0, 2, 3] and still == at.tolist() == [0, 2, 3] and pad is None
+    rows, still, at, pad = plan[3]
+    assert rows.tolist() == [1] and still == at.tolist() == [2] and pad is None  # client 2 was the second row left
     fill, plan = _leaving([3, 1, 5, 3, 2], width, torch.device("cpu"))
     assert fill.tolist() == [0, 1, 2, 3, 4, 0]  # 5 clients in a graph of 6 rows
-    rows, at, pad = plan[1]  # 4 left: a width of its own, no padding
-    assert rows.tolist() == [0, 2, 3, 4] and at.tolist() == [0, 2, 3, 4] and pad is None
-    rows, at, pad = plan[2]  # 3 left (width 3)
-    assert rows.tolist() == [0, 1, 2] and at.tolist() == [0, 2, 3]
-    rows, at, pad = plan[3]  # 1 left
-    assert rows.tolist() == [1] and at.tolist() == [2] and pad is None
-    assert len({t.untyped_storage().data_ptr() for t in (fill, *plan[1][:2], *plan[3][:2])}) == 1  # one tensor
+    rows, still, at, pad = plan[1]  # 4 left: a width of its own, no padding
+    assert rows.tolist() == [0, 2, 3, 4] and still == at.tolist() == [0, 2, 3, 4] and pad is None
+    rows, still, at, pad = plan[2]  # 3 left (width 3)
+    assert rows.tolist() == [0, 1, 2] and still == at.tolist() == [0, 2, 3]
+    rows, still, at, pad = plan[3]  # 1 left
+    assert rows.tolist() == [1] and still == at.tolist() == [2] and pad is None
+    fill, plan = _leaving([2, 2, 2, 2, 2, 9], width, torch.device("cpu"))  # 6 -> 1: no padding
+    rows, still, at, pad = plan[2]
+    assert fill is None and rows.tolist() == [5] and still == [5] and pad is None
+    fill, plan = _leaving([1, 1, 1, 5, 5, 5, 5, 5], width, torch.device("cpu"))  # 8 -> 5, padded to 6
+    rows, still, at, pad = plan[1]
+    assert rows.tolist() == [3, 4, 5, 6, 7, 3] and still == at.tolist() == [3, 4, 5, 6, 7] and pad.tolist() == [0, 1, 2, 3, 4, 0]
+    assert len({t.untyped_storage().data_ptr() for t in (rows, at, pad)}) == 1  # one tensor
 
 
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}])

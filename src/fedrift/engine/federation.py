@@ -29,7 +29,7 @@ def on_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     gathered and augmented run by run each vectorised step, where one gather serves every run
     whose data is one tensor (``executors.batched._step_batch``)."""
     device = torch.device(device)
-    if t.device == device or t.device.type == device.type == "cpu":
+    if t.device == device:
         return t
     key = (id(t), str(device))
     with _COPIES_LOCK:

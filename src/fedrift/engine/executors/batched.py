@@ -52,16 +52,20 @@ def _rows(tree: Any, keep: torch.Tensor, dims: Any = 0) -> Any:
     return tree
 
 
+Shrink = tuple[torch.Tensor, list[int], torch.Tensor, torch.Tensor | None]
+
+
 def _leaving(steps: list[int], size: Callable[[int], int] | None,
-             dev: torch.device) -> tuple[torch.Tensor | None, dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]]:
+             dev: torch.device) -> tuple[torch.Tensor | None, dict[int, Shrink]]:
     """How a group of clients taking ``steps`` local steps shrinks as they finish: the first
     step's padding rows (None: none), and for each step at which some have finished, the rows
     of the group's tensors to keep (the clients still training; with ``size``, a captured
     step's widths, the first of them repeated up to ``size(count)``), those clients' positions
-    in the group, and the step batch's padding rows (None: none). Every index tensor in one
-    host-to-device copy: made one by one, each is a copy that waits for the device (torch
-    synchronises a copy from pageable memory), so a GPU's host would stop at every client's
-    end and wait for the steps it had queued (the H200's profile: one wait a step)."""
+    in the group (a list, and the same on the device), and the step batch's padding rows
+    (None: none). Every index tensor in one host-to-device copy: made one by one, each is a
+    copy that waits for the device (torch synchronises a copy from pageable memory), so a
+    GPU's host would stop at every client's end and wait for the steps it had queued (the
+    H200's profile: one wait a step)."""
     flat: list[int] = []
     wide = size or (lambda count: count)
 
@@ -74,15 +78,13 @@ def _leaving(steps: list[int], size: Callable[[int], int] | None,
 
     first = padding(len(steps))
     alive, plan = list(range(len(steps))), {}
-    for s in sorted(set(steps)):
-        if s >= max(steps):
-            break
+    for s in sorted(set(steps))[:-1]:  # the last: every client is done, the group too
         keep = [r for r, i in enumerate(alive) if steps[i] > s]
-        alive = [i for i in alive if steps[i] > s]
-        plan[s] = (put(keep + keep[:1] * (wide(len(keep)) - len(keep))), put(alive), padding(len(alive)))
+        alive = [alive[r] for r in keep]
+        plan[s] = (put(keep + keep[:1] * (wide(len(keep)) - len(keep))), alive, put(alive), padding(len(alive)))
     table = torch.tensor(flat, dtype=torch.int64).to(dev)
     cut = lambda part: None if part is None else table[part]  # noqa: E731
-    return cut(first), {s: (cut(r), cut(a), cut(f)) for s, (r, a, f) in plan.items()}
+    return cut(first), {s: (cut(r), a, cut(at), cut(f)) for s, (r, a, at, f) in plan.items()}
 
 
 def _index_table(jobs: list[ClientJob], steps: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,11 +262,11 @@ class BatchedExecutor:
             if stop is not None:
                 stop()
             if s in leaving:  # some finished: the step trains the others only
-                take_out({i for i in alive if steps[i] <= s})
-                rows, at, fill = leaving[s]
+                rows, still, at, fill = leaving[s]
+                take_out(set(alive) - set(still))
                 params, opt_state, ctx = _rows(params, rows), _rows(opt_state, rows), _rows(ctx, rows)
                 payload = _rows(payload, rows, payload_dims)
-                alive = [i for i in alive if steps[i] > s]
+                alive = still
             with label("fedrift.batch"):  # labels for torch.profiler (benchmarks/gpu_throughput.py)
                 batch = _step_batch(parts, idx_all[s], w_all[s], s, batch_size, None if views_all is None else views_all[s],
                                     (alive, at) if len(alive) < n else None)
@@ -272,10 +274,11 @@ class BatchedExecutor:
                     batch = _rows(batch, fill)
             with label("fedrift.step"):
                 params, opt_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
-            m = len(alive)  # the real rows (the rest: a captured step's padding)
-            loss_sum = loss_sum.index_add(0, at, loss[:m])
+            if fill is not None:  # the real rows only (the rest: a captured step's padding)
+                loss, aux = loss[: len(alive)], {key: v[: len(alive)] for key, v in aux.items()}
+            loss_sum = loss_sum.index_add(0, at, loss)
             for key, v in aux.items():
-                aux_sum[key] = aux_sum.get(key, torch.zeros(n, *v.shape[1:], dtype=v.dtype, device=v.device)).index_add(0, at, v[:m])
+                aux_sum[key] = aux_sum.get(key, torch.zeros(n, *v.shape[1:], dtype=v.dtype, device=v.device)).index_add(0, at, v)
         take_out(set(alive))
         outs: list[list[ClientOutput]] = []
         i = 0
