@@ -68,21 +68,40 @@ def _alone(tiny, tmp_path, seeds, **sections):
             for s in seeds]
 
 
+def _other_values(name):
+    """Run 1's sections of algorithm ``name``'s case: another train.lr, and every option of the
+    algorithm's tune space at a value of that space other than the case's (engine.step_values)."""
+    from fedrift.experiments.space import resolve_space
+
+    sections = case(name)
+    algorithm = dict(sections["algorithm"])
+    for dim in resolve_space(name, {}):
+        if dim.key.startswith("algorithm."):
+            key, value = dim.key.split(".", 1)[1], dim.middle()
+            algorithm[key] = value if algorithm.get(key) != value else dim.typed(value / 2)
+    return {**sections, "algorithm": algorithm, "train": {"rounds": 2, "batch_size": 32, "lr": 0.02}}
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_stacked_runs_equal_one_by_one_for_every_algorithm(tiny, tmp_path, stacks, name):
-    sections = {"train": {"rounds": 2, "batch_size": 32}, **case(name)}
+def test_stacked_runs_equal_one_by_one_for_every_algorithm(tiny, tmp_path, stacks, name, caplog):
+    """Two runs of each algorithm, at other seeds, learning rates and values of every option of
+    its tune space: one step reads each run's values (engine.step_values)."""
+    sections = [{"train": {"rounds": 2, "batch_size": 32}, **case(name)}, _other_values(name)]
+    configs = [_configs(tiny, tmp_path, [s], **sections[s])[0] for s in (0, 1)]
     if name in stacked.UNSTACKABLE:
         with pytest.raises(ConfigError, match=name):
-            run_stacked(_configs(tiny, tmp_path, [0, 1], **sections))
+            run_stacked(configs)
         return
-    together = run_stacked(_configs(tiny, tmp_path, [0, 1], **sections))
-    alone = _alone(tiny, tmp_path, [0, 1], **sections)
-    assert stacks[0].rounds_trained == 2  # both rounds trained the two runs as one stack
+    together = run_stacked(configs)
+    alone = [_alone(tiny, tmp_path, [s], **sections[s])[0] for s in (0, 1)]
+    assert stacks[0].rounds_trained == 2 and stacks[0].rounds_alone == 0, caplog.text  # both rounds, one stack
+    assert stacks[0].live == 0  # each run left the stack once
     for t, a in zip(together, alone):
         assert not isinstance(t, BaseException), t
         _close(a.global_state, t.global_state)
         _same_history(a.history, t.history)
         assert t.summary["executor"] == "stacked" and t.summary["status"] == "completed"
+    assert together[1].config.train.lr == 0.02
 
 
 def test_stacked_runs_write_each_run_folder_as_alone(tiny, tmp_path, stacks):
@@ -217,10 +236,11 @@ def test_stacked_runs_one_diverging_run_ends_alone(tiny, tmp_path):
     assert together[0].summary["status"] == "completed" and together[0].summary["rounds"] == 3
 
 
-def test_stacked_runs_refuse_runs_that_differ_in_more_than_the_seed(tiny, tmp_path):
+def test_stacked_runs_refuse_runs_that_differ_in_more_than_the_seed_and_values(tiny, tmp_path):
     configs = [tiny(seed=0, engine={"executor": "stacked"}, output={"dir": str(tmp_path / "a")}),
-               tiny(seed=1, engine={"executor": "stacked"}, train={"lr": 0.1}, output={"dir": str(tmp_path / "b")})]
-    with pytest.raises(ConfigError, match=r"^engine.executor: stacked runs .*train.lr differs \(0.05 and 0.1\)"):
+               tiny(seed=1, engine={"executor": "stacked"}, train={"momentum": 0.5}, output={"dir": str(tmp_path / "b")})]
+    with pytest.raises(ConfigError, match=r"^engine.executor: stacked runs share one config but for seed, output.\* and "
+                                          r"train.lr; train.momentum differs \(0.9 and 0.5\)"):
         run_stacked(configs)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before anything is written
     configs = [tiny(seed=s, engine={"executor": "batched"}, output={"dir": str(tmp_path / f"c{s}")}) for s in (0, 1)]

@@ -61,7 +61,7 @@ padding), so losses are weighted sums. A missing optional hook means FedAvg's be
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Mapping
 
 import torch
 
@@ -128,6 +128,14 @@ def check_local_loss(name: str, out: Any) -> None:
         if not isinstance(k, str) or not isinstance(v, torch.Tensor):
             raise HookReturnError(f"algorithm {name}: hook local_loss returned aux[{k!r}], a {type(v).__name__}; "
                                   f"expected {LOCAL_LOSS_FORM}")
+
+
+def term_off(value: Any, off: float = 0.0) -> bool:
+    """Whether an option is at the value that leaves its method's term out (where the method is
+    FedAvg exactly, built without the term). A tensor is never: it is a stacked run's value
+    (``engine.step_values``), and runs share a step only when their algorithms have the same
+    hooks, so the run it belongs to has the term."""
+    return not isinstance(value, torch.Tensor) and value == off
 
 
 def require_projection(name: str, setup: Setup) -> None:
@@ -252,6 +260,11 @@ class Algorithm:
     # set by engine.build under a train.lr_schedule: this algorithm built again by its factory
     # with another Setup.lr, for the rounds at that lr (hooks read the lr they were built with)
     at_lr: Callable[[float], "Algorithm"] | None = None
+    # set by engine.build: this algorithm built again with other values of train.lr ("lr") and
+    # of its options ``value_keys`` (its tune space), given as tensors: one vectorised step
+    # then trains runs that differ only in those (engine.step_values: a tune's trials stacked)
+    at_values: Callable[[Mapping[str, Any]], "Algorithm"] | None = None
+    value_keys: tuple[str, ...] = ()
     # rounds in which this method trains exactly as FedAvg (FedGKD: round 1, its buffer empty):
     # fedrift select judges it only once it has had as many rounds of its own as the others
     same_as_fedavg_until: int = 0

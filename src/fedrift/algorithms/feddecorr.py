@@ -33,7 +33,7 @@ import torch
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup, term_off
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import weighted_ce
 from fedrift.params import params
@@ -73,7 +73,7 @@ def decorrelation(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     space={"beta": "log:0.01:1"},
 )
 def feddecorr(hp: FedDecorrParams, setup: Setup) -> Algorithm:
-    if hp.beta == 0:  # FedAvg, exactly
+    if term_off(hp.beta):  # FedAvg, exactly
         return Algorithm(name="feddecorr", hparams=hp, local_loss=ce_loss)
     beta = hp.beta
 

@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Setup, fedavg_aggregate
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Setup, fedavg_aggregate, term_off
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import (
     combine_class_means, kl_to_target, model_class_means, rows_for_labels, weighted_ce,
@@ -52,7 +52,7 @@ def feddistill_plus(hp: FedDistillParams, setup: Setup) -> Algorithm:
         return {"params": state["params"], "class_logits": state["class_logits"], "has": state["has"]}
 
     def local_loss(params, batch, payload, ctx, apply):
-        if hp.lam == 0:
+        if term_off(hp.lam):
             return ce_loss(params, batch, payload, ctx, apply)
         x, y, w = batch["x"], batch["y"], batch["w"]
         z = apply(params, x)

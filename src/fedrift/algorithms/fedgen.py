@@ -85,7 +85,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, RoundInfo, Setup, Tree
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, RoundInfo, Setup, Tree, term_off
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import weighted_ce
 from fedrift.functional.optim import Transform, adam, apply_updates
@@ -250,7 +250,7 @@ def client_heads(apply: Callable, stacked: Params) -> Callable[[torch.Tensor], t
     space={"alpha": "log:0.1:10"},
 )
 def fedgen(hp: FedGenParams, setup: Setup) -> Algorithm:
-    if hp.alpha == 0:  # the term is skipped at build time: FedAvg itself
+    if term_off(hp.alpha):  # the term is skipped at build time: FedAvg itself
         return Algorithm(name="fedgen", hparams=hp, local_loss=ce_loss)
     opt = adam(hp.gen_lr)
 

@@ -78,7 +78,6 @@ Decisions where paper and spec are silent:
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated, Callable, Literal
 
 import torch
@@ -90,7 +89,7 @@ from fedrift.algorithms.base import (
     FEDAVG_SUMS, Algorithm, AlgorithmParams, ClientData, Params, RoundInfo, Setup, Tree, require_projection)
 from fedrift.algorithms.terms import CHUNK, kl_to_target, logit_mse, weighted_ce
 from fedrift.errors import ConfigError
-from fedrift.params import params
+from fedrift.params import params, with_options
 
 
 
@@ -276,7 +275,7 @@ def vote_loss_form(hp: FedGKDVoteParams, setup: Setup) -> Literal["server", "cli
     space={"lam": "log:0.01:1"},
 )
 def fedgkd_vote(hp: FedGKDVoteParams, setup: Setup) -> Algorithm:
-    hp = replace(hp, vote_loss=vote_loss_form(hp, setup))  # the built algorithm says which form runs
+    hp = with_options(hp, vote_loss=vote_loss_form(hp, setup))  # the built algorithm says which form runs
     beta = 1.0 / hp.M  # the configured M, also while the buffer fills (see module docstring)
 
     def teacher(payload, x, apply):

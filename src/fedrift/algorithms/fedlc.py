@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup, term_off
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.params import params
 
@@ -71,7 +71,7 @@ def calibrated_ce(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor, label_
     space={"tau": "float:0:2"},
 )
 def fedlc(hp: FedLCParams, setup: Setup) -> Algorithm:
-    if hp.tau == 0:  # FedAvg, exactly
+    if term_off(hp.tau):  # FedAvg, exactly
         return Algorithm(name="fedlc", hparams=hp, local_loss=ce_loss)
     tau = hp.tau
 

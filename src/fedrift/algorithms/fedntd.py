@@ -37,7 +37,7 @@ import torch
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup, term_off
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import kl_to_target, weighted_ce
 from fedrift.params import params
@@ -78,7 +78,7 @@ def not_true_distillation(student: torch.Tensor, teacher: torch.Tensor, y: torch
     space={"beta": "log:0.1:10"},
 )
 def fedntd(hp: FedNTDParams, setup: Setup) -> Algorithm:
-    if hp.beta == 0:  # FedAvg, exactly: no term, no teacher
+    if term_off(hp.beta):  # FedAvg, exactly: no term, no teacher
         return Algorithm(name="fedntd", hparams=hp, local_loss=ce_loss)
     beta, T = hp.beta, hp.T
 

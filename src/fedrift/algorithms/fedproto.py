@@ -30,7 +30,7 @@ import torch
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Setup
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, ClientData, Setup, term_off
 from fedrift.algorithms.terms import combine_class_means, model_class_means, rows_for_labels, weighted_ce
 from fedrift.functional.tree import detach_clone
 from fedrift.params import params
@@ -70,7 +70,7 @@ def fedproto(hp: FedProtoParams, setup: Setup) -> Algorithm:
         x, y, w = batch["x"], batch["y"], batch["w"]
         h, z = apply(params, x, mode="both")
         loss = weighted_ce(z, y, w)
-        if hp.lam == 0:
+        if term_off(hp.lam):
             return loss, {}
         known = rows_for_labels(payload["has"].to(h.dtype).unsqueeze(-1), y).squeeze(-1)
         dist = (h - rows_for_labels(payload["protos"], y)).pow(2).mean(-1)

@@ -30,7 +30,7 @@ import torch
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup, term_off
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import weighted_ce
 from fedrift.params import params
@@ -49,7 +49,8 @@ class FedRSParams(AlgorithmParams):
 
 def restricted_logits(logits: torch.Tensor, label_counts: torch.Tensor, alpha: float) -> torch.Tensor:
     """``logits`` (B x C) with the columns of classes whose count is 0 multiplied by ``alpha``."""
-    scale = torch.where(label_counts > 0, torch.ones_like(label_counts), torch.full_like(label_counts, alpha))
+    ones = torch.ones_like(label_counts)
+    scale = torch.where(label_counts > 0, ones, ones * alpha)  # alpha may be a stacked run's tensor (engine.step_values)
     return logits * scale.to(logits.dtype)
 
 
@@ -58,7 +59,7 @@ def restricted_logits(logits: torch.Tensor, label_counts: torch.Tensor, alpha: f
     space={"alpha": "float:0:1"},
 )
 def fedrs(hp: FedRSParams, setup: Setup) -> Algorithm:
-    if hp.alpha == 1:  # FedAvg, exactly
+    if term_off(hp.alpha, 1.0):  # FedAvg, exactly
         return Algorithm(name="fedrs", hparams=hp, local_loss=ce_loss)
     alpha = hp.alpha
 

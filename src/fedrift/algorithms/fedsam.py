@@ -45,7 +45,7 @@ import torch
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, Setup
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, Setup, term_off
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.params import params
 
@@ -112,7 +112,7 @@ def sharpness_aware(base_loss, rho: float, eta: float | None):
     space={"rho": "log:0.005:0.5"},
 )
 def fedsam(hp: FedSAMParams, setup: Setup) -> Algorithm:
-    if hp.rho == 0:  # FedAvg, exactly: no perturbation, one gradient
+    if term_off(hp.rho):  # FedAvg, exactly: no perturbation, one gradient
         return Algorithm(name="fedsam", hparams=hp, local_loss=ce_loss)
     return Algorithm(name="fedsam", hparams=hp, local_loss=sharpness_aware(ce_loss, hp.rho, None), objective=ce_loss)
 
@@ -122,6 +122,6 @@ def fedsam(hp: FedSAMParams, setup: Setup) -> Algorithm:
     space={"rho": "log:0.05:2", "eta": "log:0.001:0.5"},
 )
 def fedasam(hp: FedASAMParams, setup: Setup) -> Algorithm:
-    if hp.rho == 0:  # FedAvg, exactly
+    if term_off(hp.rho):  # FedAvg, exactly
         return Algorithm(name="fedasam", hparams=hp, local_loss=ce_loss)
     return Algorithm(name="fedasam", hparams=hp, local_loss=sharpness_aware(ce_loss, hp.rho, hp.eta), objective=ce_loss)

@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedrift.algorithms import ALGORITHMS
-from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup, require_projection
+from fedrift.algorithms.base import Algorithm, AlgorithmParams, Setup, require_projection, term_off
 from fedrift.algorithms.fedavg import ce_loss
 from fedrift.algorithms.terms import weighted_ce
 from fedrift.params import params
@@ -89,7 +89,7 @@ def model_contrastive(r: torch.Tensor, r_glob: torch.Tensor, r_prev: torch.Tenso
 )
 def moon(hp: MOONParams, setup: Setup) -> Algorithm:
     require_projection("moon", setup)
-    if hp.mu == 0:  # FedAvg, exactly: no term, no teacher, no state
+    if term_off(hp.mu):  # FedAvg, exactly: no term, no teacher, no state
         return Algorithm(name="moon", hparams=hp, local_loss=ce_loss)
     mu, T = hp.mu, hp.T
 

@@ -28,10 +28,12 @@ from fedrift.engine.local import make_apply, make_tools, prefers_channels_last
 from fedrift.engine.outputs import auto_dir
 from fedrift.engine.round_types import RoundTools
 from fedrift.engine.sampling import SAMPLERS, cohort_size
+from fedrift.engine.step_values import LR, value_keys
 from fedrift.engine.tensorboard import summary_writer_class
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, build_model
 from fedrift.models.base import FedModel
+from fedrift.params import with_options
 from fedrift.plugins import load_plugins
 
 
@@ -141,14 +143,23 @@ def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
         holdout_y=prep.dataset.y_train[held].to(prep.device) if len(held) else None,
     )
     entry = ALGORITHMS.get(prep.config.algorithm.name, "algorithm.name")
-    algorithm = entry.factory(prep.options["algorithm"], setup)
+    options = prep.options["algorithm"]
+    algorithm = entry.factory(options, setup)
+
+    def at_values(values: Mapping[str, Any]) -> Algorithm:
+        """The same factory at other values: ``train.lr`` as ``Setup.lr``, the others as options
+        (set on a copy unvalidated: under a stack's vmap they are tensors, engine.step_values)."""
+        changed = {k: v for k, v in values.items() if k != LR}
+        hp = with_options(options, **changed) if changed else options
+        return entry.factory(hp, dataclasses.replace(setup, lr=values.get(LR, setup.lr)))
+
+    algorithm = dataclasses.replace(algorithm, at_values=at_values, value_keys=value_keys(entry.space, options))
     if tc.lr_schedule == "constant":
         return algorithm
     # under a schedule, round t runs the algorithm built at its lr (RoundTools.at_round): the
     # same factory and options, Setup.lr = train.lr_at(t), so every hook that reads the lr
     # (local steps, SCAFFOLD's controls, SlowMo's and FedADC's server steps) reads the round's
-    options = prep.options["algorithm"]
-    return dataclasses.replace(algorithm, at_lr=lambda lr: entry.factory(options, dataclasses.replace(setup, lr=lr)))
+    return dataclasses.replace(algorithm, at_lr=lambda lr: at_values({LR: lr}))
 
 
 def build_run(prep: Prepared) -> tuple[FedModel, Algorithm]:

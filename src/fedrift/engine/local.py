@@ -12,6 +12,7 @@ from fedrift.algorithms.base import Algorithm, check_local_loss
 from fedrift.functional.optim import Transform, apply_updates
 from fedrift.engine.privacy import dp_grad_and_value
 from fedrift.engine.round_types import Params, RoundTools, StepFn
+from fedrift.engine.step_values import LR, Rebuild
 from fedrift.engine.teacher import TeacherMemo
 from fedrift.errors import ConfigError
 from fedrift.models.norm import batch_norms, norm_mode, running_stat_names, without_stats
@@ -307,16 +308,23 @@ def make_tools(
 
         def pieces(lr: float) -> tuple[Algorithm, Transform, StepFn]:
             alg = algorithm.at_lr(lr)
-            opt = alg.optimizer or local_optimizer(train.model_copy(update={"lr": lr}))
+            opt = alg.optimizer or local_optimizer(train, lr)
             return alg, opt, make_step(alg, step_apply, opt, inplace=True, dp=dp, precision=precision)
 
         schedule = LrSchedule(train, (algorithm, optimizer, step), pieces)
+    rebuild = None
+    if algorithm.at_values is not None:  # runs at other values share the vectorised step (engine.step_values)
+        def at_values(values: Any) -> tuple[Algorithm, Transform]:
+            alg = algorithm.at_values(values)
+            return alg, alg.optimizer or local_optimizer(train, values[LR])
+
+        rebuild = Rebuild(algorithm.value_keys, at_values)
     return RoundTools(
         algorithm, apply, optimizer, step, x, y, seed=seed,
         vmap_apply=make_apply(model, buffers, prepare=prepare if vmappable else None), eval_batch=eval_batch or (CHUNK if channels_last else 1024),
         teacher_memo=TeacherMemo(len(x)) if algorithm.teacher is not None and augment is None else None,
         augment=augment, dp=dp, dp_shapes=shapes, cut=None if vmappable else prepare, lr=train.lr, schedule=schedule,
-        precision=precision,
+        precision=precision, rebuild=rebuild,
     )
 
 

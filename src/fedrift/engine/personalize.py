@@ -128,7 +128,8 @@ def personalize(
     # look-ahead w_t + lam m), which is its update rule, not the model being calibrated
     payload = {**tuned_alg.broadcast(server, info), "params": server["params"]}
     opt = only(head, local_optimizer(tc))
-    tuned = replace(tools, algorithm=tuned_alg, optimizer=opt, step=make_step(tuned_alg, tools.apply, opt, inplace=True))
+    tuned = replace(tools, algorithm=tuned_alg, optimizer=opt, step=make_step(tuned_alg, tools.apply, opt, inplace=True),
+                    rebuild=None)
 
     def chunks() -> Iterator[list[ClientJob]]:  # CHUNK clients' jobs (and stored states) at a time
         for start in range(0, len(clients), CHUNK):

@@ -95,6 +95,7 @@ class RoundTools:
     lr: float | None = None  # the local learning rate these tools train at: train.lr, or a round's (at_round)
     schedule: Any = None  # engine.local.LrSchedule under a train.lr_schedule, else None (train.lr throughout)
     precision: str = "fp32"  # train.precision: the local step's arithmetic (engine.local.make_step)
+    rebuild: Any = None  # engine.step_values.Rebuild: the step at other values (None: these tools' values only)
 
     def at_lr(self, lr: float) -> "RoundTools":
         """The run's training tools at local learning rate ``lr``: algorithm, optimiser and step

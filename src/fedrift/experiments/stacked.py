@@ -48,29 +48,43 @@ def wants_stack(doc: Mapping[str, Any]) -> bool:
 
 def check_stackable(preps: Sequence[Prepared]) -> None:
     """Refuse, in one line, runs that cannot be one stack: another config than the first's in
-    a key other than the seed and the output folder (those runs train with other steps), or
-    an algorithm in :data:`UNSTACKABLE`."""
+    a key other than the seed, the output folder and the values a step can take per run
+    (:func:`value_keys`; other keys train with other steps), or an algorithm in
+    :data:`UNSTACKABLE`."""
     name, executor = preps[0].config.algorithm.name, preps[0].config.engine.executor
     if executor != "stacked":  # each run's config.yaml and summary say how it trained
         raise ConfigError(f"engine.executor: {executor} runs train one by one; allowed: stacked, for runs trained as one stack")
     if name in UNSTACKABLE:
         raise ConfigError(f"engine.executor: stacked cannot stack {name} ({UNSTACKABLE[name]}); "
                           f"allowed: batched or sequential with {name}")
-    first = _comparable(preps[0])
+    values = value_keys(preps[0])
+    first = _comparable(preps[0], values)
     for prep in preps[1:]:
-        other = _comparable(prep)
+        other = _comparable(prep, values)
         diff = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
         if diff:
             raise ConfigError(
-                f"engine.executor: stacked runs share one config but for seed and output.*; {diff[0]} differs "
-                f"({first.get(diff[0])!r} and {other.get(diff[0])!r}); allowed: runs that differ only in seed")
+                f"engine.executor: stacked runs share one config but for seed, output.* and {', '.join(values)}; "
+                f"{diff[0]} differs ({first.get(diff[0])!r} and {other.get(diff[0])!r}); allowed: runs that differ "
+                "only in those")
 
 
-def _comparable(prep: Prepared) -> dict[str, Any]:
+def value_keys(prep: Prepared) -> tuple[str, ...]:
+    """The config keys whose values may differ between the runs of a stack, each run's step
+    reading its own (``engine.step_values``): ``train.lr`` and the options of the algorithm's
+    tune space (``fedrift list`` shows it)."""
+    from fedrift.algorithms import ALGORITHMS
+    from fedrift.engine import step_values
+
+    entry = ALGORITHMS.get(prep.config.algorithm.name, "algorithm.name")
+    return ("train.lr", *(f"algorithm.{k}" for k in step_values.value_keys(entry.space, prep.options["algorithm"])))
+
+
+def _comparable(prep: Prepared, values: tuple[str, ...]) -> dict[str, Any]:
     from fedrift import yamlio
 
     flat = flatten(yamlio.load(resolved_yaml(prep)))
-    return {k: v for k, v in flat.items() if not k.startswith(PER_RUN)}
+    return {k: v for k, v in flat.items() if not k.startswith(PER_RUN) and k not in values}
 
 
 def prepare_stack(configs: Sequence[Mapping[str, Any] | str | Path]) -> list[Prepared]:
@@ -151,4 +165,4 @@ def stack_results(configs: Sequence[Mapping[str, Any]], resume: Sequence[bool]) 
     return lines
 
 
-__all__ = ["UNSTACKABLE", "check_stackable", "prepare_stack", "run_stacked", "stack_results", "wants_stack"]
+__all__ = ["UNSTACKABLE", "check_stackable", "prepare_stack", "run_stacked", "stack_results", "value_keys", "wants_stack"]

@@ -158,18 +158,23 @@ def adamw(lr: float, weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.9
     def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
         updates, state = base.update(grads, state, params)
         if weight_decay:
-            updates = tree_map(lambda u, p: u.add(p, alpha=-lr * weight_decay), updates, params)
+            if isinstance(lr, torch.Tensor):  # a stacked run's own lr (engine.step_values): no alpha from a tensor
+                updates = tree_map(lambda u, p: u.add(p * (-lr * weight_decay)), updates, params)
+            else:
+                updates = tree_map(lambda u, p: u.add(p, alpha=-lr * weight_decay), updates, params)
         return updates, state
 
     return Transform(base.init, update)
 
 
-def local_optimizer(train: Any) -> Transform:
+def local_optimizer(train: Any, lr: Any = None) -> Transform:
     """The local optimiser of the ``train`` section: ``sgd`` (lr, momentum, weight_decay) or
-    ``adamw`` (lr, weight_decay; momentum unused), after ``clip_grad_norm`` when set."""
+    ``adamw`` (lr, weight_decay; momentum unused), after ``clip_grad_norm`` when set. ``lr``:
+    another learning rate than ``train.lr`` (a float, or a tensor under a stack's vmap)."""
+    lr = train.lr if lr is None else lr
     if getattr(train, "optimizer", "sgd") == "sgd":
-        return sgd(train.lr, train.momentum, train.weight_decay, train.clip_grad_norm)
-    step = adamw(train.lr, train.weight_decay)
+        return sgd(lr, train.momentum, train.weight_decay, train.clip_grad_norm)
+    step = adamw(lr, train.weight_decay)
     return chain(clip_by_global_norm(train.clip_grad_norm), step) if train.clip_grad_norm is not None else step
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.func import vmap
 
+from fedrift.engine import step_values
 from fedrift.engine.local import make_step, optimizer_init
 from fedrift.engine.profiling import labeller
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
@@ -123,6 +124,12 @@ def auto_parallel(params: dict[str, torch.Tensor], batch_size: int, sample_numel
     return int(max(1, min(cap, budget // max(per_client, 1))))
 
 
+def _functional_step(tools: RoundTools, algorithm: Any, optimizer: Any) -> Any:
+    """The local step of ``algorithm`` and ``optimizer`` with ``tools``' model, for ``vmap``."""
+    return make_step(algorithm, tools.vmap_apply or tools.apply, optimizer, functional=True, dp=tools.dp,
+                     precision=tools.precision)
+
+
 class BatchedExecutor:
     """``graphs``: on a GPU, the vectorised step captured as CUDA graphs (``engine.step_graphs``;
     ``engine.cuda_graphs``); a capture function instead of True captures with it on any device
@@ -171,13 +178,15 @@ class BatchedExecutor:
             out.append([(p, replace(parts[p], jobs=jobs)) for p, jobs in chosen.items()])
         return out
 
-    def vstep(self, tools: RoundTools, payload_dims: Any = None) -> Any:
+    def vstep(self, tools: RoundTools, payload_dims: Any = None, valued: bool = False) -> Any:
         """The step of ``tools``' algorithm and optimiser under ``vmap`` (made once per pair, and
-        per way the payload is batched: shared by every client, or one row per client)."""
-        key = (id(tools.algorithm), id(tools.optimizer))
+        per way the payload is batched: shared by every client, or one row per client).
+        ``valued``: the step built at each client's values (``engine.step_values``: stacked runs
+        at other learning rates or options), made once per run's ``Rebuild``."""
+        key = ("valued", id(tools.rebuild)) if valued else (id(tools.algorithm), id(tools.optimizer))
         if key not in self._steps:  # one batched step per (algorithm, optimiser): training, personalisation
-            step = make_step(tools.algorithm, tools.vmap_apply or tools.apply, tools.optimizer, functional=True, dp=tools.dp,
-                             precision=tools.precision)
+            make = partial(_functional_step, tools)
+            step = step_values.valued(make, tools.rebuild) if valued else make(tools.algorithm, tools.optimizer)
             self._steps = {key: (tools.algorithm, tools.optimizer, step, {})}
         step, vsteps = self._steps[key][2], self._steps[key][3]
         dims_key = repr(payload_dims)
@@ -197,7 +206,8 @@ class BatchedExecutor:
                 "failed": next((g.failed for g in graphed if g.failed), None)}
 
     def train_group(self, parts: list["Part"], batch_size: int, stop: Callable[[], None] | None = None,
-                    step_tools: RoundTools | None = None) -> list[list[ClientOutput]]:
+                    step_tools: RoundTools | None = None, values: list[dict[str, float]] | None = None,
+                    ) -> list[list[ClientOutput]]:
         """One vectorised group: the clients of ``parts`` (each part one run's jobs, with its
         tools, payload and round) trained together, one ``vmap`` call a local step, every batch
         padded to ``batch_size`` rows (the round's widest); their outputs, per part in job
@@ -205,8 +215,10 @@ class BatchedExecutor:
         (stacked runs, ``executors.stacked``) each client gets its run's payload as a row of a
         stacked one, and the step is ``step_tools``' (default: the first part's; the runs share
         one config: a stack hands the same run's tools to all its groups, so that one step, and
-        on a GPU one set of captured graphs, serves them all). ``stop`` is called before every
-        step (it raises to stop the group: a stacked run's Ctrl-C)."""
+        on a GPU one set of captured graphs, serves them all). ``values``: per part, the values
+        its step trains at where the parts' differ (``engine.step_values``; None: the step's
+        own). ``stop`` is called before every step (it raises to stop the group: a stacked
+        run's Ctrl-C)."""
         first = parts[0]
         tools0, dev = first.tools, first.tools.x.device
         alg = tools0.algorithm  # every part's algorithm trains with this step (stacked runs: one config)
@@ -221,6 +233,8 @@ class BatchedExecutor:
                 ctxs.append(ctx)
         ctx = stack(ctxs)
         sizes = [len(part.jobs) for part in parts]
+        if values is not None:
+            ctx[step_values.VALUES] = step_values.value_rows(values, sizes, dev)
         jobs = [job for part in parts for job in part.jobs]
         n = len(jobs)
         if len(parts) == 1:
@@ -236,7 +250,7 @@ class BatchedExecutor:
             params = cat([{name: p.unsqueeze(0).expand(len(part.jobs), *p.shape) for name, p in part.payload["params"].items()}
                            for part in parts])
         opt_state = vmap(partial(optimizer_init, tools0.optimizer, apply=tools0.apply))(params)
-        vstep = self.vstep(step_tools or tools0, payload_dims)
+        vstep = self.vstep(step_tools or tools0, payload_dims, valued=values is not None)
         steps = [j.num_steps for j in jobs]
         # a captured step's rows: the clients still training, then the first of them repeated
         # up to the graphs' width (those rows' results are not read)

@@ -37,6 +37,7 @@ from typing import Any
 
 from fedrift.engine.executors.batched import BatchedExecutor, Part, batch_width
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
+from fedrift.engine.step_values import step_kind, values_of
 from fedrift.errors import first_line
 
 log = logging.getLogger("fedrift")
@@ -142,21 +143,27 @@ class RunStack:
 
     def _train_together(self, requests: list[_Request]) -> None:
         """The requests' clients in vectorised groups over runs. Runs share a step when they
-        train the same algorithm at the same local learning rate: under ``train.lr_schedule`` a
-        resumed run may be at another round, and a run that has finished its rounds may be
+        train the same algorithm with the same options but for its values
+        (``engine.step_values``: the learning rate and the options of its tune space, which
+        the step then reads client by client): a run that has finished its rounds may be
         personalising (``eval.personalize``: another algorithm) while the others train."""
-        by_lr: dict[Any, list[_Request]] = {}
+        by_kind: dict[Any, list[_Request]] = {}
         for r in requests:
-            t = r.part.tools
-            by_lr.setdefault((t.lr, t.algorithm.name, repr(t.algorithm.hparams)), []).append(r)
+            by_kind.setdefault(step_kind(r.part.tools), []).append(r)
         engine = self._engine
-        for same in by_lr.values():
+        for same in by_kind.values():
             parts = [r.part for r in same]
             width = batch_width(parts)
             got: dict[tuple[int, int], ClientOutput] = {}
+            values = None
+            if parts[0].tools.rebuild is not None:
+                values = [values_of(p.tools) for p in parts]
+                if all(v == values[0] for v in values):
+                    values = None  # one step, as it is
             for group in engine.groups(parts):
+                group_values = None if values is None else [values[n] for n, _ in group]
                 trained = engine.train_group([g for _, g in group], width, stop=self._check_stop,
-                                             step_tools=parts[0].tools)
+                                             step_tools=parts[0].tools, values=group_values)
                 for (n, _), outs in zip(group, trained):
                     for out in outs:
                         got[(n, out.client_id)] = out
@@ -173,7 +180,6 @@ class StackMember:
 
     def __init__(self, stack: RunStack, index: int) -> None:
         self.stack, self.index = stack, index
-        self._left = False
 
     def run_round(self, tools: RoundTools, payload: dict[str, Any], jobs: list[ClientJob], round_: int) -> list[ClientOutput]:
         if not jobs:
@@ -181,7 +187,6 @@ class StackMember:
         return self.stack.train(self.index, Part(tools, payload, jobs, round_))
 
     def close(self) -> None:
-        """The run has ended: the stack stops waiting for it (once)."""
-        if not self._left:
-            self._left = True
-            self.stack.leave(self.index)
+        """Nothing: the run's attempt has ended, and the caller says when the run has
+        (``RunStack.leave``, once: a run whose checkpoint could not be used runs again with
+        this member, and the others must go on waiting for it)."""
