@@ -69,8 +69,8 @@ def test_uneven_clients_one_sample_to_fifty_times_more(tiny, tmp_path, algorithm
     results, trained = {}, []
     vstep = BatchedExecutor.vstep
 
-    def counted(self, tools, payload_dims=None):  # the clients each vectorised step trains
-        step = vstep(self, tools, payload_dims)
+    def counted(self, tools, payload_dims=None, **kw):  # the clients each vectorised step trains
+        step = vstep(self, tools, payload_dims, **kw)
 
         def counting_step(params, *rest):
             trained.append(len(next(iter(params.values()))))

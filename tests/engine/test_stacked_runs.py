@@ -256,16 +256,17 @@ def test_a_stack_of_one_is_the_batched_executor(tiny, tmp_path):
 
 
 def test_stacked_runs_in_compare_equal_the_runs_one_by_one_and_resume(tiny, tmp_path, stacks):
-    """``fedrift compare ... engine.executor=stacked``: a setting's seeds as one stack, the
-    table as with the runs one by one; a second compare reruns nothing."""
+    """``fedrift compare ... engine.executor=stacked``: a setting's seeds as one stack, and the
+    settings that differ only in values of the algorithm's tune space (FedProx's mu) in the
+    same stack; the table as with the runs one by one; a second compare reruns nothing."""
     from fedrift.experiments.compare import compare
 
     base = tiny(train={"rounds": 2})
     base.pop("output")
-    kw = dict(algorithms=["fedavg", "fedprox:mu=0.1"], seeds=[0, 1], report=False, verbose=False)
+    kw = dict(algorithms=["fedavg", "fedprox:mu=0.1", "fedprox:mu=0.5"], seeds=[0, 1], report=False, verbose=False)
     stacked_rows = compare(base, overrides=["engine.executor=stacked"], out=tmp_path / "stacked", **kw)
     alone_rows = compare(base, overrides=["engine.executor=batched"], out=tmp_path / "alone", **kw)
-    assert len(stacks) == 2 and all(s.rounds_trained == 2 for s in stacks)  # one stack per setting
+    assert [s.size for s in stacks] == [2, 4] and all(s.rounds_trained == 2 for s in stacks)  # FedProx's 4 runs: one
     for a, b in zip(alone_rows, stacked_rows):
         assert a["setting"] == b["setting"]
         assert a["best_accuracy_mean"] == pytest.approx(b["best_accuracy_mean"], abs=1e-6)

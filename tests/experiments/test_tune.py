@@ -497,3 +497,79 @@ def test_ctrl_c_in_a_tune_marks_the_trial_interrupted_and_a_rerun_runs_it_again(
     st = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{tmp_path / 't' / 'study.db'}")
     assert [(t.state.name, t.user_attrs.get("status")) for t in st.trials] == [("FAIL", "interrupted"),
                                                                                ("COMPLETE", "completed")]
+
+
+def _by_params(results, entry):
+    return {json.dumps(t["params"], sort_keys=True): t for t in results[entry]["trials"]}
+
+
+def test_stacked_trials_at_other_values_equal_the_trials_run_one_by_one(tiny, tmp_path, capsys):
+    """`engine.executor: stacked`: a study's grid (learning rates x FedProx's mu) trained as one
+    stack, each trial's step at its own values (engine.step_values), scores as the trials run
+    one by one within the stack's tolerance (tests/engine/test_stacked_runs.py)."""
+    space = {"train.lr": "0.02,0.1", "mu": "0.01,0.5"}
+    kw = dict(algorithms=["fedprox"], space=space, trials=4, pruner="none", report=False)
+    stacked = fedrift.tune(_cfg(tiny, rounds=2, engine={"executor": "stacked"}), out=tmp_path / "s", **kw)
+    assert "fedprox: trials 0, 1, 2, 3 trained as one stack" in capsys.readouterr().out
+    alone = fedrift.tune(_cfg(tiny, rounds=2, engine={"executor": "batched"}), out=tmp_path / "a", **kw)
+    assert "trained as one stack" not in capsys.readouterr().out
+    s, a = _by_params(stacked, "fedprox"), _by_params(alone, "fedprox")
+    assert s.keys() == a.keys() and len(s) == 4
+    for key in s:
+        assert s[key]["status"] == "completed", key
+        assert s[key]["val_accuracy"] == pytest.approx(a[key]["val_accuracy"], rel=1e-3), key
+    assert len({t["val_accuracy"] for t in s.values()}) > 1  # four trials at four values, not one run four times
+    trial = stacked["fedprox"]["best"]["dir"]
+    assert yaml.safe_load(open(f"{trial}/config.yaml"))["engine"]["executor"] == "stacked"
+
+
+def test_stacked_trials_are_pruned_and_diverge_each_on_its_own(tiny, tmp_path):
+    """A stack of three trials: one pruned at round 2 and one diverging leave it; the third
+    trains on to its last round, as the trials one by one do."""
+    out = tmp_path / "tune"
+    results = fedrift.tune(_cfg(tiny, rounds=5, engine={"executor": "stacked"}), algorithms=["fedavg"],
+                           space={"train.lr": "0.1,1e-7,1e8"}, trials=3, out=out, pruner=_BelowAfter(0.5))
+    trials = {t["params"]["train.lr"]: t for t in results["fedavg"]["trials"]}
+    assert trials[0.1]["status"] == "completed" and trials[0.1]["rounds"] == 5
+    assert trials[1e-7]["status"] == "pruned" and trials[1e-7]["state"] == "pruned"
+    rows = (out / "trials" / "fedavg" / f"trial{trials[1e-7]['trial']}" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2
+    assert trials[1e8]["status"] == "diverged" and trials[1e8]["state"] == "pruned"
+
+
+def test_tpe_proposals_are_stacked_jobs_at_a_time(tiny, tmp_path, capsys, monkeypatch):
+    from fedrift.experiments import tune as tune_module
+
+    monkeypatch.setattr(tune_module, "STARTUP", 2)
+    results = fedrift.tune(_cfg(tiny, rounds=1, engine={"executor": "stacked"}), algorithms=["fedavg"], trials=5,
+                           jobs=2, out=tmp_path / "t", pruner="none", report=False)
+    out = capsys.readouterr().out
+    assert [line.split(": ", 1)[1] for line in out.splitlines() if "as one stack" in line] == [
+        "trials 0, 1 trained as one stack", "trials 2, 3 trained as one stack"], out
+    trials = results["fedavg"]["trials"]
+    assert [t["state"] for t in trials] == ["complete"] * 5
+    assert len({t["params"]["train.lr"] for t in trials}) == 5
+
+
+def test_ctrl_c_on_a_stacked_tune_records_its_trials_as_interrupted(tiny, tmp_path):
+    """A terminal's Ctrl-C while a stack of three trials trains: each run stops and writes its
+    interrupted summary, each trial is in the study as interrupted, one line, exit 130."""
+    from conftest import ctrl_c_cli
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=100000, engine={"executor": "stacked", "checkpoint_every": 1})))
+    out = tmp_path / "tune"
+
+    def all_train() -> bool:
+        return len([m for m in out.glob("trials/fedavg/trial*/metrics.jsonl") if m.read_text().count("\n") >= 2]) >= 3
+
+    r = ctrl_c_cli(["tune", "-c", str(cfg), "--out", str(out), "--trials", "3", "--pruner", "none",
+                    "space.train.lr=0.01,0.02,0.03", "--no-report"], all_train)
+    assert r.code == 130 and r.err.strip().splitlines() == [
+        "fedrift: interrupted; the trials in progress were stopped and recorded as interrupted; run the same fedrift "
+        "tune command again to continue (finished trials are kept, interrupted ones run again)"], r.err
+    assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"
+    runs = sorted(p.parent for p in out.glob("trials/fedavg/trial*/config.yaml"))
+    assert [json.loads((d / "summary.json").read_text())["status"] for d in runs] == ["interrupted"] * 3
+    st = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{out / 'study.db'}")
+    assert [(t.state.name, t.user_attrs.get("status")) for t in st.trials] == [("FAIL", "interrupted")] * 3

@@ -28,7 +28,7 @@ from fedrift.engine.local import make_apply, make_tools, prefers_channels_last
 from fedrift.engine.outputs import auto_dir
 from fedrift.engine.round_types import RoundTools
 from fedrift.engine.sampling import SAMPLERS, cohort_size
-from fedrift.engine.step_values import LR, value_keys
+from fedrift.engine.step_values import LR
 from fedrift.engine.tensorboard import summary_writer_class
 from fedrift.errors import ConfigError
 from fedrift.models import MODELS, build_model
@@ -153,7 +153,7 @@ def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
         hp = with_options(options, **changed) if changed else options
         return entry.factory(hp, dataclasses.replace(setup, lr=values.get(LR, setup.lr)))
 
-    algorithm = dataclasses.replace(algorithm, at_values=at_values, value_keys=value_keys(entry.space, options))
+    algorithm = dataclasses.replace(algorithm, at_values=at_values, value_keys=tuple(entry.space or {}))
     if tc.lr_schedule == "constant":
         return algorithm
     # under a schedule, round t runs the algorithm built at its lr (RoundTools.at_round): the

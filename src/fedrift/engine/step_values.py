@@ -42,12 +42,6 @@ class Rebuild:
     pieces: Callable[[Mapping[str, Any]], tuple[Algorithm, Transform]]
 
 
-def value_keys(space: Mapping[str, str] | None, options: Any) -> tuple[str, ...]:
-    """The options of an algorithm that runs sharing its step may differ in: those of its tune
-    space (``ALGORITHMS.register(space=...)``, every one a number) that it has."""
-    return tuple(k for k in (space or {}) if options is not None and hasattr(options, k))
-
-
 def values_of(tools: Any) -> dict[str, float]:
     """A run's values of its step at these training tools: its learning rate and its options'
     :attr:`Rebuild.keys`."""
@@ -89,4 +83,4 @@ def valued(make: Callable[[Algorithm, Transform], Callable[..., Any]], rebuild: 
     return step
 
 
-__all__ = ["LR", "VALUES", "Rebuild", "step_kind", "valued", "value_keys", "value_rows", "values_of"]
+__all__ = ["LR", "VALUES", "Rebuild", "step_kind", "valued", "value_rows", "values_of"]

@@ -22,7 +22,7 @@ from fedrift.engine.outputs import OWNED, unfinished
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.naming import fmt_value, safe_name
 from fedrift.experiments.pool import execute_run, run_pool
-from fedrift.experiments.stacked import stack_results, wants_stack
+from fedrift.experiments.stacked import stack_key, stack_results, wants_stack
 from fedrift.experiments.tuned import base_check, base_warning, read_tuned
 from fedrift.overrides import parse_algorithm, parse_value, split_list
 from fedrift.report.table import EXECUTION_KEYS, flatten, short_names
@@ -398,9 +398,12 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
         statuses[spec.name] = result["status"]
         echo(f"[{done}/{total}] {spec.setting.label} seed {spec.seed}: {_describe_result(result)}")
 
-    tasks = stacks_of(todo)  # a setting's seeds as one stack where its runs stack (experiments.stacked)
+    tasks = stacks_of(todo)  # a setting's seeds (and settings at other values) as one stack (experiments.stacked)
     for task in tasks:
-        if len(task) > 1:
+        if len({s.setting for s in task}) > 1:
+            echo(f"{', '.join(dict.fromkeys(s.setting.label for s in task))}: seeds "
+                 f"{', '.join(dict.fromkeys(str(s.seed) for s in task))} trained as one stack")
+        elif len(task) > 1:
             echo(f"{task[0].setting.label}: seeds {', '.join(str(s.seed) for s in task)} trained as one stack")
 
     def start(task: list[RunSpec]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -431,18 +434,20 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
 
 
 def stacks_of(specs: list[RunSpec]) -> list[list[RunSpec]]:
-    """The runs to run, as tasks: the seeds of a setting together where its runs stack
-    (:func:`fedrift.experiments.stacked.wants_stack`: ``engine.executor: stacked``, or ``auto``
-    on a GPU), each other run alone; in the grid's order."""
+    """The runs to run, as tasks: where runs stack (:func:`fedrift.experiments.stacked.wants_stack`:
+    ``engine.executor: stacked``, or ``auto`` on a GPU), those that differ only in the seed and
+    the values a stack's step takes per run (``train.lr``, the options of the algorithm's tune
+    space: a sweep over them) together; each other run alone; in the grid's order."""
     tasks: list[list[RunSpec]] = []
-    by_setting: dict[Setting, list[RunSpec]] = {}
+    by_key: dict[Any, list[RunSpec]] = {}
     for spec in specs:
         if wants_stack(spec.doc):
-            if spec.setting not in by_setting:
-                by_setting[spec.setting] = []
-                tasks.append(by_setting[spec.setting])
+            key = stack_key(spec.expected, spec.expected["algorithm.name"]) if spec.expected else spec.setting
+            if key not in by_key:
+                by_key[key] = []
+                tasks.append(by_key[key])
             spec.doc = {**spec.doc, "engine": {**(spec.doc.get("engine") or {}), "executor": "stacked"}}
-            by_setting[spec.setting].append(spec)
+            by_key[key].append(spec)
         else:
             tasks.append([spec])
     return tasks

@@ -1,14 +1,17 @@
-"""Runs of one config at several seeds trained as one stack (``engine.executor: stacked``).
+"""Runs of one config trained as one stack (``engine.executor: stacked``): at several seeds,
+and at other values of the learning rate and the algorithm's tune-space options.
 
 :func:`run_stacked` prepares every run (one copy of the dataset for all, on their device),
-checks that they can share a step (the same config but for the seed and the output folder,
-an algorithm that stacks), then runs each in a thread of its own with its member of one
+checks that they can share a step (the same config but for the seed, the output folder and
+:func:`value_keys`, whose values each run's step reads as its own: ``engine.step_values``; an
+algorithm that stacks), then runs each in a thread of its own with its member of one
 ``RunStack`` as its executor (``fedrift.engine.executors.stacked``): each run writes its own
 folder exactly as :func:`fedrift.run` does, its training stacked with the others'.
 
-``fedrift compare`` uses it for a setting's seeds when the runs' ``engine.executor`` is
-``stacked`` (or ``auto`` on a GPU); ``engine.executor: batched`` (or any other) runs them one
-by one as before.
+``fedrift compare`` uses it for a setting's seeds, and for settings that differ only in those
+values, when the runs' ``engine.executor`` is ``stacked`` (or ``auto`` on a GPU);
+``fedrift tune`` for a study's trials (:func:`stacked_outcomes`, each trial with its own
+pruning); ``engine.executor: batched`` (or any other) runs them one by one as before.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from fedrift.api import RunResult, prepare, resolved_yaml, run_prepared
 from fedrift.engine.build import Prepared
@@ -57,7 +60,7 @@ def check_stackable(preps: Sequence[Prepared]) -> None:
     if name in UNSTACKABLE:
         raise ConfigError(f"engine.executor: stacked cannot stack {name} ({UNSTACKABLE[name]}); "
                           f"allowed: batched or sequential with {name}")
-    values = value_keys(preps[0])
+    values = value_keys(name)
     first = _comparable(preps[0], values)
     for prep in preps[1:]:
         other = _comparable(prep, values)
@@ -69,15 +72,21 @@ def check_stackable(preps: Sequence[Prepared]) -> None:
                 "only in those")
 
 
-def value_keys(prep: Prepared) -> tuple[str, ...]:
-    """The config keys whose values may differ between the runs of a stack, each run's step
-    reading its own (``engine.step_values``): ``train.lr`` and the options of the algorithm's
-    tune space (``fedrift list`` shows it)."""
+def value_keys(algorithm: str) -> tuple[str, ...]:
+    """The config keys whose values may differ between the runs of a stack of ``algorithm``,
+    each run's step reading its own (``engine.step_values``): ``train.lr`` and the options of
+    the algorithm's tune space (``fedrift list`` shows it)."""
     from fedrift.algorithms import ALGORITHMS
-    from fedrift.engine import step_values
 
-    entry = ALGORITHMS.get(prep.config.algorithm.name, "algorithm.name")
-    return ("train.lr", *(f"algorithm.{k}" for k in step_values.value_keys(entry.space, prep.options["algorithm"])))
+    entry = ALGORITHMS.get(algorithm, "algorithm.name")
+    return ("train.lr", *(f"algorithm.{k}" for k in (entry.space or {})))
+
+
+def stack_key(flat: Mapping[str, Any], algorithm: str) -> tuple[Any, ...]:
+    """What runs of ``algorithm`` (their resolved configs, flattened) must share to be one
+    stack: every key but the seed, the output folder and :func:`value_keys`."""
+    values = value_keys(algorithm)
+    return tuple(sorted((k, repr(v)) for k, v in flat.items() if not k.startswith(PER_RUN) and k not in values))
 
 
 def _comparable(prep: Prepared, values: tuple[str, ...]) -> dict[str, Any]:
@@ -99,15 +108,30 @@ def prepare_stack(configs: Sequence[Mapping[str, Any] | str | Path]) -> list[Pre
 def run_stacked(
     configs: Sequence[Mapping[str, Any] | str | Path], resume: Sequence[bool] | None = None,
 ) -> list[RunResult | BaseException]:
-    """Run ``configs`` (one config at several seeds, each with its own ``output.dir``) as one
-    stack; per run its :class:`fedrift.api.RunResult`, or the exception that ended it (a
-    divergence, a refusal in round 1, a bad checkpoint after which it ran again from round 1
-    ...: each run's own, as if it had run alone). ``resume[i]``: continue run i from its
-    checkpoint (one that cannot be used is said and the run started again from round 1, as
-    ``fedrift compare`` does). Ctrl-C stops every run as at Ctrl-C (each writes its
-    ``interrupted`` summary) and is raised here once all have stopped."""
-    preps = prepare_stack(configs)
+    """Run ``configs`` (one config at several seeds, or at other values of
+    :func:`value_keys`, each with its own ``output.dir``) as one stack; per run its
+    :class:`fedrift.api.RunResult`, or the exception that ended it (a divergence, a refusal in
+    round 1, a bad checkpoint after which it ran again from round 1 ...: each run's own, as if
+    it had run alone). ``resume[i]``: continue run i from its checkpoint (one that cannot be
+    used is said and the run started again from round 1, as ``fedrift compare`` does). Ctrl-C
+    stops every run as at Ctrl-C (each writes its ``interrupted`` summary) and is raised here
+    once all have stopped."""
+    results, stopped = stacked_outcomes(prepare_stack(configs), resume)
+    if stopped:
+        raise KeyboardInterrupt
+    return results
+
+
+def stacked_outcomes(
+    preps: Sequence[Prepared], resume: Sequence[bool] | None = None,
+    on_round: Sequence[Callable[[dict[str, Any]], None] | None] | None = None,
+) -> tuple[list[RunResult | BaseException], bool]:
+    """:func:`run_stacked` of prepared runs (:func:`prepare_stack`), each with its own
+    ``on_round`` (as :func:`fedrift.run`'s: what it raises ends that run alone), and whether a
+    Ctrl-C stopped them: then a run it stopped has ``KeyboardInterrupt`` for its outcome, and
+    one that had ended before keeps its own (``fedrift tune`` records each trial as it ended)."""
     flags = list(resume) if resume is not None else [False] * len(preps)
+    hooks = list(on_round) if on_round is not None else [None] * len(preps)
     engine = preps[0].config.engine
     stack = RunStack(len(preps), engine.max_parallel_clients, engine.cuda_graphs)
     out: list[RunResult | BaseException | None] = [None] * len(preps)
@@ -116,10 +140,10 @@ def run_stacked(
         member = stack.member(i)
         try:
             try:
-                out[i] = run_prepared(preps[i], resume=flags[i], executor=member)
+                out[i] = run_prepared(preps[i], resume=flags[i], executor=member, on_round=hooks[i])
             except CheckpointError as err:
                 note = f"checkpoint not used ({err}), ran again from round 1"
-                out[i] = run_prepared(preps[i], executor=member)
+                out[i] = run_prepared(preps[i], executor=member, on_round=hooks[i])
                 out[i].summary.setdefault("note", note)  # type: ignore[union-attr]
         except BaseException as err:  # noqa: BLE001 - the run's own ending, handed to the caller
             out[i] = err
@@ -129,16 +153,17 @@ def run_stacked(
     threads = [threading.Thread(target=one, args=(i,), name=f"fedrift-stack-{i}", daemon=True) for i in range(len(preps))]
     for t in threads:
         t.start()
+    stopped = False
     try:
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=0.2)
     except KeyboardInterrupt:
+        stopped = True
         stack.stop()  # every run stops at its next step and writes its interrupted summary
         for t in threads:
             t.join()
-        raise
-    return [r if r is not None else RuntimeError("the run ended without a result") for r in out]
+    return [r if r is not None else RuntimeError("the run ended without a result") for r in out], stopped
 
 
 def stack_results(configs: Sequence[Mapping[str, Any]], resume: Sequence[bool]) -> list[dict[str, Any]]:
@@ -165,4 +190,5 @@ def stack_results(configs: Sequence[Mapping[str, Any]], resume: Sequence[bool]) 
     return lines
 
 
-__all__ = ["UNSTACKABLE", "check_stackable", "prepare_stack", "run_stacked", "stack_results", "value_keys", "wants_stack"]
+__all__ = ["UNSTACKABLE", "check_stackable", "prepare_stack", "run_stacked", "stack_key", "stack_results", "stacked_outcomes",
+           "value_keys", "wants_stack"]

@@ -54,12 +54,20 @@ def one_trial(st: Any, objective: Callable[[Any], float]) -> None:
     "Trial failed" warning and traceback: state FAIL (the next tune runs its point again) and
     ``status: interrupted``. The database writes are shielded from the Ctrl-C; any other
     exception marks the trial failed and goes on (a bug keeps its traceback)."""
-    optuna = load_optuna()
-    fail = optuna.trial.TrialState.FAIL
     with shielded():
         trial = st.ask()
+    tell_outcome(st, trial, lambda: objective(trial))
+
+
+def tell_outcome(st: Any, trial: Any, outcome: Callable[[], float]) -> None:
+    """Tell ``st`` how ``trial`` ended: the value ``outcome()`` returns, or what it raises
+    (:func:`one_trial`'s rules: pruned; interrupted, raised again; any other error, failed and
+    raised again). Also for trials run elsewhere (a stack's, ``experiments.tune``), whose
+    ``outcome`` returns or raises what their run ended with."""
+    optuna = load_optuna()
+    fail = optuna.trial.TrialState.FAIL
     try:
-        value = objective(trial)
+        value = outcome()
     except optuna.TrialPruned:
         with shielded():
             st.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -95,4 +103,4 @@ def fail_stale(st: Any) -> int:
     return len(stale)
 
 
-__all__ = ["fail_stale", "finished_trials", "fixed_sampler_class", "load_optuna", "one_trial"]
+__all__ = ["fail_stale", "finished_trials", "fixed_sampler_class", "load_optuna", "one_trial", "tell_outcome"]

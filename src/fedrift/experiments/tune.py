@@ -54,14 +54,17 @@ from fedrift.config import Config, apply_overrides, config_dict, entry_doc
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, DivergenceError, writing
 from fedrift.experiments.naming import safe_name
-from fedrift.experiments.studies import fail_stale, finished_trials, fixed_sampler_class, load_optuna, one_trial
+from fedrift.experiments.studies import (fail_stale, finished_trials, fixed_sampler_class, load_optuna, one_trial,
+                                         tell_outcome)
 from fedrift.experiments.pool import interruptible, run_pool, shielded
 from fedrift.experiments.space import Dim, resolve_space, startup_points, takes
+from fedrift.experiments.stacked import wants_stack
 from fedrift.experiments.tuned import BEST, tune_base
 from fedrift.overrides import parse_algorithm
 from fedrift.report.table import flatten, short_names
 
 STARTUP = 10  # trials from the Sobol design before TPE proposes (TPE's own start-up count)
+STACK_MOST = 48  # trials in one stack (engine.executor: stacked): the largest stack measured on a GPU
 STUDY_DB = "study.db"
 DESCRIPTION = "tune.json"
 
@@ -222,58 +225,123 @@ def score_of(row: Mapping[str, Any]) -> tuple[str, float] | None:
     return None
 
 
-def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str], None]) -> Callable[[Any], float]:
-    from fedrift.api import run
+class _TrialRun:
+    """One trial's run: its values and config, the ``on_round`` that reports each round's score
+    so far to the pruner (and prunes), and what its end tells the study."""
 
-    optuna = load_optuna()
-
-    def objective(trial: Any) -> float:
+    def __init__(self, tune: Tune, study: Study, trial: Any, threads_one: bool, echo: Callable[[str], None],
+                 stacked: bool = False) -> None:
         with shielded():
-            values = {d.key: d.suggest(trial) for d in study.dims}
-        doc = study.trial_doc(tune.root, trial.number, values, threads_one)
-        names = short_names(list(values))  # the table's rule: the last part unless two share it
-        shown = " ".join(f"{names[k]}={_short(v)}" for k, v in values.items())
-        best = [-1.0]
+            self.values = {d.key: d.suggest(trial) for d in study.dims}
+        self.doc = study.trial_doc(tune.root, trial.number, self.values, threads_one)
+        if stacked:  # one of a stack of trials (experiments.stacked): auto on a GPU says stacked
+            self.doc["engine"]["executor"] = "stacked"
+        names = short_names(list(self.values))  # the table's rule: the last part unless two share it
+        self.shown = " ".join(f"{names[k]}={_short(v)}" for k, v in self.values.items())
+        self.label = f"{study.entry} trial {trial.number} ({self.shown})"
+        self.trial, self.echo, self.best = trial, echo, -1.0
+        self.start = time.perf_counter()
 
-        def on_round(row: dict[str, Any]) -> None:
-            scored = score_of(row)
-            if scored is None:
-                return
-            metric, val = scored
-            with shielded():  # database writes: a Ctrl-C stops the run after them
-                trial.set_user_attr("metric", metric)
-                best[0] = max(best[0], val)
-                trial.report(best[0], int(row["round"]))  # the score so far: a noisy round does not prune
-                prune = trial.should_prune()
-                if prune:
-                    trial.set_user_attr("status", "pruned")
-                    trial.set_user_attr("rounds", int(row["round"]))
+    def on_round(self, row: dict[str, Any]) -> None:
+        scored = score_of(row)
+        if scored is None:
+            return
+        metric, val = scored
+        trial = self.trial
+        with shielded():  # database writes: a Ctrl-C stops the run after them
+            trial.set_user_attr("metric", metric)
+            self.best = max(self.best, val)
+            trial.report(self.best, int(row["round"]))  # the score so far: a noisy round does not prune
+            prune = trial.should_prune()
             if prune:
-                echo(f"{study.entry} trial {trial.number} ({shown}): pruned at round {row['round']}, val {best[0]:.4f}")
-                raise optuna.TrialPruned(f"round {row['round']}")
+                trial.set_user_attr("status", "pruned")
+                trial.set_user_attr("rounds", int(row["round"]))
+        if prune:
+            self.echo(f"{self.label}: pruned at round {row['round']}, val {self.best:.4f}")
+            raise load_optuna().TrialPruned(f"round {row['round']}")
 
-        start = time.perf_counter()
-        try:
-            with interruptible():  # in a pool worker, the pool's stop is the run's Ctrl-C
-                result = run(doc, on_round=on_round)
-        except DivergenceError as err:
+    def outcome(self, ended: Any) -> float:
+        """The trial's score from its run's end (a ``RunResult``), or raised: a divergence as a
+        pruned trial marked ``diverged``, any other exception as it is."""
+        if isinstance(ended, DivergenceError):
             with shielded():
-                trial.set_user_attr("status", "diverged")
-            echo(f"{study.entry} trial {trial.number} ({shown}): diverged ({str(err).split(';')[0]})")
-            raise optuna.TrialPruned("diverged") from None
-        scored = [sc for sc in map(score_of, result.history) if sc is not None]
+                self.trial.set_user_attr("status", "diverged")
+            self.echo(f"{self.label}: diverged ({str(ended).split(';')[0]})")
+            raise load_optuna().TrialPruned("diverged") from None
+        if isinstance(ended, BaseException):
+            raise ended
+        scored = [sc for sc in map(score_of, ended.history) if sc is not None]
         # a run that calibrates (CCVR, by default only after its last round) is scored on its
         # calibrated rounds only: its output is the calibrated model, not the rounds before
         if any(name == "calibrated_val_accuracy" for name, _ in scored):
             scored = [sc for sc in scored if sc[0] == "calibrated_val_accuracy"]
         score = max((v for _, v in scored), default=math.nan)
         with shielded():
-            trial.set_user_attr("status", "completed")
-            trial.set_user_attr("rounds", int(result.summary.get("rounds", 0)))
-        echo(f"{study.entry} trial {trial.number} ({shown}): val {score:.4f}, {time.perf_counter() - start:.1f} s")
+            self.trial.set_user_attr("status", "completed")
+            self.trial.set_user_attr("rounds", int(ended.summary.get("rounds", 0)))
+        self.echo(f"{self.label}: val {score:.4f}, {time.perf_counter() - self.start:.1f} s")
         return score
 
+
+def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str], None]) -> Callable[[Any], float]:
+    from fedrift.api import run
+
+    def objective(trial: Any) -> float:
+        one = _TrialRun(tune, study, trial, threads_one, echo)
+        try:
+            with interruptible():  # in a pool worker, the pool's stop is the run's Ctrl-C
+                ended: Any = run(one.doc, on_round=one.on_round)
+        except DivergenceError as err:
+            ended = err
+        return one.outcome(ended)
+
     return objective
+
+
+def _stacked_trials(tune: Tune, study: Study, asked: list[tuple[Any, Any]], echo: Callable[[str], None]) -> None:
+    """``asked`` (each a study object and a trial it asked) trained as one stack
+    (``experiments.stacked``: trials that differ in the learning rate and the options of the
+    algorithm's tune space share one step), each trial told as its run ended; a Ctrl-C tells
+    the trials it stopped as interrupted and is raised once all are told. Trials that differ in
+    another key cannot share a step: they run one after another, as without a stack."""
+    from fedrift.api import run_prepared
+    from fedrift.experiments.stacked import prepare_stack, stacked_outcomes
+
+    runs = [_TrialRun(tune, study, trial, False, echo, stacked=True) for _, trial in asked]
+    try:
+        preps = prepare_stack([r.doc for r in runs])
+    except ConfigError as err:
+        if len(runs) > 1:
+            echo(f"{study.entry}: trials {', '.join(str(r.trial.number) for r in runs)} run one by one ({err})")
+        outcomes: list[Any] = []
+        stopped = False
+        for one in runs:
+            if stopped:
+                outcomes.append(KeyboardInterrupt())
+                continue
+            try:
+                outcomes.append(run_prepared(prepare_stack([one.doc])[0], on_round=one.on_round))
+            except KeyboardInterrupt as stop:
+                outcomes.append(stop)
+                stopped = True
+            except BaseException as ended:  # noqa: BLE001 - the trial's own end, told below
+                outcomes.append(ended)
+    else:
+        if len(runs) > 1:
+            echo(f"{study.entry}: trials {', '.join(str(r.trial.number) for r in runs)} trained as one stack")
+        outcomes, stopped = stacked_outcomes(preps, on_round=[r.on_round for r in runs])
+    errors = []
+    for (st, trial), one, ended in zip(asked, runs, outcomes):
+        try:
+            tell_outcome(st, trial, lambda: one.outcome(ended))
+        except KeyboardInterrupt:
+            stopped = True
+        except BaseException as err:  # noqa: BLE001 - every trial told first, then the first error raised
+            errors.append(err)
+    if stopped:
+        raise KeyboardInterrupt
+    if errors:
+        raise errors[0]
 
 
 def _short(v: Any) -> str:
@@ -338,6 +406,9 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
         # TPE's samplers get seeds no earlier call used (past the trials the study holds):
         # seeded as before, a resumed study would replay the proposals of its finished trials.
         offset = len(st.trials)
+        if wants_stack(study.doc):
+            _run_stacks(tune, study, points, pruner, jobs, echo)
+            continue
         if jobs <= 1 or missing == 1:
             objective = _objective(tune, study, False, echo)
             for point in (p for p in points if p is not None):
@@ -350,6 +421,29 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
         with run_pool(min(jobs, missing)) as pool:
             for fut in [pool.submit(_worker, (tune, i, tune.seed + 1 + offset + k, p)) for k, p in enumerate(points)]:
                 fut.result()
+
+
+def _run_stacks(tune: Tune, study: Study, points: list[Any], pruner: Any, jobs: int, echo: Callable[[str], None]) -> None:
+    """A study's missing trials as stacks (``engine.executor: stacked``, or ``auto`` on a GPU):
+    the design's or grid's points together (at most :data:`STACK_MOST` a stack), then TPE's
+    proposals ``jobs`` at a time (asked together, as parallel workers ask them)."""
+    fixed = [p for p in points if p is not None]
+    for start in range(0, len(fixed), STACK_MOST):
+        asked = []
+        for point in fixed[start : start + STACK_MOST]:
+            st = _open_study(tune, study, tune.seed, pruner, point)
+            with shielded():
+                asked.append((st, st.ask()))
+        _stacked_trials(tune, study, asked, echo)
+    proposed = points.count(None)
+    held = len(_open_study(tune, study, tune.seed, pruner).trials) if proposed else 0
+    while proposed > 0:  # TPE seeded past the trials the study holds, as without a stack
+        st = _open_study(tune, study, tune.seed + 1 + held, pruner)
+        with shielded():
+            asked = [(st, st.ask()) for _ in range(min(jobs, proposed))]
+        _stacked_trials(tune, study, asked, echo)
+        proposed -= len(asked)
+        held += len(asked)
 
 
 def _check_same_tune(tune: Tune, stored: Mapping[str, Any]) -> None:

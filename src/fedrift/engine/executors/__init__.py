@@ -39,12 +39,12 @@ def ray(cfg: Config):  # noqa: ANN201 - ray is an optional extra, imported on us
     return RayExecutor(cfg)
 
 
-@EXECUTORS.register("auto", "the default: batched on a GPU (in fedrift compare: a setting's seeds stacked); processes for compute-bound models on CPUs; batched for small models with many clients")
+@EXECUTORS.register("auto", "the default: batched on a GPU (in fedrift compare and tune: runs stacked); processes for compute-bound models on CPUs; batched for small models with many clients")
 def auto(cfg: Config) -> SequentialExecutor:  # pragma: no cover - api.run resolves auto first
     raise RuntimeError("engine.executor auto is resolved by fedrift.api before executors are built")
 
 
-@EXECUTORS.register("stacked", "runs of one config at several seeds trained as one vmap stack (fedrift compare; alone: batched)")
+@EXECUTORS.register("stacked", "runs of one config at several seeds or learning rates and tune-space values trained as one vmap stack (fedrift compare, fedrift tune; alone: batched)")
 def stacked_runs(cfg: Config):  # noqa: ANN201 - a stack of one: this run's clients as the batched executor trains them
     from fedrift.engine.executors.stacked import RunStack
 
