@@ -124,3 +124,25 @@ def test_stacked_runs_captured_equal_the_uncaptured_stack(tiny, tmp_path, monkey
             assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
     counts = made[0]._engine.graph_counts()
     assert made[0].rounds_trained == 2 and counts["replays"] > 0 and counts["failed"] is None, counts
+
+
+def test_a_learning_rate_schedule_keeps_its_graphs_from_round_to_round(tiny, tmp_path):
+    """Under train.lr_schedule the captured step reads each round's rate as a tensor
+    (engine.step_values), so a round of the same shapes replays the graphs the first captured,
+    and the run equals the uncaptured one, whose step is built at each round's rate."""
+    results, executors = {}, {}
+    for graphs in (False, eager_capture):
+        cfg = tiny(train={"rounds": 4, "clients_per_round": 4, "local_epochs": 1, "batch_size": 16,
+                          "lr_schedule": "cosine"}, output={"dir": str(tmp_path / str(bool(graphs)))})
+        prep = prepare(cfg)
+        ix = np.random.default_rng(0).permutation(prep.dataset.num_train)
+        train = [np.sort(ix[40 * k : 40 * (k + 1)]) for k in range(4)]  # 4 clients of 40: 3 steps each, every round
+        prep = dataclasses.replace(prep, partition=Partition("manual", train, [np.arange(10)] * 4))
+        executors[graphs] = BatchedExecutor(None, graphs)
+        results[graphs] = run_prepared(prep, executor=executors[graphs])
+    plain, captured = results[False], results[eager_capture]
+    _close(plain.global_state, captured.global_state)
+    assert [r["lr"] for r in plain.history] == [r["lr"] for r in captured.history]
+    assert len({r["lr"] for r in plain.history}) == 4  # a new rate every round
+    counts = executors[eager_capture].graph_counts()
+    assert counts["captures"] == 1 and counts["replays"] == 4 * 3 and counts["failed"] is None, counts

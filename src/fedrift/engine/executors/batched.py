@@ -151,9 +151,10 @@ class BatchedExecutor:
     ) -> list[ClientOutput]:
         part = Part(tools, payload, jobs, round_)
         width = batch_width([part])
+        values = [step_values.values_of(tools)] if self.keeps_graphs(tools) else None
         outputs: dict[int, ClientOutput] = {}
         for group in self.groups([part]):
-            for job, out in zip(group[0][1].jobs, self.train_group([g for _, g in group], width)[0]):
+            for job, out in zip(group[0][1].jobs, self.train_group([g for _, g in group], width, values=values)[0]):
                 outputs[job.client_id] = out
                 if take is not None:
                     take(out)
@@ -192,10 +193,21 @@ class BatchedExecutor:
         dims_key = repr(payload_dims)
         if dims_key not in vsteps:
             vsteps[dims_key] = vmap(step, in_dims=(0, 0, 0, payload_dims, 0))
-            capture = self.graphs if callable(self.graphs) else cuda_capture if self.graphs and tools.x.is_cuda else None
+            capture = self._capture(tools)
             if capture is not None:
                 vsteps[dims_key] = StepGraphs(vsteps[dims_key], capture)
         return vsteps[dims_key]
+
+    def _capture(self, tools: RoundTools) -> Capture | None:
+        """How this executor captures ``tools``' step (None: it runs op by op)."""
+        return self.graphs if callable(self.graphs) else cuda_capture if self.graphs and tools.x.is_cuda else None
+
+    def keeps_graphs(self, tools: RoundTools) -> bool:
+        """Whether ``tools``' step reads its learning rate as a tensor (``engine.step_values``)
+        though it is the run's own: under ``train.lr_schedule`` with the step captured, so the
+        run keeps its graphs from round to round (a step built at each round's rate would be
+        captured anew every round)."""
+        return tools.schedule is not None and tools.rebuild is not None and self._capture(tools) is not None
 
     def graph_counts(self) -> dict[str, Any]:
         """What the captured steps did (benchmarks report it): captures, replays, seconds spent

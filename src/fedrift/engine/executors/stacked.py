@@ -158,7 +158,7 @@ class RunStack:
             values = None
             if parts[0].tools.rebuild is not None:
                 values = [values_of(p.tools) for p in parts]
-                if all(v == values[0] for v in values):
+                if all(v == values[0] for v in values) and not engine.keeps_graphs(parts[0].tools):
                     values = None  # one step, as it is
             for group in engine.groups(parts):
                 group_values = None if values is None else [values[n] for n, _ in group]
