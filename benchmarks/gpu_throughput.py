@@ -69,7 +69,8 @@ PEAK_FLOPS = {"bf16": 989e12, "fp32": 67e12}  # H100/H200 SXM dense (NVIDIA's da
 # field, the processes); the same stack launched op by op (the first H200 call's way) for the
 # ratio in one call; then the rest of BENCH.md's rows
 ORDER = [
-    ("sequential", 1, "fp32", "eager"), ("stacked", 48, "fp32", "graphs"), ("stacked", 12, "fp32", "graphs"),
+    ("sequential", 1, "fp32", "eager"), ("stacked", 48, "fp32", "graphs"), ("trials", 48, "fp32", "graphs"),
+    ("stacked", 12, "fp32", "graphs"),
     ("stacked", 12, "fp32", "graphs", 4), ("stacked", 48, "bf16", "graphs"), ("stacked", 48, "fp32", "eager"),
     ("batched", 1, "fp32", "graphs"), ("stacked", 48, "fp32", "graphs", 2),
     ("stacked", 96, "fp32", "graphs"), ("stacked", 3, "fp32", "graphs"), ("stacked", 1, "fp32", "graphs"),
@@ -77,6 +78,15 @@ ORDER = [
     ("batched", 1, "fp32", "eager"), ("sequential", 1, "bf16", "eager"), ("batched", 1, "bf16", "graphs"),
     ("stacked", 3, "bf16", "graphs"), ("stacked", 1, "bf16", "graphs"),
 ]
+
+
+STACKS = ("stacked", "trials")  # "trials": the stack's runs at other learning rates (a tune's), engine.step_values
+
+
+def trial_lr(path: str, seed: int, runs: int) -> float:
+    """Run ``seed``'s learning rate: 0.05, or on the ``trials`` path spread over 0.035-0.071 (a
+    tune's trials, each run's step reading its own)."""
+    return 0.05 * 2 ** (seed / max(runs - 1, 1) - 0.5) if path == "trials" else 0.05
 
 
 def make_data(folder: Path, n_train: int, n_test: int) -> Path:
@@ -91,17 +101,17 @@ def make_data(folder: Path, n_train: int, n_test: int) -> Path:
 
 
 def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed: int, out: Path,
-           graphs: bool = False) -> dict[str, Any]:
+           graphs: bool = False, lr: float = 0.05) -> dict[str, Any]:
     return {
         "seed": seed,
         "data": {"name": "npz", "root": str(data), "augment": True},
         "partition": {"name": "dirichlet", "alpha": 0.1, "num_clients": 20, "holdout": 0.1, "val_share": 0.1},
         "model": {"name": "resnet8", "group_channels": 16},
         "algorithm": {"name": "fedavg"},
-        "train": {"rounds": args.rounds, "clients_per_round": 4, "local_epochs": args.epochs, "batch_size": 64, "lr": 0.05,
+        "train": {"rounds": args.rounds, "clients_per_round": 4, "local_epochs": args.epochs, "batch_size": 64, "lr": lr,
                   "momentum": 0.9, "weight_decay": 1e-5, "clip_grad_norm": 10, "precision": precision},
         "eval": {"every": 1},  # a metrics line a round: its `seconds` (evaluation excluded) are what is timed
-        "engine": {"executor": path, "device": args.device, "cuda_graphs": graphs},
+        "engine": {"executor": "stacked" if path in STACKS else path, "device": args.device, "cuda_graphs": graphs},
         "output": {"dir": str(out / f"s{seed}"), "progress": False, "save_model": False, "overwrite": True},
     }
 
@@ -147,7 +157,7 @@ def real_step_share(configs: list[dict[str, Any]], path: str, rounds: range) -> 
     if path == "sequential":
         return None
     work = [client_work(c, rounds) for c in configs]
-    groups = [[s for run in work for _, s in run[i]] for i in range(len(rounds))] if path == "stacked" else \
+    groups = [[s for run in work for _, s in run[i]] for i in range(len(rounds))] if path in STACKS else \
         [[s for _, s in clients] for run in work for clients in run]
     return sum(sum(g) for g in groups) / sum(len(g) * max(g) for g in groups)
 
@@ -212,12 +222,12 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
     # on a CPU (the script's own check) captured steps are the tests' stand-in: the same buffers
     capture = eager_capture if graphs and args.device == "cpu" else None
     folder = work / f"{path}-{runs}-{precision}-{'graphs' if graphs else 'eager'}"
-    configs = [config(data, args, path, precision, seed, folder, graphs) for seed in range(runs)]
+    configs = [config(data, args, path, precision, seed, folder, graphs, trial_lr(path, seed, runs)) for seed in range(runs)]
     start = time.perf_counter()
     alone, engines = 0, []
-    if barrier is not None and path != "stacked":
+    if barrier is not None and path not in STACKS:
         raise ValueError("rows in several processes: the stacked path only (its first meeting is where the copies meet)")
-    if path == "stacked":
+    if path in STACKS:
         together = None if barrier is None else meet_first(barrier, args.parties)
         stacks = stacked_runs(configs, together, capture=capture)
         alone = sum(s.rounds_alone for s in stacks)  # rounds whose stacked step raised: run by run
