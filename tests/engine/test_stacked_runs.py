@@ -70,7 +70,8 @@ def _alone(tiny, tmp_path, seeds, **sections):
 
 def _other_values(name):
     """Run 1's sections of algorithm ``name``'s case: another train.lr, and every option of the
-    algorithm's tune space at a value of that space other than the case's (engine.step_values)."""
+    algorithm's tune space at a value of that space other than the case's (engine.step_values);
+    its own partition, cohort and local epochs (keys of the run, not of its step)."""
     from fedrift.experiments.space import resolve_space
 
     sections = case(name)
@@ -79,13 +80,15 @@ def _other_values(name):
         if dim.key.startswith("algorithm."):
             key, value = dim.key.split(".", 1)[1], dim.middle()
             algorithm[key] = value if algorithm.get(key) != value else dim.typed(value / 2)
-    return {**sections, "algorithm": algorithm, "train": {"rounds": 2, "batch_size": 32, "lr": 0.02}}
+    return {**sections, "algorithm": algorithm, "partition": {**sections.get("partition", {}), "alpha": 0.3},
+            "train": {"rounds": 2, "batch_size": 32, "lr": 0.02, "clients_per_round": 4, "local_epochs": 2}}
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_stacked_runs_equal_one_by_one_for_every_algorithm(tiny, tmp_path, stacks, name, caplog):
-    """Two runs of each algorithm, at other seeds, learning rates and values of every option of
-    its tune space: one step reads each run's values (engine.step_values)."""
+    """Two runs of each algorithm, at other seeds, partitions, cohorts, local epochs, learning
+    rates and values of every option of its tune space: one step reads each run's values
+    (engine.step_values)."""
     sections = [{"train": {"rounds": 2, "batch_size": 32}, **case(name)}, _other_values(name)]
     configs = [_configs(tiny, tmp_path, [s], **sections[s])[0] for s in (0, 1)]
     if name in stacked.UNSTACKABLE:
@@ -239,8 +242,8 @@ def test_stacked_runs_one_diverging_run_ends_alone(tiny, tmp_path):
 def test_stacked_runs_refuse_runs_that_differ_in_more_than_the_seed_and_values(tiny, tmp_path):
     configs = [tiny(seed=0, engine={"executor": "stacked"}, output={"dir": str(tmp_path / "a")}),
                tiny(seed=1, engine={"executor": "stacked"}, train={"momentum": 0.5}, output={"dir": str(tmp_path / "b")})]
-    with pytest.raises(ConfigError, match=r"^engine.executor: stacked runs share one config but for seed, output.\* and "
-                                          r"train.lr; train.momentum differs \(0.9 and 0.5\)"):
+    with pytest.raises(ConfigError, match=r"^engine.executor: stacked runs share how a client trains; train.momentum "
+                                          r"differs \(0.9 and 0.5\); allowed: .*partition.\* .*and train.lr$"):
         run_stacked(configs)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before anything is written
     configs = [tiny(seed=s, engine={"executor": "batched"}, output={"dir": str(tmp_path / f"c{s}")}) for s in (0, 1)]
@@ -257,21 +260,23 @@ def test_a_stack_of_one_is_the_batched_executor(tiny, tmp_path):
 
 def test_stacked_runs_in_compare_equal_the_runs_one_by_one_and_resume(tiny, tmp_path, stacks):
     """``fedrift compare ... engine.executor=stacked``: a setting's seeds as one stack, and the
-    settings that differ only in values of the algorithm's tune space (FedProx's mu) in the
-    same stack; the table as with the runs one by one; a second compare reruns nothing."""
+    settings that differ only in each run's own keys (the partition's alpha) and values of the
+    algorithm's tune space (FedProx's mu) in the same stack; the table as with the runs one by
+    one; a second compare reruns nothing."""
     from fedrift.experiments.compare import compare
 
     base = tiny(train={"rounds": 2})
     base.pop("output")
-    kw = dict(algorithms=["fedavg", "fedprox:mu=0.1", "fedprox:mu=0.5"], seeds=[0, 1], report=False, verbose=False)
+    kw = dict(algorithms=["fedprox:mu=0.1", "fedprox:mu=0.5"], seeds=[0, 1], report=False, verbose=False,
+              sweep={"partition.alpha": [0.3, 1.0]})
     stacked_rows = compare(base, overrides=["engine.executor=stacked"], out=tmp_path / "stacked", **kw)
     alone_rows = compare(base, overrides=["engine.executor=batched"], out=tmp_path / "alone", **kw)
-    assert [s.size for s in stacks] == [2, 4] and all(s.rounds_trained == 2 for s in stacks)  # FedProx's 4 runs: one
+    assert [s.size for s in stacks] == [8] and stacks[0].rounds_trained == 2  # the 8 runs: one stack
     for a, b in zip(alone_rows, stacked_rows):
         assert a["setting"] == b["setting"]
         assert a["best_accuracy_mean"] == pytest.approx(b["best_accuracy_mean"], abs=1e-6)
     again = compare(base, overrides=["engine.executor=stacked"], out=tmp_path / "stacked", **kw)
-    assert len(stacks) == 2  # nothing ran again
+    assert len(stacks) == 1  # nothing ran again
     assert again == stacked_rows
 
 

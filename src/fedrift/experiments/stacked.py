@@ -1,15 +1,16 @@
-"""Runs of one config trained as one stack (``engine.executor: stacked``): at several seeds,
-and at other values of the learning rate and the algorithm's tune-space options.
+"""Runs of one config trained as one stack (``engine.executor: stacked``): at several seeds
+and partitions, and at other values of the learning rate and the algorithm's tune-space options.
 
 :func:`run_stacked` prepares every run (one copy of the dataset for all, on their device),
-checks that they can share a step (the same config but for the seed, the output folder and
-:func:`value_keys`, whose values each run's step reads as its own: ``engine.step_values``; an
-algorithm that stacks), then runs each in a thread of its own with its member of one
+checks that they can share a step (the same config but for each run's own keys,
+:data:`PER_RUN`: seed, partition, cohort, rounds, evaluation, output; and :func:`value_keys`,
+whose values each run's step reads as its own: ``engine.step_values``; an algorithm that
+stacks), then runs each in a thread of its own with its member of one
 ``RunStack`` as its executor (``fedrift.engine.executors.stacked``): each run writes its own
 folder exactly as :func:`fedrift.run` does, its training stacked with the others'.
 
 ``fedrift compare`` uses it for a setting's seeds, and for settings that differ only in those
-values, when the runs' ``engine.executor`` is ``stacked`` (or ``auto`` on a GPU);
+keys (a sweep of ``partition.alpha``, of ``train.lr``), when the runs' ``engine.executor`` is ``stacked`` (or ``auto`` on a GPU);
 ``fedrift tune`` for a study's trials (:func:`stacked_outcomes`, each trial with its own
 pruning); ``engine.executor: batched`` (or any other) runs them one by one as before.
 """
@@ -30,8 +31,18 @@ from fedrift.report.table import flatten
 
 # algorithms whose runs cannot share a local step, and why (refused by name, not run slowly)
 UNSTACKABLE: dict[str, str] = {}
-# keys that may differ between the runs of a stack: what a run is, not how it trains
-PER_RUN = ("seed", "output.")
+# keys that may differ between the runs of a stack: what a run is and which clients train
+# when, not how a client's step trains (each run has its own partition, sampling and loop)
+PER_RUN = ("seed", "output.", "partition.", "eval.", "train.rounds", "train.clients_per_round", "train.participation",
+           "train.local_epochs", "train.local_steps", "engine.sampling", "engine.dropout", "engine.stragglers",
+           "engine.straggler_work", "engine.divergence_", "engine.checkpoint_every")
+# ... but for the partition keys the algorithms are built with (engine.build.Setup: the step of
+# the stack is built with the first run's)
+SHARED = ("partition.num_clients", "partition.holdout")
+
+
+def _per_run(key: str) -> bool:
+    return key.startswith(PER_RUN) and key not in SHARED
 
 
 def wants_stack(doc: Mapping[str, Any]) -> bool:
@@ -51,7 +62,7 @@ def wants_stack(doc: Mapping[str, Any]) -> bool:
 
 def check_stackable(preps: Sequence[Prepared]) -> None:
     """Refuse, in one line, runs that cannot be one stack: another config than the first's in
-    a key other than the seed, the output folder and the values a step can take per run
+    a key other than each run's own (:data:`PER_RUN`) and the values a step can take per run
     (:func:`value_keys`; other keys train with other steps), or an algorithm in
     :data:`UNSTACKABLE`."""
     name, executor = preps[0].config.algorithm.name, preps[0].config.engine.executor
@@ -67,9 +78,10 @@ def check_stackable(preps: Sequence[Prepared]) -> None:
         diff = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
         if diff:
             raise ConfigError(
-                f"engine.executor: stacked runs share one config but for seed, output.* and {', '.join(values)}; "
-                f"{diff[0]} differs ({first.get(diff[0])!r} and {other.get(diff[0])!r}); allowed: runs that differ "
-                "only in those")
+                f"engine.executor: stacked runs share how a client trains; {diff[0]} differs ({first.get(diff[0])!r} "
+                f"and {other.get(diff[0])!r}); allowed: runs that differ only in the seed, output.*, partition.* "
+                "(not num_clients or holdout), eval.*, train.rounds, clients_per_round, participation, local_epochs, "
+                f"local_steps, the engine's sampling, failures and checkpoints, and {', '.join(values)}")
 
 
 def value_keys(algorithm: str) -> tuple[str, ...]:
@@ -86,14 +98,14 @@ def stack_key(flat: Mapping[str, Any], algorithm: str) -> tuple[Any, ...]:
     """What runs of ``algorithm`` (their resolved configs, flattened) must share to be one
     stack: every key but the seed, the output folder and :func:`value_keys`."""
     values = value_keys(algorithm)
-    return tuple(sorted((k, repr(v)) for k, v in flat.items() if not k.startswith(PER_RUN) and k not in values))
+    return tuple(sorted((k, repr(v)) for k, v in flat.items() if not _per_run(k) and k not in values))
 
 
 def _comparable(prep: Prepared, values: tuple[str, ...]) -> dict[str, Any]:
     from fedrift import yamlio
 
     flat = flatten(yamlio.load(resolved_yaml(prep)))
-    return {k: v for k, v in flat.items() if not k.startswith(PER_RUN) and k not in values}
+    return {k: v for k, v in flat.items() if not _per_run(k) and k not in values}
 
 
 def prepare_stack(configs: Sequence[Mapping[str, Any] | str | Path]) -> list[Prepared]:
