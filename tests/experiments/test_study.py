@@ -311,12 +311,15 @@ def test_a_benchmark_study_continues_its_committed_tune_and_compare(path):
 
 def test_where_runs_stack_an_entrys_seeds_run_together_after_its_tune(tmp_path, capsys):
     """compare's stacked runs (engine.executor: stacked): a stack of seeds costs about one run,
-    so each entry's seeds run as one stack right after its tune, before the next entry's tune."""
+    so each entry's seeds run as one stack right after its tune (whose trials are one stack
+    too), before the next entry's tune."""
     path = write_study(tmp_path, entries=ENTRIES[:2], overrides={"engine.executor": "stacked"})
     assert run_study(path, report=False).finished
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("== study:")
             or line.endswith("trained as one stack")]
     assert said == ["== study: tune fedavg (2 trials, in " + str(tmp_path / "out" / "tune") + ")",
+                    "fedavg: trials 0, 1 trained as one stack",
                     "== study: fedavg, seeds 0, 1", "fedavg: seeds 0, 1 trained as one stack",
                     "== study: tune fedprox:mu=0.01 (2 trials, in " + str(tmp_path / "out" / "tune") + ")",
+                    "fedprox:mu=0.01: trials 0, 1 trained as one stack",
                     "== study: fedprox:mu=0.01, seeds 0, 1", "fedprox:mu=0.01: seeds 0, 1 trained as one stack"]
