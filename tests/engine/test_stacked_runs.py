@@ -243,7 +243,8 @@ def test_stacked_runs_refuse_runs_that_differ_in_more_than_the_seed_and_values(t
     configs = [tiny(seed=0, engine={"executor": "stacked"}, output={"dir": str(tmp_path / "a")}),
                tiny(seed=1, engine={"executor": "stacked"}, train={"momentum": 0.5}, output={"dir": str(tmp_path / "b")})]
     with pytest.raises(ConfigError, match=r"^engine.executor: stacked runs share how a client trains; train.momentum "
-                                          r"differs \(0.9 and 0.5\); allowed: .*partition.\* .*and train.lr$"):
+                                          r"differs \(0.9 and 0.5\); allowed: .*partition.\* .*and train.lr; or methods that "
+                                          r"all train their clients as FedAvg does \(FedAvgM, FedAdam, FedNova, ...\)$"):
         run_stacked(configs)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before anything is written
     configs = [tiny(seed=s, engine={"executor": "batched"}, output={"dir": str(tmp_path / f"c{s}")}) for s in (0, 1)]
@@ -296,3 +297,29 @@ def test_stacked_runs_share_one_device_copy_of_their_data():
     del x, first, again
     gc.collect()
     assert len(_COPIES) == held - 1  # gone with its source
+
+
+def test_stacked_runs_of_methods_that_train_clients_as_fedavg_share_one_step(tiny, tmp_path, stacks):
+    """FedAvg, FedAvgM, FedAdam and FedNova differ on the server only: in a compare their
+    settings' seeds are one stack (each run's server its own), the table as the runs one by
+    one; FedProx (another local loss) is refused beside them in one line."""
+    from fedrift.experiments.compare import compare
+
+    base = tiny(train={"rounds": 2})
+    base.pop("output")
+    kw = dict(algorithms=["fedavg", "fedavgm:beta=0.5", "fedadam", "fednova:eta_s=1.5"], seeds=[0, 1], report=False,
+              verbose=False)
+    stacked_rows = compare(base, overrides=["engine.executor=stacked"], out=tmp_path / "stacked", **kw)
+    alone_rows = compare(base, overrides=["engine.executor=batched"], out=tmp_path / "alone", **kw)
+    assert [s.size for s in stacks] == [8] and stacks[0].rounds_trained == 2 and stacks[0].rounds_alone == 0
+    for a, b in zip(alone_rows, stacked_rows):
+        assert a["setting"] == b["setting"]
+        assert a["final_accuracy_mean"] == pytest.approx(b["final_accuracy_mean"], rel=1e-3, abs=1e-6)
+    assert len({r["final_accuracy_mean"] for r in stacked_rows}) > 1  # four methods, not one run four times
+    configs = [tiny(seed=0, engine={"executor": "stacked"}, output={"dir": str(tmp_path / "a")}),
+               tiny(seed=1, engine={"executor": "stacked"}, algorithm={"name": "fedprox", "mu": 0.1},
+                    output={"dir": str(tmp_path / "b")})]
+    with pytest.raises(ConfigError, match=r"^engine.executor: stacked runs share how a client trains; algorithm.name "
+                                          r"differs \('fedavg' and 'fedprox'\).*or methods that all train their "
+                                          r"clients as FedAvg does"):
+        run_stacked(configs)

@@ -42,9 +42,23 @@ class Rebuild:
     pieces: Callable[[Mapping[str, Any]], tuple[Algorithm, Transform]]
 
 
+def fedavg_step(alg: Algorithm) -> bool:
+    """Whether ``alg`` trains its clients exactly as FedAvg does (what sets it apart happens on
+    the server: FedAvgM, FedAdam, FedNova, FedExp, ...): the plain cross-entropy, the train
+    section's optimiser, and no correction, teacher, noise, client start, client state or
+    personal model. Such methods share one step whatever their names and options."""
+    from fedrift.algorithms.fedavg import ce_loss
+
+    return (alg.local_loss is ce_loss and alg.grad_correction is None and alg.optimizer is None and alg.teacher is None
+            and alg.noise_dim is None and alg.client_start is None and alg.init_client is None and not alg.personal
+            and alg.client_model is None)
+
+
 def values_of(tools: Any) -> dict[str, float]:
     """A run's values of its step at these training tools: its learning rate and its options'
-    :attr:`Rebuild.keys`."""
+    :attr:`Rebuild.keys` (the learning rate alone for :func:`fedavg_step`'s methods)."""
+    if fedavg_step(tools.algorithm):
+        return {LR: float(tools.lr)}
     hp = tools.algorithm.hparams
     return {LR: float(tools.lr), **{k: float(getattr(hp, k)) for k in tools.rebuild.keys}}
 
@@ -52,11 +66,14 @@ def values_of(tools: Any) -> dict[str, float]:
 def step_kind(tools: Any) -> tuple[Any, ...]:
     """What runs must have in common to train with one step: the algorithm, its options but
     for the values, and its hooks (the same functions: a method is built without its term at
-    the value that switches it off, ``algorithms.base.term_off``); everything, the learning
-    rate too, for tools that cannot be built at other values (a personalisation's)."""
+    the value that switches it off, ``algorithms.base.term_off``); FedAvg's step for the
+    methods that train their clients as it does (:func:`fedavg_step`); everything, the
+    learning rate too, for tools that cannot be built at other values (a personalisation's)."""
     alg, rebuild = tools.algorithm, tools.rebuild
     if rebuild is None:
         return (alg.name, repr(alg.hparams), tools.lr)
+    if fedavg_step(alg):
+        return ("fedavg step",)
     hp = alg.hparams
     fixed = ({f.name: getattr(hp, f.name) for f in dataclasses.fields(hp) if f.name not in rebuild.keys}
              if dataclasses.is_dataclass(hp) else hp)
@@ -83,4 +100,4 @@ def valued(make: Callable[[Algorithm, Transform], Callable[..., Any]], rebuild: 
     return step
 
 
-__all__ = ["LR", "VALUES", "Rebuild", "step_kind", "valued", "value_rows", "values_of"]
+__all__ = ["LR", "VALUES", "Rebuild", "fedavg_step", "step_kind", "valued", "value_rows", "values_of"]

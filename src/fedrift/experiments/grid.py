@@ -19,6 +19,7 @@ from fedrift import yamlio
 from fedrift.config import Config, apply_overrides, config_dict, load_config, same_root, to_yaml
 from fedrift.engine.checkpoint import FOLDER as CHECKPOINTS, MANIFEST
 from fedrift.engine.outputs import OWNED, unfinished
+from fedrift.engine.step_values import fedavg_step
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.naming import fmt_value, safe_name
 from fedrift.experiments.pool import execute_run, run_pool
@@ -51,6 +52,7 @@ class RunSpec:
     dir: Path
     doc: dict[str, Any]  # the config dict handed to fedrift.run
     expected: dict[str, Any] = field(default_factory=dict)  # resolved config.yaml, flattened
+    fedavg_step: bool = False  # its method trains clients as FedAvg does (engine.step_values.fedavg_step)
     requested: frozenset[str] = frozenset()  # dotted keys the grid sets explicitly
 
     @property
@@ -223,7 +225,7 @@ def build_grid(
     # all), and each setting's model and algorithm (what needs both, e.g. a personal-model
     # method with eval.drift, or FedDF without held-out data).
     prepared: dict[str, Any] = {}
-    settings_seen: set[str] = set()
+    fedavg_steps: dict[str, bool] = {}  # per setting: whether its method trains clients as FedAvg does
     for spec in runs:
         try:
             cfg = load_config(spec.doc)
@@ -232,9 +234,10 @@ def build_grid(
             pkey = json.dumps([cfg.data.model_dump(), cfg.partition.model_dump()], sort_keys=True, default=str)
             if pkey not in prepared:
                 prepared[pkey] = prepare(cfg)
-            if spec.setting.label not in settings_seen:
-                settings_seen.add(spec.setting.label)
-                build_run(replace(prepared[pkey], config=cfg, options=options))
+            if spec.setting.label not in fedavg_steps:
+                algorithm = build_run(replace(prepared[pkey], config=cfg, options=options))[1]
+                fedavg_steps[spec.setting.label] = fedavg_step(algorithm)
+            spec.fedavg_step = fedavg_steps[spec.setting.label]
         except ConfigError as err:
             raise ConfigError(f"{err} (in run {spec.name})") from None
 
@@ -435,14 +438,17 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
 
 def stacks_of(specs: list[RunSpec]) -> list[list[RunSpec]]:
     """The runs to run, as tasks: where runs stack (:func:`fedrift.experiments.stacked.wants_stack`:
-    ``engine.executor: stacked``, or ``auto`` on a GPU), those that differ only in the seed and
-    the values a stack's step takes per run (``train.lr``, the options of the algorithm's tune
-    space: a sweep over them) together; each other run alone; in the grid's order."""
+    ``engine.executor: stacked``, or ``auto`` on a GPU), those that differ only in each run's
+    own keys (seed, partition, ...) and the values a stack's step takes per run (``train.lr``,
+    the options of the algorithm's tune space: a sweep over them) together, and the methods
+    that train their clients as FedAvg does together whatever their options; each other run
+    alone; in the grid's order."""
     tasks: list[list[RunSpec]] = []
     by_key: dict[Any, list[RunSpec]] = {}
     for spec in specs:
         if wants_stack(spec.doc):
-            key = stack_key(spec.expected, spec.expected["algorithm.name"]) if spec.expected else spec.setting
+            key = stack_key(spec.expected, spec.expected["algorithm.name"], spec.fedavg_step) if spec.expected \
+                else spec.setting
             if key not in by_key:
                 by_key[key] = []
                 tasks.append(by_key[key])

@@ -63,25 +63,39 @@ def wants_stack(doc: Mapping[str, Any]) -> bool:
 def check_stackable(preps: Sequence[Prepared]) -> None:
     """Refuse, in one line, runs that cannot be one stack: another config than the first's in
     a key other than each run's own (:data:`PER_RUN`) and the values a step can take per run
-    (:func:`value_keys`; other keys train with other steps), or an algorithm in
-    :data:`UNSTACKABLE`."""
-    name, executor = preps[0].config.algorithm.name, preps[0].config.engine.executor
+    (:func:`value_keys`; other keys train with other steps; the algorithm and its options may
+    differ too where every run's method trains its clients as FedAvg does,
+    ``engine.step_values.fedavg_step``), or an algorithm in :data:`UNSTACKABLE`."""
+    executor = preps[0].config.engine.executor
     if executor != "stacked":  # each run's config.yaml and summary say how it trained
         raise ConfigError(f"engine.executor: {executor} runs train one by one; allowed: stacked, for runs trained as one stack")
-    if name in UNSTACKABLE:
-        raise ConfigError(f"engine.executor: stacked cannot stack {name} ({UNSTACKABLE[name]}); "
-                          f"allowed: batched or sequential with {name}")
-    values = value_keys(name)
+    names = list(dict.fromkeys(p.config.algorithm.name for p in preps))
+    for name in names:
+        if name in UNSTACKABLE:
+            raise ConfigError(f"engine.executor: stacked cannot stack {name} ({UNSTACKABLE[name]}); "
+                              f"allowed: batched or sequential with {name}")
+    values = tuple(dict.fromkeys(k for name in names for k in value_keys(name)))
     first = _comparable(preps[0], values)
     for prep in preps[1:]:
         other = _comparable(prep, values)
         diff = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+        if diff and all(k.startswith("algorithm.") for k in diff) and _fedavg_steps(preps):
+            continue
         if diff:
             raise ConfigError(
                 f"engine.executor: stacked runs share how a client trains; {diff[0]} differs ({first.get(diff[0])!r} "
                 f"and {other.get(diff[0])!r}); allowed: runs that differ only in the seed, output.*, partition.* "
                 "(not num_clients or holdout), eval.*, train.rounds, clients_per_round, participation, local_epochs, "
-                f"local_steps, the engine's sampling, failures and checkpoints, and {', '.join(values)}")
+                f"local_steps, the engine's sampling, failures and checkpoints, and {', '.join(values)}; or methods "
+                "that all train their clients as FedAvg does (FedAvgM, FedAdam, FedNova, ...)")
+
+
+def _fedavg_steps(preps: Sequence[Prepared]) -> bool:
+    """Whether every run's algorithm trains its clients as FedAvg does (built to be asked)."""
+    from fedrift.api import build_run
+    from fedrift.engine.step_values import fedavg_step
+
+    return all(fedavg_step(build_run(p)[1]) for p in preps)
 
 
 def value_keys(algorithm: str) -> tuple[str, ...]:
@@ -94,11 +108,14 @@ def value_keys(algorithm: str) -> tuple[str, ...]:
     return ("train.lr", *(f"algorithm.{k}" for k in (entry.space or {})))
 
 
-def stack_key(flat: Mapping[str, Any], algorithm: str) -> tuple[Any, ...]:
+def stack_key(flat: Mapping[str, Any], algorithm: str, fedavg_step: bool = False) -> tuple[Any, ...]:
     """What runs of ``algorithm`` (their resolved configs, flattened) must share to be one
-    stack: every key but the seed, the output folder and :func:`value_keys`."""
+    stack: every key but each run's own and :func:`value_keys`; with ``fedavg_step`` (the
+    method trains its clients as FedAvg does) the algorithm and its options too, so that such
+    methods stack together."""
     values = value_keys(algorithm)
-    return tuple(sorted((k, repr(v)) for k, v in flat.items() if not _per_run(k) and k not in values))
+    return tuple(sorted((k, repr(v)) for k, v in flat.items() if not _per_run(k) and k not in values
+                        and not (fedavg_step and k.startswith("algorithm.")))) + (("fedavg step",) if fedavg_step else ())
 
 
 def _comparable(prep: Prepared, values: tuple[str, ...]) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def auto(cfg: Config) -> SequentialExecutor:  # pragma: no cover - api.run resol
     raise RuntimeError("engine.executor auto is resolved by fedrift.api before executors are built")
 
 
-@EXECUTORS.register("stacked", "runs of one config at several seeds or learning rates and tune-space values trained as one vmap stack (fedrift compare, fedrift tune; alone: batched)")
+@EXECUTORS.register("stacked", "runs trained as one vmap stack: a compare's seeds, partitions, learning rates and tune-space values, a tune's trials (alone: batched)")
 def stacked_runs(cfg: Config):  # noqa: ANN201 - a stack of one: this run's clients as the batched executor trains them
     from fedrift.engine.executors.stacked import RunStack
 

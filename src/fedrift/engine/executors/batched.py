@@ -398,6 +398,18 @@ def _step_batch(parts: list[Part], idx: torch.Tensor, w: torch.Tensor, s: int, b
     return cat(out)
 
 
+def payload_signature(payload: Any) -> Any:
+    """What :func:`per_client_payload` needs the same in every part, as a key: the payload's
+    keys, its tensors' shapes and dtypes, and its other values."""
+    if isinstance(payload, torch.Tensor):
+        return ("tensor", tuple(payload.shape), payload.dtype)
+    if isinstance(payload, dict):
+        return tuple((k, payload_signature(v)) for k, v in payload.items())
+    if isinstance(payload, (list, tuple)):
+        return (type(payload).__name__, tuple(payload_signature(v) for v in payload))
+    return repr(payload)
+
+
 def per_client_payload(parts: list[Part]) -> tuple[dict[str, Any], Any]:
     """The parts' payloads as one with a row per client (each client its run's), and the
     ``vmap`` in-dims that say so: 0 for every tensor, None for the other values, which must be

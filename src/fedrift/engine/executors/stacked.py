@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedrift.engine.executors.batched import BatchedExecutor, Part, batch_width
+from fedrift.engine.executors.batched import BatchedExecutor, Part, batch_width, payload_signature
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.step_values import step_kind, values_of
 from fedrift.errors import first_line
@@ -145,11 +145,12 @@ class RunStack:
         """The requests' clients in vectorised groups over runs. Runs share a step when they
         train the same algorithm with the same options but for its values
         (``engine.step_values``: the learning rate and the options of its tune space, which
-        the step then reads client by client): a run that has finished its rounds may be
-        personalising (``eval.personalize``: another algorithm) while the others train."""
+        the step then reads client by client), or methods that all train their clients as
+        FedAvg does, and their payloads have one form (a run that has finished its rounds may
+        be personalising, ``eval.personalize``: another algorithm, while the others train)."""
         by_kind: dict[Any, list[_Request]] = {}
         for r in requests:
-            by_kind.setdefault(step_kind(r.part.tools), []).append(r)
+            by_kind.setdefault((step_kind(r.part.tools), payload_signature(r.part.payload)), []).append(r)
         engine = self._engine
         for same in by_kind.values():
             parts = [r.part for r in same]
