@@ -573,3 +573,13 @@ def test_ctrl_c_on_a_stacked_tune_records_its_trials_as_interrupted(tiny, tmp_pa
     assert [json.loads((d / "summary.json").read_text())["status"] for d in runs] == ["interrupted"] * 3
     st = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{out / 'study.db'}")
     assert [(t.state.name, t.user_attrs.get("status")) for t in st.trials] == [("FAIL", "interrupted")] * 3
+
+
+def test_stacked_trials_that_differ_in_another_key_run_one_by_one_and_say_so(tiny, tmp_path, capsys):
+    results = fedrift.tune(_cfg(tiny, rounds=1, engine={"executor": "stacked"}), algorithms=["fedavg"],
+                           space={"train.lr": "0.05", "train.momentum": "0.5,0.9"}, trials=2, out=tmp_path / "t",
+                           pruner="none", report=False)
+    out = capsys.readouterr().out
+    assert "fedavg: trials 0, 1 run one by one (engine.executor: stacked runs share how a client trains; " \
+           "train.momentum differs (0.5 and 0.9);" in out, out
+    assert [t["state"] for t in results["fedavg"]["trials"]] == ["complete"] * 2

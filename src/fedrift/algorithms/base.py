@@ -260,9 +260,9 @@ class Algorithm:
     # set by engine.build under a train.lr_schedule: this algorithm built again by its factory
     # with another Setup.lr, for the rounds at that lr (hooks read the lr they were built with)
     at_lr: Callable[[float], "Algorithm"] | None = None
-    # set by engine.build: this algorithm built again with other values of train.lr ("lr") and
-    # of its options ``value_keys`` (its tune space), given as tensors: one vectorised step
-    # then trains runs that differ only in those (engine.step_values: a tune's trials stacked)
+    # set by engine.build: this algorithm built again at other values ({"train.lr": ..., option:
+    # ...}, the options among ``value_keys``, its tune space), given as tensors: one vectorised
+    # step then trains runs that differ only in those (engine.step_values: a tune's trials stacked)
     at_values: Callable[[Mapping[str, Any]], "Algorithm"] | None = None
     value_keys: tuple[str, ...] = ()
     # rounds in which this method trains exactly as FedAvg (FedGKD: round 1, its buffer empty):
