@@ -572,7 +572,8 @@ def test_ctrl_c_on_a_stacked_tune_records_its_trials_as_interrupted(tiny, tmp_pa
     runs = sorted(p.parent for p in out.glob("trials/fedavg/trial*/config.yaml"))
     assert [json.loads((d / "summary.json").read_text())["status"] for d in runs] == ["interrupted"] * 3
     st = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{out / 'study.db'}")
-    assert [(t.state.name, t.user_attrs.get("status")) for t in st.trials] == [("FAIL", "interrupted")] * 3
+    states = [(t.state.name, t.user_attrs.get("status")) for t in st.trials]
+    assert states == [("FAIL", "interrupted")] * 3, (states, [t.user_attrs for t in st.trials], r.err)
 
 
 def test_stacked_trials_that_differ_in_another_key_run_one_by_one_and_say_so(tiny, tmp_path, capsys):

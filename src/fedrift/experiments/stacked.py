@@ -165,6 +165,8 @@ def stacked_outcomes(
     stack = RunStack(len(preps), engine.max_parallel_clients, engine.cuda_graphs)
     out: list[RunResult | BaseException | None] = [None] * len(preps)
 
+    ended = [threading.Event() for _ in preps]
+
     def one(i: int) -> None:
         member = stack.member(i)
         try:
@@ -178,20 +180,24 @@ def stacked_outcomes(
             out[i] = err
         finally:
             stack.leave(i)
+            ended[i].set()
 
-    threads = [threading.Thread(target=one, args=(i,), name=f"fedrift-stack-{i}", daemon=True) for i in range(len(preps))]
-    for t in threads:
-        t.start()
+    def wait_all() -> None:
+        # polled with sleeps, not Thread.join: a Ctrl-C that lands in a join's lock wait can
+        # mark that thread finished while it still runs (CPython 3.11's bpo-45274 handling),
+        # and its run's outcome would be read before it has one
+        while not all(e.is_set() for e in ended):
+            time.sleep(0.05)
+
+    for i in range(len(preps)):
+        threading.Thread(target=one, args=(i,), name=f"fedrift-stack-{i}", daemon=True).start()
     stopped = False
     try:
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(timeout=0.2)
+        wait_all()
     except KeyboardInterrupt:
         stopped = True
         stack.stop()  # every run stops at its next step and writes its interrupted summary
-        for t in threads:
-            t.join()
+        wait_all()
     return [r if r is not None else RuntimeError("the run ended without a result") for r in out], stopped
 
 
