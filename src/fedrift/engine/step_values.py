@@ -35,7 +35,7 @@ LR = "train.lr"  # the learning rate among the values (an option may be called l
 @dataclass(frozen=True)
 class Rebuild:
     """How a run's step is built at other values: ``keys``, the algorithm's options that may
-    differ between runs sharing the step (besides ``lr``); ``pieces(values)``, the algorithm and
+    differ between runs sharing the step (besides the learning rate); ``pieces(values)``, the algorithm and
     local optimiser at ``values`` (``{LR: train.lr, option: value}``, floats or tensors)."""
 
     keys: tuple[str, ...]

@@ -9,9 +9,10 @@ stacks), then runs each in a thread of its own with its member of one
 ``RunStack`` as its executor (``fedrift.engine.executors.stacked``): each run writes its own
 folder exactly as :func:`fedrift.run` does, its training stacked with the others'.
 
-``fedrift compare`` uses it for a setting's seeds, and for settings that differ only in those
-keys (a sweep of ``partition.alpha``, of ``train.lr``), when the runs' ``engine.executor`` is ``stacked`` (or ``auto`` on a GPU);
-``fedrift tune`` for a study's trials (:func:`stacked_outcomes`, each trial with its own
+``fedrift compare`` uses it for a setting's seeds, for settings that differ only in those
+keys (a sweep of ``partition.alpha``, of ``train.lr``), and for methods that train their
+clients as FedAvg does, when the runs' ``engine.executor`` is ``stacked`` (or ``auto`` on a
+GPU); ``fedrift tune`` for a study's trials (:func:`stacked_outcomes`, each trial with its own
 pruning); ``engine.executor: batched`` (or any other) runs them one by one as before.
 """
 
@@ -164,7 +165,6 @@ def stacked_outcomes(
     engine = preps[0].config.engine
     stack = RunStack(len(preps), engine.max_parallel_clients, engine.cuda_graphs)
     out: list[RunResult | BaseException | None] = [None] * len(preps)
-
     ended = [threading.Event() for _ in preps]
 
     def one(i: int) -> None:
