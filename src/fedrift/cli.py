@@ -73,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     tun.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
     tun.add_argument("--out", default=None, help="the tune folder (default: runs/tune-<config name>)")
     tun.add_argument("--trials", type=int, default=20, help="finished trials per algorithm (default 20)")
-    tun.add_argument("--jobs", type=int, default=1, help="trials at once, in processes (default 1)")
+    tun.add_argument("--jobs", type=int, default=1, help=(
+        "trials at once, in processes (default 1); with engine.executor=stacked (auto on a GPU): TPE's "
+        "trials stacked this many at a time, in this process"))
     tun.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     tun.add_argument("--pruner", choices=("median", "none"), default="median", help="stop trials behind the median")
     tun.add_argument("--no-report", action="store_true", help="no figures in tune.html")
