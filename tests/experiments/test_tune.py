@@ -503,7 +503,7 @@ def _by_params(results, entry):
     return {json.dumps(t["params"], sort_keys=True): t for t in results[entry]["trials"]}
 
 
-def test_stacked_trials_at_other_values_equal_the_trials_run_one_by_one(tiny, tmp_path, capsys):
+def test_stacked_runs_of_a_tune_at_other_values_equal_its_trials_one_by_one(tiny, tmp_path, capsys):
     """`engine.executor: stacked`: a study's grid (learning rates x FedProx's mu) trained as one
     stack, each trial's step at its own values (engine.step_values), scores as the trials run
     one by one within the stack's tolerance (tests/engine/test_stacked_runs.py)."""
@@ -523,7 +523,7 @@ def test_stacked_trials_at_other_values_equal_the_trials_run_one_by_one(tiny, tm
     assert yaml.safe_load(open(f"{trial}/config.yaml"))["engine"]["executor"] == "stacked"
 
 
-def test_stacked_trials_are_pruned_and_diverge_each_on_its_own(tiny, tmp_path):
+def test_stacked_runs_of_a_tune_are_pruned_and_diverge_each_on_its_own(tiny, tmp_path):
     """A stack of three trials: one pruned at round 2 and one diverging leave it; the third
     trains on to its last round, as the trials one by one do."""
     out = tmp_path / "tune"
@@ -537,7 +537,7 @@ def test_stacked_trials_are_pruned_and_diverge_each_on_its_own(tiny, tmp_path):
     assert trials[1e8]["status"] == "diverged" and trials[1e8]["state"] == "pruned"
 
 
-def test_tpe_proposals_are_stacked_jobs_at_a_time(tiny, tmp_path, capsys, monkeypatch):
+def test_stacked_runs_of_a_tune_take_tpe_proposals_jobs_at_a_time(tiny, tmp_path, capsys, monkeypatch):
     from fedrift.experiments import tune as tune_module
 
     monkeypatch.setattr(tune_module, "STARTUP", 2)
@@ -551,7 +551,7 @@ def test_tpe_proposals_are_stacked_jobs_at_a_time(tiny, tmp_path, capsys, monkey
     assert len({t["params"]["train.lr"] for t in trials}) == 5
 
 
-def test_ctrl_c_on_a_stacked_tune_records_its_trials_as_interrupted(tiny, tmp_path):
+def test_stacked_runs_of_a_tune_ctrl_c_records_its_trials_as_interrupted(tiny, tmp_path):
     """A terminal's Ctrl-C while a stack of three trials trains: each run stops and writes its
     interrupted summary, each trial is in the study as interrupted, one line, exit 130."""
     from conftest import ctrl_c_cli
@@ -576,7 +576,7 @@ def test_ctrl_c_on_a_stacked_tune_records_its_trials_as_interrupted(tiny, tmp_pa
     assert states == [("FAIL", "interrupted")] * 3, (states, [t.user_attrs for t in st.trials], r.err)
 
 
-def test_stacked_trials_that_differ_in_another_key_run_one_by_one_and_say_so(tiny, tmp_path, capsys):
+def test_stacked_runs_of_a_tune_that_differ_in_another_key_run_one_by_one(tiny, tmp_path, capsys):
     results = fedrift.tune(_cfg(tiny, rounds=1, engine={"executor": "stacked"}), algorithms=["fedavg"],
                            space={"train.lr": "0.05", "train.momentum": "0.5,0.9"}, trials=2, out=tmp_path / "t",
                            pruner="none", report=False)
