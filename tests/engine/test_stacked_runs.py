@@ -323,3 +323,7 @@ def test_stacked_runs_of_methods_that_train_clients_as_fedavg_share_one_step(tin
                                           r"differs \('fedavg' and 'fedprox'\).*or methods that all train their "
                                           r"clients as FedAvg does"):
         run_stacked(configs)
+    configs[1] = tiny(seed=1, engine={"executor": "stacked"}, algorithm={"name": "fedavgm"}, train={"momentum": 0.5},
+                      output={"dir": str(tmp_path / "b")})
+    with pytest.raises(ConfigError, match=r"; train.momentum differs \(0.9 and 0.5\)"):  # not the method, which may
+        run_stacked(configs)

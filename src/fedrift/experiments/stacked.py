@@ -77,15 +77,20 @@ def check_stackable(preps: Sequence[Prepared]) -> None:
                               f"allowed: batched or sequential with {name}")
     values = tuple(dict.fromkeys(k for name in names for k in value_keys(name)))
     first = _comparable(preps[0], values)
+    fedavg: list[bool] = []  # whether every run's method trains its clients as FedAvg does: asked once, if needed
     for prep in preps[1:]:
         other = _comparable(prep, values)
         diff = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
-        if diff and all(k.startswith("algorithm.") for k in diff) and _fedavg_steps(preps):
+        if not diff:
             continue
-        if diff:
+        if not fedavg:
+            fedavg.append(_fedavg_steps(preps))
+        blocking = [k for k in diff if not k.startswith("algorithm.")] if fedavg[0] else diff
+        if blocking:  # a key no stack of these methods may differ in, named first
+            key = blocking[0]
             raise ConfigError(
-                f"engine.executor: stacked runs share how a client trains; {diff[0]} differs ({first.get(diff[0])!r} "
-                f"and {other.get(diff[0])!r}); allowed: runs that differ only in the seed, output.*, partition.* "
+                f"engine.executor: stacked runs share how a client trains; {key} differs ({first.get(key)!r} "
+                f"and {other.get(key)!r}); allowed: runs that differ only in the seed, output.*, partition.* "
                 "(not num_clients or holdout), eval.*, train.rounds, clients_per_round, participation, local_epochs, "
                 f"local_steps, the engine's sampling, failures and checkpoints, and {', '.join(values)}; or methods "
                 "that all train their clients as FedAvg does (FedAvgM, FedAdam, FedNova, ...)")
