@@ -257,12 +257,10 @@ class Algorithm:
     calibration: Calibration | None = None  # post-hoc calibration at evaluation (CCVR; module docstring)
     sums: dict[str, SumWeights] | None = None  # streamed aggregation (module docstring): field -> weighting
     aggregate_sums: Callable[[Tree, Tree, RoundInfo], Tree] | None = None
-    # set by engine.build under a train.lr_schedule: this algorithm built again by its factory
-    # with another Setup.lr, for the rounds at that lr (hooks read the lr they were built with)
-    at_lr: Callable[[float], "Algorithm"] | None = None
-    # set by engine.build: this algorithm built again at other values ({"train.lr": ..., option:
-    # ...}, the options among ``value_keys``, its tune space), given as tensors: one vectorised
-    # step then trains runs that differ only in those (engine.step_values: a tune's trials stacked)
+    # set by engine.build: this algorithm built again by its factory at other values
+    # ({"train.lr": ..., option: ...}, the options among ``value_keys``, its tune space): a
+    # train.lr_schedule's rounds at their lr (hooks read the lr they were built with), and, as
+    # tensors, stacked runs that differ only in those (engine.step_values: a tune's trials)
     at_values: Callable[[Mapping[str, Any]], "Algorithm"] | None = None
     value_keys: tuple[str, ...] = ()
     # rounds in which this method trains exactly as FedAvg (FedGKD: round 1, its buffer empty):

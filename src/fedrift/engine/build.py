@@ -153,13 +153,10 @@ def build_algorithm(prep: Prepared, model: FedModel) -> Algorithm:
         hp = with_options(options, **changed) if changed else options
         return entry.factory(hp, dataclasses.replace(setup, lr=values.get(LR, setup.lr)))
 
-    algorithm = dataclasses.replace(algorithm, at_values=at_values, value_keys=tuple(entry.space or {}))
-    if tc.lr_schedule == "constant":
-        return algorithm
     # under a schedule, round t runs the algorithm built at its lr (RoundTools.at_round): the
     # same factory and options, Setup.lr = train.lr_at(t), so every hook that reads the lr
     # (local steps, SCAFFOLD's controls, SlowMo's and FedADC's server steps) reads the round's
-    return dataclasses.replace(algorithm, at_lr=lambda lr: at_values({LR: lr}))
+    return dataclasses.replace(algorithm, at_values=at_values, value_keys=tuple(entry.space or {}))
 
 
 def build_run(prep: Prepared) -> tuple[FedModel, Algorithm]:

@@ -300,25 +300,24 @@ def make_tools(
     step_apply = apply if vmappable else make_apply(model, buffers, channels_last)
     precision = getattr(train, "precision", "fp32")
     step = make_step(algorithm, step_apply, optimizer, inplace=True, dp=dp, precision=precision)
-    schedule = None
-    if getattr(train, "lr_schedule", "constant") != "constant":
-        if algorithm.at_lr is None:
-            raise ValueError(f"algorithm {algorithm.name}: train.lr_schedule {train.lr_schedule} needs the algorithm "
-                             "as engine.build.build_algorithm makes it (with at_lr)")
-
-        def pieces(lr: float) -> tuple[Algorithm, Transform, StepFn]:
-            alg = algorithm.at_lr(lr)
-            opt = alg.optimizer or local_optimizer(train, lr)
-            return alg, opt, make_step(alg, step_apply, opt, inplace=True, dp=dp, precision=precision)
-
-        schedule = LrSchedule(train, (algorithm, optimizer, step), pieces)
     rebuild = None
-    if algorithm.at_values is not None:  # runs at other values share the vectorised step (engine.step_values)
+    if algorithm.at_values is not None:  # the step at other values: a schedule's rounds, a stack's runs (engine.step_values)
         def at_values(values: Any) -> tuple[Algorithm, Transform]:
             alg = algorithm.at_values(values)
             return alg, alg.optimizer or local_optimizer(train, values[LR])
 
         rebuild = Rebuild(algorithm.value_keys, at_values)
+    schedule = None
+    if getattr(train, "lr_schedule", "constant") != "constant":
+        if rebuild is None:
+            raise ValueError(f"algorithm {algorithm.name}: train.lr_schedule {train.lr_schedule} needs the algorithm "
+                             "as engine.build.build_algorithm makes it (with at_values)")
+
+        def pieces(lr: float) -> tuple[Algorithm, Transform, StepFn]:
+            alg, opt = rebuild.pieces({LR: lr})
+            return alg, opt, make_step(alg, step_apply, opt, inplace=True, dp=dp, precision=precision)
+
+        schedule = LrSchedule(train, (algorithm, optimizer, step), pieces)
     return RoundTools(
         algorithm, apply, optimizer, step, x, y, seed=seed,
         vmap_apply=make_apply(model, buffers, prepare=prepare if vmappable else None), eval_batch=eval_batch or (CHUNK if channels_last else 1024),
@@ -331,7 +330,7 @@ def make_tools(
 class LrSchedule:
     """A run's training pieces (algorithm, optimiser, step) at each local learning rate its
     ``train.lr_schedule`` reaches (``train.lr_at(round)``), built on first use by the
-    algorithm's factory (``Algorithm.at_lr``) and the train section's optimiser at that lr.
+    algorithm's factory (``Algorithm.at_values``) and the train section's optimiser at that lr.
     Those of ``train.lr`` are the run's own; of the others only the latest is kept (a cosine
     schedule reaches a new lr every round; FedDF's factory holds a copy of its proxy data)."""
 

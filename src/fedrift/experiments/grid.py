@@ -403,11 +403,9 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
 
     tasks = stacks_of(todo)  # a setting's seeds (and settings at other values) as one stack (experiments.stacked)
     for task in tasks:
-        if len({s.setting for s in task}) > 1:
+        if len(task) > 1:
             echo(f"{', '.join(dict.fromkeys(s.setting.label for s in task))}: seeds "
                  f"{', '.join(dict.fromkeys(str(s.seed) for s in task))} trained as one stack")
-        elif len(task) > 1:
-            echo(f"{task[0].setting.label}: seeds {', '.join(str(s.seed) for s in task)} trained as one stack")
 
     def start(task: list[RunSpec]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         if len(task) == 1:

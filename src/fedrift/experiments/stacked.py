@@ -119,16 +119,21 @@ def stack_key(flat: Mapping[str, Any], algorithm: str, fedavg_step: bool = False
     stack: every key but each run's own and :func:`value_keys`; with ``fedavg_step`` (the
     method trains its clients as FedAvg does) the algorithm and its options too, so that such
     methods stack together."""
-    values = value_keys(algorithm)
-    return tuple(sorted((k, repr(v)) for k, v in flat.items() if not _per_run(k) and k not in values
-                        and not (fedavg_step and k.startswith("algorithm.")))) + (("fedavg step",) if fedavg_step else ())
+    shared = _shared(flat, value_keys(algorithm))
+    if fedavg_step:
+        shared = {k: v for k, v in shared.items() if not k.startswith("algorithm.")}
+    return tuple(sorted((k, repr(v)) for k, v in shared.items())) + (("fedavg step",) if fedavg_step else ())
+
+
+def _shared(flat: Mapping[str, Any], values: tuple[str, ...]) -> dict[str, Any]:
+    """The keys of a flattened config that a stack's runs share: all but each run's own and ``values``."""
+    return {k: v for k, v in flat.items() if not _per_run(k) and k not in values}
 
 
 def _comparable(prep: Prepared, values: tuple[str, ...]) -> dict[str, Any]:
     from fedrift import yamlio
 
-    flat = flatten(yamlio.load(resolved_yaml(prep)))
-    return {k: v for k, v in flat.items() if not _per_run(k) and k not in values}
+    return _shared(flatten(yamlio.load(resolved_yaml(prep))), values)
 
 
 def prepare_stack(configs: Sequence[Mapping[str, Any] | str | Path]) -> list[Prepared]:

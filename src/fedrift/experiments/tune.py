@@ -304,7 +304,7 @@ def _stacked_trials(tune: Tune, study: Study, asked: list[tuple[Any, Any]], echo
     algorithm's tune space share one step), each trial told as its run ended; a Ctrl-C tells
     the trials it stopped as interrupted and is raised once all are told. Trials that differ in
     another key cannot share a step: they run one after another, as without a stack."""
-    from fedrift.api import run_prepared
+    from fedrift.api import run
     from fedrift.experiments.stacked import prepare_stack, stacked_outcomes
 
     runs = [_TrialRun(tune, study, trial, False, echo, stacked=True) for _, trial in asked]
@@ -320,7 +320,7 @@ def _stacked_trials(tune: Tune, study: Study, asked: list[tuple[Any, Any]], echo
                 outcomes.append(KeyboardInterrupt())
                 continue
             try:
-                outcomes.append(run_prepared(prepare_stack([one.doc])[0], on_round=one.on_round))
+                outcomes.append(run(one.doc, on_round=one.on_round))
             except KeyboardInterrupt as stop:
                 outcomes.append(stop)
                 stopped = True
@@ -407,7 +407,7 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
         # seeded as before, a resumed study would replay the proposals of its finished trials.
         offset = len(st.trials)
         if wants_stack(study.doc):
-            _run_stacks(tune, study, points, pruner, jobs, echo)
+            _run_stacks(tune, study, points, pruner, jobs, echo, offset)
             continue
         if jobs <= 1 or missing == 1:
             objective = _objective(tune, study, False, echo)
@@ -423,10 +423,12 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
                 fut.result()
 
 
-def _run_stacks(tune: Tune, study: Study, points: list[Any], pruner: Any, jobs: int, echo: Callable[[str], None]) -> None:
+def _run_stacks(tune: Tune, study: Study, points: list[Any], pruner: Any, jobs: int, echo: Callable[[str], None],
+                held: int) -> None:
     """A study's missing trials as stacks (``engine.executor: stacked``, or ``auto`` on a GPU):
     the design's or grid's points together (at most :data:`STACK_MOST` a stack), then TPE's
-    proposals ``jobs`` at a time (asked together, as parallel workers ask them)."""
+    proposals ``jobs`` at a time (asked together, as parallel workers ask them). ``held``: the
+    trials the study held before (TPE is seeded past them and the ones asked here)."""
     fixed = [p for p in points if p is not None]
     for start in range(0, len(fixed), STACK_MOST):
         asked = []
@@ -435,8 +437,7 @@ def _run_stacks(tune: Tune, study: Study, points: list[Any], pruner: Any, jobs: 
             with shielded():
                 asked.append((st, st.ask()))
         _stacked_trials(tune, study, asked, echo)
-    proposed = points.count(None)
-    held = len(_open_study(tune, study, tune.seed, pruner).trials) if proposed else 0
+    proposed, held = points.count(None), held + len(fixed)
     while proposed > 0:  # TPE seeded past the trials the study holds, as without a stack
         st = _open_study(tune, study, tune.seed + 1 + held, pruner)
         with shielded():
