@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fedrift
-from algorithm_cases import NAMES, case
+from algorithm_cases import ILL_CONDITIONED, NAMES, case
 from fedrift.api import prepare, run_prepared
 from fedrift.data.partition_base import Partition
 from fedrift.engine.executors.batched import BatchedExecutor, _rows
@@ -132,7 +132,7 @@ def test_every_algorithm_gives_the_same_result_batched(tiny, tmp_path, name):
     seq, bat = results["sequential"], results["batched"]
     calibrated = name == "ccvr"
     trained = (seq.server_state["params"], bat.server_state["params"]) if calibrated else (seq.global_state, bat.global_state)
-    _close(*trained)
+    _close(*trained, rtol=ILL_CONDITIONED.get(name, 1e-4))
     eps = _rel_diff(*trained)
     if calibrated:
         _close(seq.global_state, bat.global_state, rtol=max(1e-4, eps ** 0.5))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fedrift
-from algorithm_cases import NAMES, case
+from algorithm_cases import ILL_CONDITIONED, NAMES, case
 from fedrift.errors import ConfigError, DivergenceError
 from fedrift.experiments import stacked
 from fedrift.experiments.stacked import run_stacked
@@ -101,7 +101,7 @@ def test_stacked_runs_equal_one_by_one_for_every_algorithm(tiny, tmp_path, stack
     assert stacks[0].live == 0  # each run left the stack once
     for t, a in zip(together, alone):
         assert not isinstance(t, BaseException), t
-        _close(a.global_state, t.global_state)
+        _close(a.global_state, t.global_state, rtol=ILL_CONDITIONED.get(name, 1e-4))
         _same_history(a.history, t.history)
         assert t.summary["executor"] == "stacked" and t.summary["status"] == "completed"
     assert together[1].config.train.lr == 0.02

@@ -167,6 +167,33 @@ def autograd_grad_and_value(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
     return grad_and_value_
 
 
+def checked_local_loss(algorithm: Algorithm, precision: str = "fp32") -> Callable[..., Any]:
+    """``algorithm.local_loss(params, batch, payload, ctx, apply)``, under bfloat16 autocast for
+    ``precision="bf16"`` (loss and aux back in float32), its output checked at the first call."""
+    checked = False
+
+    def checked_loss(params: Params, batch: dict, payload: dict, ctx: dict, apply_: Callable[..., Any]):
+        nonlocal checked
+        if precision == "bf16":
+            with torch.autocast(batch["y"].device.type, dtype=torch.bfloat16):
+                loss, aux = algorithm.local_loss(params, batch, payload, ctx, apply_)
+            out = (loss.float(), {k: v.float() for k, v in aux.items()})
+        else:
+            out = algorithm.local_loss(params, batch, payload, ctx, apply_)
+        if not checked:  # the first step of this executor's (or worker's) first client
+            check_local_loss(algorithm.name, out)
+            checked = True
+        return out
+
+    return checked_loss
+
+
+def apply_update(optimizer: Transform, grads: Params, opt_state: Any, trained: Params) -> tuple[Params, Any]:
+    """The optimiser's step: the new parameters and optimiser state (new tensors)."""
+    updates, opt_state = optimizer.update(grads, opt_state, trained)
+    return apply_updates(trained, updates), opt_state
+
+
 def make_step(
     algorithm: Algorithm, apply: Callable[..., Any], optimizer: Transform, functional: bool = False, inplace: bool = False,
     dp: tuple[float, float] | None = None, precision: str = "fp32",
@@ -192,27 +219,14 @@ def make_step(
     rows (the batched executor's padding) are left out of the batch statistics.
     """
 
-    checked = False
     stat_keys = stat_keys_of(apply)
     if stat_keys and dp is not None:
         raise ConfigError("privacy.level: DP-SGD cannot train a model with BatchNorm (batch statistics mix the "
                           "samples); allowed: model.norm group with privacy")
+    checked_loss = checked_local_loss(algorithm, precision)
 
     def loss_fn(params: Params, batch: dict, payload: dict, ctx: dict):
         return checked_loss(params, batch, payload, ctx, apply)
-
-    def checked_loss(params: Params, batch: dict, payload: dict, ctx: dict, apply_: Callable[..., Any]):
-        nonlocal checked
-        if precision == "bf16":
-            with torch.autocast(batch["y"].device.type, dtype=torch.bfloat16):
-                loss, aux = algorithm.local_loss(params, batch, payload, ctx, apply_)
-            out = (loss.float(), {k: v.float() for k, v in aux.items()})
-        else:
-            out = algorithm.local_loss(params, batch, payload, ctx, apply_)
-        if not checked:  # the first step of this executor's (or worker's) first client
-            check_local_loss(algorithm.name, out)
-            checked = True
-        return out
 
     def stats_loss_fn(params: Params, stats: Params, batch: dict, payload: dict, ctx: dict):
         """``local_loss`` with the running statistics threaded through its train-mode calls;
@@ -254,8 +268,7 @@ def make_step(
             if stats is not None:
                 params.update(stats)  # the trained tensors moved in place; the statistics are new
             return params, opt_state, loss.detach(), aux
-        updates, opt_state = optimizer.update(grads, opt_state, trained)
-        new = apply_updates(trained, updates)
+        new, opt_state = apply_update(optimizer, grads, opt_state, trained)
         if stats is not None:
             return {k: (new[k] if k in new else stats[k]).detach() for k in params}, opt_state, loss.detach(), aux
         return {k: v.detach() for k, v in new.items()}, opt_state, loss.detach(), aux

@@ -26,6 +26,8 @@ model state the engine carries beside the parameters (that module's docstring sa
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -54,6 +56,27 @@ class FedModel(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self.fc(h)
+
+    def stacked_features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
+        """K clients' features at once: ``p`` the model's parameters, each with the clients on
+        its first axis, ``x`` their inputs ``(K, N, ...)``; ``(K, N, feature_dim)``. None: the
+        model has no such form (``vmap`` then batches each of its operations)."""
+        return None
+
+    def stacked(self, p: dict[str, torch.Tensor], x: torch.Tensor, mode: str = "logits") -> Any:
+        """:meth:`forward`'s ``mode`` for K clients at once (see :meth:`stacked_features`),
+        the clients first in every output; None where the model has no stacked form (a
+        projection head, another head). Why: under ``vmap`` a convolution of K clients'
+        kernels runs as one grouped call between reorderings of the activations, layer after
+        layer; a model that keeps the clients in its layout (``resnet8``: as channel groups)
+        runs the same arithmetic without them (``engine.local.ModelApply.stacked_call``)."""
+        if self.projection_dim is not None or type(self).head is not FedModel.head:
+            return None
+        h = x if mode == "head" else self.stacked_features(p, x)
+        if h is None or mode == "features":
+            return h
+        logits = h @ p["fc.weight"].transpose(1, 2) + p["fc.bias"].unsqueeze(1)
+        return (h, logits) if mode == "both" else logits
 
     def _classifier(self, width: int, num_classes: int, projection_dim: int | None) -> None:
         """The tail every model shares: the optional projection head ``proj``, then ``fc``."""

@@ -74,6 +74,21 @@ class CNN(FedModel):
         x = F.max_pool2d(F.relu(self.norm2(self.conv2(x))), 2)
         return self.proj(F.relu(self.dense(x.flatten(-3))))
 
+    def stacked_features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
+        """The K clients as K channel groups (``models.base.FedModel.stacked``): each
+        convolution one call grouped by client, pooling per channel, the dense layer one
+        batched product. Not with BatchNorm."""
+        if not isinstance(self.norm1, nn.Identity):
+            return None
+        k, n = x.shape[:2]
+        h = x.transpose(0, 1).reshape(n, k * x.shape[2], *x.shape[3:])
+        for conv in ("conv1", "conv2"):
+            w = p[f"{conv}.weight"]
+            h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), p[f"{conv}.bias"].reshape(-1), padding=2, groups=k)
+            h = F.max_pool2d(F.relu(h), 2)
+        h = h.reshape(n, k, -1).transpose(0, 1)
+        return F.relu(h @ p["dense.weight"].transpose(1, 2) + p["dense.bias"].unsqueeze(1))
+
 
 @register_model(
     "cnn",

@@ -69,6 +69,12 @@ class MLP(_Flat):
             h = F.relu(layer(h))
         return self.proj(h)
 
+    def stacked_features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        h = self._flatten(x)
+        for i in range(len(self.layers)):
+            h = F.relu(h @ p[f"layers.{i}.weight"].transpose(1, 2) + p[f"layers.{i}.bias"].unsqueeze(1))
+        return h
+
 
 class LogReg(_Flat):
     head_prefixes = ("fc",)
@@ -79,6 +85,9 @@ class LogReg(_Flat):
         self._classifier(width, num_classes, None)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self._flatten(x)
+
+    def stacked_features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return self._flatten(x)
 
 

@@ -132,6 +132,34 @@ class ResNet8(FedModel):
         x = self.stage3(self.stage2(self.stage1(x)))
         return self.proj(x.mean(dim=(-2, -1)))
 
+    def stacked_features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
+        """The K clients as K channel groups of one network: activations ``(N, K*C, H, W)``
+        throughout, each convolution one call grouped by client, each GroupNorm one call with
+        K times its groups (a client's groups are its own channels: its own statistics).
+        Not for BatchNorm (``norm: batch``)."""
+        if not isinstance(self.stem_norm, nn.GroupNorm):
+            return None
+        k, n = x.shape[:2]
+        h = x.transpose(0, 1).reshape(n, k * x.shape[2], *x.shape[3:])
+
+        def conv(h: torch.Tensor, name: str, module: nn.Conv2d) -> torch.Tensor:
+            w = p[f"{name}.weight"]
+            return F.conv2d(h, w.reshape(-1, *w.shape[2:]), stride=module.stride, padding=module.padding, groups=k)
+
+        def norm(h: torch.Tensor, name: str, module: nn.GroupNorm) -> torch.Tensor:
+            return F.group_norm(h, k * module.num_groups, p[f"{name}.weight"].reshape(-1), p[f"{name}.bias"].reshape(-1),
+                                module.eps)
+
+        h = F.relu(norm(conv(h, "stem", self.stem), "stem_norm", self.stem_norm))
+        for name in ("stage1", "stage2", "stage3"):
+            b = getattr(self, name)
+            out = F.relu(norm(conv(h, f"{name}.conv1", b.conv1), f"{name}.norm1", b.norm1))
+            out = norm(conv(out, f"{name}.conv2", b.conv2), f"{name}.norm2", b.norm2)
+            if isinstance(b.shortcut, nn.Sequential):
+                h = norm(conv(h, f"{name}.shortcut.0", b.shortcut[0]), f"{name}.shortcut.1", b.shortcut[1])
+            h = F.relu(out + h)
+        return h.mean(dim=(-2, -1)).reshape(n, k, -1).transpose(0, 1)
+
 
 @register_model(
     "resnet8",

@@ -34,6 +34,7 @@ from fedrift.engine import step_values
 from fedrift.engine.local import make_step, optimizer_init
 from fedrift.engine.profiling import labeller
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
+from fedrift.engine.stacked_step import make_vstep
 from fedrift.engine.step_graphs import Capture, StepGraphs, cuda_capture, width
 from fedrift.functional.tree import cat, split, stack
 
@@ -192,7 +193,9 @@ class BatchedExecutor:
         step, vsteps = self._steps[key][2], self._steps[key][3]
         dims_key = repr(payload_dims)
         if dims_key not in vsteps:
-            vsteps[dims_key] = vmap(step, in_dims=(0, 0, 0, payload_dims, 0))
+            # the model's stacked form where it has one (engine.stacked_step); else each client's step vmapped
+            fast = None if valued else make_vstep(tools, payload_dims)
+            vsteps[dims_key] = fast or vmap(step, in_dims=(0, 0, 0, payload_dims, 0))
             capture = self._capture(tools)
             if capture is not None:
                 vsteps[dims_key] = StepGraphs(vsteps[dims_key], capture)

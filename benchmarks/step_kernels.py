@@ -1,0 +1,279 @@
+"""Issue 49 item 4: what one vectorised ResNet-8 step costs the device per client, by how the
+clients' convolutions are laid out; the measurement that says which formulation can reach
+the issue's 10x.
+
+Why: the H200's profile of a 12-run stack (BENCHMARKS.md G) trained 101,214 samples in 97
+steps, about 16 clients a step, with 18.98 ms of kernels a step: about 1.16 ms a client-step,
+18 us an image, against the sequential step's 1.32 ms (21 us an image). The vectorised step
+runs no more efficient kernels than one client's; it only stopped the host's launches from
+being the limit (device busy 0.07 -> 0.89). At 18 us an image the device tops out near 55,000
+samples a second, whatever the stack's width (48 runs measured 47,133; 96 runs 45,534): the
+kernels, not the schedule, bound it. A quarter of them convert layouts: under ``vmap`` each
+convolution of K clients becomes one grouped convolution (clients merged into the channels)
+and each GroupNorm a normalisation over clients x batch, so the activations are moved between
+the two arrangements at every layer, and cuDNN converts NCHW to NHWC around each grouped call.
+
+Variants of one local step (forward, loss, backward, SGD with momentum 0.9, weight decay 1e-5,
+each client's gradient clipped at norm 10; fedrift's ResNet-8, GroupNorm 16, batch ``--batch``
+of 3x32x32, 10 classes), for K clients with their own weights and batches:
+
+- ``vmap``: ``torch.func.vmap`` over clients of ``torch.func.grad`` of the loss through
+  ``functional_call`` of the model: the batched and stacked executors' way.
+- ``channels``: the K clients as K channel groups of one network: activations ``(N, K*C, H,
+  W)`` throughout, every convolution one grouped call (``groups=K``, the clients' kernels
+  stacked), every GroupNorm one call with K times its groups (a client's groups are its own
+  contiguous channels, so the statistics are each client's), the classifier one einsum; the
+  summed loss's one backward gives each client's gradient (clients do not interact).
+- ``channels_last``: the same, activations in channels-last memory format (cuDNN's NHWC
+  grouped kernels without conversions; GroupNorm may convert instead).
+
+The same update (stacked tensors) follows each. Before timing, the variants' gradients are
+checked against each other at K = 3 (each tensor within 1e-4 of its largest value; the script
+stops if not). Timing: the whole step captured as one CUDA graph (``--eager``: launched op by
+op) and replayed ``--reps`` times between CUDA events, at K in ``--widths``, fp32 and bf16
+(autocast around forward and loss); a case that fails (memory, capture) is written with its
+error. Per case: ms a step, ms a client-step, us an image, images a second, and the ratio to
+``vmap`` at the same K and precision. JSON and a markdown table to ``--out``.
+
+    python benchmarks/step_kernels.py --device cuda --out benchmarks/results/gpu-throughput
+    # here, to check it end to end (the gradient check, then tiny timings, a minute):
+    .venv/bin/python benchmarks/step_kernels.py --device cpu --quick --out /tmp/step-kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.nn import functional as F
+
+GN_CHANNELS = 16  # channels per GroupNorm group (R1's ResNet-8)
+BLOCKS = (("stage1", 1), ("stage2", 2), ("stage3", 2))  # (name, stride)
+
+
+def resnet8(device: str) -> torch.nn.Module:
+    """fedrift's ResNet-8 (GroupNorm 16) for 3x32x32 and 10 classes."""
+    from fedrift.api import prepare
+    from fedrift.models import build_model
+
+    prep = prepare({"data": {"name": "digits"}, "model": {"name": "resnet8", "group_channels": GN_CHANNELS}})
+    return build_model("resnet8", prep.options["model"], (3, 32, 32), 10, 0).to(device)
+
+
+def stacked_params(model: torch.nn.Module, k: int) -> dict[str, torch.Tensor]:
+    """K clients' parameters, each the model's plus its own small perturbation (seeded)."""
+    g = torch.Generator().manual_seed(0)
+    return {n: (p.detach().cpu().unsqueeze(0) + 0.01 * torch.randn(k, *p.shape, generator=g)).to(p.device)
+            for n, p in model.named_parameters()}
+
+
+def batch(k: int, n: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """K clients' batches of n images (seeded), labels, and sample weights 1/n."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(k, n, 3, 32, 32, generator=g).to(device)
+    y = torch.randint(0, 10, (k, n), generator=g).to(device)
+    return x, y, torch.full((k, n), 1.0 / n, device=device)
+
+
+def vmap_grads(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
+    """Per-client gradients, ``vmap`` over clients of ``grad`` through ``functional_call``."""
+    from torch.func import functional_call, grad, vmap
+
+    def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        logits = functional_call(model, params, (x,))
+        return (F.cross_entropy(logits.float(), y, reduction="none") * w).sum()
+
+    return vmap(grad(loss))
+
+
+def _conv(x: torch.Tensor, w: torch.Tensor, stride: int, pad: int) -> torch.Tensor:
+    """K clients' convolutions as one grouped call: ``x`` (N, K*C, H, W), ``w`` (K, O, C, kh, kw)."""
+    k, o = w.shape[:2]
+    return F.conv2d(x, w.reshape(k * o, *w.shape[2:]), stride=stride, padding=pad, groups=k)
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """K clients' GroupNorms as one: K x (C / 16) groups over (N, K*C, H, W)."""
+    k, c = weight.shape
+    return F.group_norm(x, k * max(1, c // GN_CHANNELS), weight.reshape(-1), bias.reshape(-1), eps=1e-5)
+
+
+def channels_logits(p: dict[str, torch.Tensor], x: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+    """ResNet-8's logits for K clients at once: ``x`` (K, N, 3, H, W) -> (N, K, classes)."""
+    k, n = x.shape[:2]
+    h = x.transpose(0, 1).reshape(n, k * x.shape[2], *x.shape[3:])
+    if channels_last:
+        h = h.contiguous(memory_format=torch.channels_last)
+    h = F.relu(_norm(_conv(h, p["stem.weight"], 1, 1), p["stem_norm.weight"], p["stem_norm.bias"]))
+    for name, stride in BLOCKS:
+        out = F.relu(_norm(_conv(h, p[f"{name}.conv1.weight"], stride, 1), p[f"{name}.norm1.weight"], p[f"{name}.norm1.bias"]))
+        out = _norm(_conv(out, p[f"{name}.conv2.weight"], 1, 1), p[f"{name}.norm2.weight"], p[f"{name}.norm2.bias"])
+        if f"{name}.shortcut.0.weight" in p:
+            h = _norm(_conv(h, p[f"{name}.shortcut.0.weight"], stride, 0), p[f"{name}.shortcut.1.weight"],
+                      p[f"{name}.shortcut.1.bias"])
+        h = F.relu(out + h)
+    feats = h.mean(dim=(-2, -1)).reshape(n, k, -1)
+    return torch.einsum("nkc,koc->nko", feats, p["fc.weight"]) + p["fc.bias"]
+
+
+def channels_grads(channels_last: bool) -> Callable[..., dict[str, torch.Tensor]]:
+    """Per-client gradients from one backward of the clients' summed losses."""
+    def grads(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
+        logits = channels_logits(leaves, x, channels_last)  # (N, K, classes)
+        ce = F.cross_entropy(logits.float().permute(0, 2, 1), y.t(), reduction="none")  # (N, K)
+        total = (ce * w.t()).sum()
+        return dict(zip(leaves, torch.autograd.grad(total, list(leaves.values()))))
+
+    return grads
+
+
+def update(params: dict[str, torch.Tensor], mom: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+           lr: float = 0.05, wd: float = 1e-5, clip: float = 10.0) -> None:
+    """SGD with momentum and weight decay, each client's gradient clipped to norm ``clip``,
+    in place on the stacked tensors (the same for every variant)."""
+    names = list(params)
+    norms = torch.stack([grads[n].flatten(1).pow(2).sum(1) for n in names]).sum(0).sqrt()  # (K,)
+    scale = (clip / (norms + 1e-6)).clamp(max=1.0)
+    for n in names:
+        s = scale.view(-1, *[1] * (grads[n].dim() - 1))
+        g = grads[n] * s + wd * params[n]
+        mom[n].mul_(0.9).add_(g)
+        params[n].sub_(lr * mom[n])
+
+
+VARIANTS: dict[str, Callable[[torch.nn.Module], Callable[..., dict[str, torch.Tensor]]]] = {
+    "vmap": vmap_grads,
+    "channels": lambda model: channels_grads(False),
+    "channels_last": lambda model: channels_grads(True),
+}
+
+
+def check(model: torch.nn.Module, device: str, n: int) -> dict[str, float]:
+    """The variants' per-client gradients at K = 3, against ``vmap``'s: the largest difference
+    over each tensor's largest value (raises past 1e-4: a formulation that computes something
+    else is not timed)."""
+    params, (x, y, w) = stacked_params(model, 3), batch(3, n, device)
+    ref = vmap_grads(model)(params, x, y, w)
+    out = {}
+    for name in ("channels", "channels_last"):
+        got = VARIANTS[name](model)(params, x, y, w)
+        out[name] = max(float((got[k] - ref[k]).abs().max() / ref[k].abs().max().clamp(min=1e-12)) for k in ref)
+        if out[name] > 1e-4:
+            raise AssertionError(f"{name}: gradients differ from vmap's by {out[name]:.2e} (relative)")
+    return out
+
+
+def time_case(model: torch.nn.Module, variant: str, k: int, n: int, precision: str, device: str, reps: int,
+              graphs: bool) -> dict[str, Any]:
+    """One case's step, captured (or not) and timed: ms a step over ``reps`` steps."""
+    params, (x, y, w) = stacked_params(model, k), batch(k, n, device)
+    mom = {name: torch.zeros_like(p) for name, p in params.items()}
+    grads_of = VARIANTS[variant](model)
+    dtype = torch.bfloat16 if precision == "bf16" else None
+
+    def step() -> None:
+        with torch.autocast(device_type=device, dtype=dtype, enabled=dtype is not None):
+            g = grads_of(params, x, y, w)
+        update(params, mom, g)
+
+    run = step
+    if graphs and device == "cuda":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        run = graph.replay
+    else:
+        step()  # warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            run()
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end) / reps
+    else:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            run()
+        ms = 1e3 * (time.perf_counter() - t0) / reps
+    return {"ms_per_step": ms, "ms_per_client_step": ms / k, "us_per_image": 1e3 * ms / (k * n),
+            "images_per_second": 1e3 * k * n / ms}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu-throughput"))
+    ap.add_argument("--widths", default="1,4,16,48,96,192", help="clients a step (K)")
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--eager", action="store_true", help="launch op by op (default on a GPU: one captured graph a step)")
+    ap.add_argument("--quick", action="store_true", help="K 1 and 3, batch 8, 2 reps: a check on a CPU")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("step_kernels: --device cuda but torch sees no GPU", file=sys.stderr)
+        return 2
+    if args.quick:
+        args.widths, args.batch, args.reps = "1,3", 8, 2
+    torch.manual_seed(0)
+    model = resnet8(args.device)
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu"
+    tag = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:40]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"step-kernels-{tag}.json"
+    doc: dict[str, Any] = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "date": str(datetime.date.today()),
+                           "batch": args.batch, "graphs": not args.eager and args.device == "cuda",
+                           "check": check(model, args.device, min(args.batch, 16)), "cases": []}
+    print(f"gradients against vmap's (largest relative difference): {doc['check']}", flush=True)
+    for precision in args.precisions.split(","):
+        for k in (int(v) for v in args.widths.split(",")):
+            for variant in args.variants.split(","):
+                case: dict[str, Any] = {"variant": variant, "clients": k, "precision": precision}
+                try:
+                    case.update(time_case(model, variant, k, args.batch, precision, args.device, args.reps, doc["graphs"]))
+                except Exception as err:  # noqa: BLE001 - written down; the other cases go on
+                    case["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
+                base = next((c for c in doc["cases"] if c["variant"] == "vmap" and c["clients"] == k
+                             and c["precision"] == precision and "ms_per_step" in c), None)
+                if base and "ms_per_step" in case:
+                    case["x_vmap"] = base["ms_per_step"] / case["ms_per_step"]
+                doc["cases"].append(case)
+                path.write_text(json.dumps(doc, indent=1) + "\n")
+                print(json.dumps(case), flush=True)
+    lines = [f"# Step kernels, {name} (torch {torch.__version__}, batch {args.batch}, "
+             f"{'captured' if doc['graphs'] else 'op by op'})", "",
+             "| precision | clients | variant | ms a step | ms a client-step | us an image | images/s | x vmap |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for c in doc["cases"]:
+        if "error" in c:
+            lines.append(f"| {c['precision']} | {c['clients']} | {c['variant']} | {c['error']} | | | | |")
+        else:
+            lines.append(f"| {c['precision']} | {c['clients']} | {c['variant']} | {c['ms_per_step']:.2f} | "
+                         f"{c['ms_per_client_step']:.3f} | {c['us_per_image']:.2f} | {c['images_per_second']:,.0f} | "
+                         f"{c.get('x_vmap', 1.0):.2f} |")
+    (args.out / f"step-kernels-{tag}.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

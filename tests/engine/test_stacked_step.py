@@ -1,0 +1,127 @@
+"""The vectorised step through a model's stacked form (engine/stacked_step.py): the same
+function as each client's step under vmap, other float rounding."""
+
+import pytest
+import torch
+from torch.func import functional_call, vmap
+
+import fedrift
+from fedrift.api import prepare
+from fedrift.engine.executors.batched import BatchedExecutor
+from fedrift.engine.local import make_apply, make_step, optimizer_init
+from fedrift.engine.stacked_step import make_vstep, stacked_call
+from fedrift.models.mlp import MLP
+from fedrift.models.resnet import ResNet8
+
+
+def _rows(model, k, scale=0.05):
+    g = torch.Generator().manual_seed(0)
+    return {n: p.detach().unsqueeze(0) + scale * torch.randn(k, *p.shape, generator=g) for n, p in model.named_parameters()}
+
+
+def _close(a, b, rtol):
+    for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+        assert (x - y).abs().max() <= rtol * y.abs().max(), (x - y).abs().max()
+
+
+@pytest.mark.parametrize("mode", ["logits", "features", "both"])
+def test_resnet8_as_channel_groups_is_each_clients_model(mode):
+    """Three clients' ResNet-8s (GroupNorm of 2 channels a group, strides, shortcuts) as one
+    network of channel groups: each client's outputs as its own model gives them."""
+    model = ResNet8((3, 8, 8), 5, width=4, group_channels=2)
+    p, x = _rows(model, 3), torch.randn(3, 6, 3, 8, 8)
+    own = vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": mode}))(p, x)
+    _close(model.stacked(p, x, mode), own, 1e-5)
+    h = torch.randn(3, 6, model.feature_dim)
+    _close(model.stacked(p, h, "head"), vmap(lambda q, hi: functional_call(model, q, (hi,), {"mode": "head"}))(p, h), 1e-5)
+
+
+def test_the_fedavg_cnn_as_channel_groups_is_each_clients_model():
+    from fedrift.models.cnn import CNN
+
+    model = CNN((1, 8, 8), 5, hidden=12)
+    p, x = _rows(model, 3), torch.randn(3, 6, 1, 8, 8)
+    _close(model.stacked(p, x, "both"), vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": "both"}))(p, x), 1e-5)
+    assert CNN((1, 8, 8), 5, norm="batch").stacked_features({}, x) is None
+
+
+def test_models_without_a_stacked_form_say_so():
+    """BatchNorm (running statistics), a projection head: None, and vmap batches each operation."""
+    assert ResNet8((3, 8, 8), 5, width=4, norm="batch").stacked_features({}, torch.zeros(1, 1, 3, 8, 8)) is None
+    mlp = MLP((4,), 3, [5], projection_dim=2)
+    assert mlp.stacked(_rows(mlp, 2), torch.zeros(2, 3, 4)) is None
+
+
+def _tools(name, model, **algorithm):
+    cfg = {"data": {"name": "digits"}, "model": model, "algorithm": {"name": name, **algorithm},
+           "train": {"lr": 0.1, "momentum": 0.9, "clip_grad_norm": 1.0}}
+    from fedrift.engine.build import build_algorithm
+    from fedrift.engine.local import make_tools
+    from fedrift.models import build_model
+
+    prep = prepare(cfg)
+    net = build_model(model["name"], prep.options["model"], prep.dataset.input_shape, prep.dataset.num_classes, 0)
+    alg = build_algorithm(prep, net)
+    return make_tools(net, alg, prep.config.train, prep.dataset.x_train, prep.dataset.y_train, seed=0), net
+
+
+@pytest.mark.parametrize("name,options", [("fedavg", {}), ("fedprox", {"mu": 0.5}), ("fedsam", {"rho": 0.05})])
+def test_the_stacked_step_is_each_clients_step(name, options):
+    """Two steps of three clients (FedProx: a payload term; FedSAM: a gradient inside the
+    loss, through the stacked call's own backward) equal ``make_step``'s step under vmap."""
+    tools, net = _tools(name, {"name": "mlp", "hidden": [16]}, **options)
+    k, n = 3, 8
+    params = _rows(net, k)
+    payload = {"params": {kk: v.detach() for kk, v in net.named_parameters()}}
+    x = tools.x[: k * n].reshape(k, n, *tools.x.shape[1:])
+    batch = {"x": x, "y": tools.y[: k * n].reshape(k, n), "w": torch.full((k, n), 1.0 / n)}
+    ctx = {"num_samples": torch.full((k,), 8.0)}
+    opt = vmap(lambda p: optimizer_init(tools.optimizer, p, tools.apply))(params)
+    fast = make_vstep(tools, None)
+    assert fast is not None
+    slow = vmap(make_step(tools.algorithm, tools.vmap_apply, tools.optimizer, functional=True), in_dims=(0, 0, 0, None, 0))
+    a, b = (params, opt), (params, opt)
+    for _ in range(2):
+        a = fast(a[0], a[1], batch, payload, ctx)[:2]
+        b = slow(b[0], b[1], batch, payload, ctx)[:2]
+    for key in params:
+        _close(a[0][key], b[0][key], 1e-5)
+
+
+def test_the_stacked_step_is_left_where_it_does_not_apply():
+    """BatchNorm statistics and DP-SGD keep the vmapped step (None here); a stacked form is
+    what the batched executor steps with."""
+    tools, _ = _tools("fedavg", {"name": "mlp", "hidden": [8]})
+    assert make_vstep(tools, None) is not None
+    step = BatchedExecutor(graphs=False).vstep(tools)
+    assert not hasattr(step, "__wrapped__") and step.__qualname__.endswith("make_vstep.<locals>.step")
+    bn, _ = _tools("fedavg", {"name": "resnet8", "width": 4, "norm": "batch"})
+    assert make_vstep(bn, None) is None
+    from dataclasses import replace
+
+    assert make_vstep(replace(tools, dp=(1.0, 1.0)), None) is None
+
+
+def test_a_stacked_call_alone_is_the_models_call():
+    """Outside vmap (a hook's own call): the model's call, differentiable."""
+    net = MLP((4,), 3, [5])
+    apply = make_apply(net, {})
+    p = {kk: v.detach().requires_grad_() for kk, v in net.named_parameters()}
+    x = torch.randn(6, 4)
+    out = stacked_call(apply)(p, x)
+    assert torch.equal(out, apply(p, x))
+    g = torch.autograd.grad(out.sum(), list(p.values()))
+    ref = torch.autograd.grad(apply(p, x).sum(), list(p.values()))
+    for u, v in zip(g, ref):
+        _close(u, v, 1e-6)
+
+
+def test_resnet8_batched_equals_sequential_through_the_stacked_form(tiny, tmp_path):
+    """The engine end to end: a ResNet-8 (GroupNorm) federation batched, through its channel
+    groups, ends where the sequential executor does (float rounding)."""
+    runs = {}
+    for ex in ("sequential", "batched"):
+        runs[ex] = fedrift.run(tiny(engine={"executor": ex}, model={"name": "resnet8", "width": 4, "group_channels": 2},
+                                    train={"rounds": 2, "batch_size": 16}, output={"dir": str(tmp_path / ex)}))
+    for key, v in runs["sequential"].global_state.items():
+        _close(runs["batched"].global_state[key], v, 1e-4)
