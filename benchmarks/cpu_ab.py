@@ -4,7 +4,8 @@ Runs workload S1 under ``batched`` (100 small clients a round: the vectorised gr
 Python is what a change to it would show), a small MLP on digits under ``sequential`` (6 clients
 of ~240 samples, batches of 16: the per-call Python of ``apply`` and the step), workload A
 under ``sequential`` (the FedAvg CNN, one client at a time: the local step's loop) and under
-``batched`` (its 4 clients of very unequal sizes in one vectorised group) from tree A and tree B
+``batched`` (its 4 clients of very unequal sizes in one vectorised group), and R1's ResNet-8 under
+``batched`` on CIFAR-shaped random images, from tree A and tree B
 alternately, each run in a fresh child process with one torch thread, ``--passes`` times, and prints the **CPU seconds of
 a round's training** (``time.process_time`` around the executor's ``run_round``, rounds 2..;
 start-up, evaluation and aggregation outside): the minimum over all rounds and passes (what a
@@ -66,7 +67,23 @@ WORKLOADS = {
         "model": {"name": "cnn"}, "algorithm": {"name": "fedavg"},
         "train": {"clients_per_round": 4, "local_epochs": 1, "batch_size": 32}, "engine": {"executor": "batched"},
     },
+    "R1-batched": {  # R1's model (ResNet-8, GroupNorm 16) and batch on CIFAR-shaped images (made here)
+        "data": {"name": "npz", "augment": True}, "partition": {"name": "dirichlet", "alpha": 0.1, "num_clients": 20},
+        "model": {"name": "resnet8", "group_channels": 16}, "algorithm": {"name": "fedavg"},
+        "train": {"clients_per_round": 4, "local_epochs": 1, "batch_size": 64}, "engine": {"executor": "batched"},
+    },
 }
+
+
+def cifar_shaped(folder: Path, n_train: int = 2000, n_test: int = 200) -> Path:
+    """Random CIFAR-sized uint8 images in an .npz (seeded): R1's shapes, nothing to fetch."""
+    import numpy as np
+
+    path = folder / "cifar-shaped.npz"
+    g = np.random.default_rng(0)
+    np.savez(path, x_train=g.integers(0, 256, (n_train, 32, 32, 3), dtype=np.uint8), y_train=g.integers(0, 10, n_train),
+             x_test=g.integers(0, 256, (n_test, 32, 32, 3), dtype=np.uint8), y_test=g.integers(0, 10, n_test))
+    return path
 
 
 def round_cpu(src: str, cfg: dict, rounds: int, out: Path) -> list[float]:
@@ -88,17 +105,20 @@ def main() -> int:
     ap.add_argument("--b", required=True, help="tree B's src folder")
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--only", default="", help="these workloads (comma-separated names; default: all)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cpu-ab-"))
+    WORKLOADS["R1-batched"]["data"]["root"] = str(cifar_shaped(work))
+    chosen = {n: c for n, c in WORKLOADS.items() if not args.only or n in args.only.split(",")}
     per: dict[tuple[str, str], list[float]] = {}
     for p in range(args.passes):
-        for name, cfg in WORKLOADS.items():
+        for name, cfg in chosen.items():
             for tag, src in (("A", args.a), ("B", args.b)) if p % 2 == 0 else (("B", args.b), ("A", args.a)):
                 per.setdefault((name, tag), []).extend(round_cpu(src, cfg, args.rounds, work / f"{name}-{tag}"))
         print(f"pass {p + 1}: " + ", ".join(f"{n} {t} min {min(v):.4f}" for (n, t), v in per.items()), flush=True)
     print("| workload | A: CPU s a round (min; median) | B (min; median) | B / A (min) |")
     print("|---|---|---|---|")
-    for name in WORKLOADS:
+    for name in chosen:
         a, b = per[(name, "A")], per[(name, "B")]
         print(f"| {name} | {min(a):.4f}; {statistics.median(a):.4f} | {min(b):.4f}; {statistics.median(b):.4f} | "
               f"{min(b) / min(a):.3f} |")

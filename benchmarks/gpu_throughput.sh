@@ -14,7 +14,8 @@
 # PROFILE (1), DEVICE (cuda), PY (python3), INSTALL (1), WHL (.gpu/whlmin), SITE (/tmp/site),
 # OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK,
 # SERIES (the call's own files, throughput-<device>-<series>.json: its own baseline row),
-# PROFILE_CASES (default sequential:1:eager,stacked:12:eager).
+# PROFILE_CASES (default sequential:1:eager,stacked:12:eager), KERNELS (1: benchmarks/step_kernels.py
+# first, KERNELS_TIMEOUT 180 s; its file in $OUT, or one copied there, skips it).
 # The third H200 call (captured steps): SERIES=graphs PROFILE_CASES=sequential:1:eager,stacked:12:graphs;
 # the next (the host's mends: one index copy a group, one device copy of a stack's data):
 # SERIES=graphs2 PROFILE_CASES=sequential:1:eager,stacked:48:graphs PROFILE_TIMEOUT=200
@@ -30,6 +31,12 @@ fi
 export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+# first the vectorised step's kernels by formulation (vmap against the model's stacked form and
+# the channel-group layouts; a minute or two): what decides where the step goes next
+if [ "${KERNELS:-1}" = 1 ] && ! ls "$OUT"/step-kernels-*.json >/dev/null 2>&1; then
+  timeout -k 10 "${KERNELS_TIMEOUT:-180}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
+    ${QUICK:+--quick} 2>&1 | tail -n 40
+fi
 # the rows measured by earlier calls, committed here: this call measures the others
 mkdir -p benchmarks/results/gpu-throughput
 cp benchmarks/results/gpu-throughput/throughput-*.json "$OUT"/ 2>/dev/null

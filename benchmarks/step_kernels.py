@@ -14,22 +14,24 @@ and each GroupNorm a normalisation over clients x batch, so the activations are 
 the two arrangements at every layer, and cuDNN converts NCHW to NHWC around each grouped call.
 
 Variants of one local step (forward, loss, backward, SGD with momentum 0.9, weight decay 1e-5,
-each client's gradient clipped at norm 10; fedrift's ResNet-8, GroupNorm 16, batch ``--batch``
-of 3x32x32, 10 classes), for K clients with their own weights and batches:
+gradients clipped at norm 10; fedrift's ResNet-8, GroupNorm 16, batch ``--batch`` of 3x32x32,
+10 classes), for K clients with their own weights and batches:
 
-- ``vmap``: ``torch.func.vmap`` over clients of ``torch.func.grad`` of the loss through
-  ``functional_call`` of the model: the batched and stacked executors' way.
-- ``channels``: the K clients as K channel groups of one network: activations ``(N, K*C, H,
-  W)`` throughout, every convolution one grouped call (``groups=K``, the clients' kernels
-  stacked), every GroupNorm one call with K times its groups (a client's groups are its own
-  contiguous channels, so the statistics are each client's), the classifier one einsum; the
-  summed loss's one backward gives each client's gradient (clients do not interact).
-- ``channels_last``: the same, activations in channels-last memory format (cuDNN's NHWC
-  grouped kernels without conversions; GroupNorm may convert instead).
+- ``vmap``: the engine's step before its stacked form, and still for BatchNorm, DP-SGD and
+  runs at other values: ``torch.func.vmap`` over clients of ``make_step``'s step
+  (``torch.func.grad`` through ``functional_call``), FedAvg's loss and optimiser.
+- ``stacked``: the engine's step now (``engine.stacked_step.make_vstep``): each client's loss
+  under ``vmap`` with the model call run as K channel groups of one network (activations
+  ``(N, K*C, H, W)`` throughout, each convolution one call grouped by client, each GroupNorm
+  one call with K times its groups), one backward of the summed losses.
+- ``channels`` and ``channels_last``: the channel-group network alone (no ``vmap`` at all),
+  in the default and in channels-last memory format (cuDNN's NHWC grouped kernels without
+  conversions; GroupNorm may convert instead), with a stacked SGD update of their own: what
+  the layout alone would give.
 
-The same update (stacked tensors) follows each. Before timing, the variants' gradients are
-checked against each other at K = 3 (each tensor within 1e-4 of its largest value; the script
-stops if not). Timing: the whole step captured as one CUDA graph (``--eager``: launched op by
+Before timing, the variants are checked against ``vmap`` at K = 3 (the engine's steps'
+parameters after one step, the standalone variants' gradients; each tensor within 1e-4 of
+its largest value; the script stops if not). Timing: the whole step captured as one CUDA graph (``--eager``: launched op by
 op) and replayed ``--reps`` times between CUDA events, at K in ``--widths``, fp32 and bf16
 (autocast around forward and loss); a case that fails (memory, capture) is written with its
 error. Per case: ms a step, ms a client-step, us an image, images a second, and the ratio to
@@ -80,6 +82,33 @@ def batch(k: int, n: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torc
     x = torch.randn(k, n, 3, 32, 32, generator=g).to(device)
     y = torch.randint(0, 10, (k, n), generator=g).to(device)
     return x, y, torch.full((k, n), 1.0 / n, device=device)
+
+
+def engine_tools(model: torch.nn.Module, device: str) -> Any:
+    """The engine's ``RoundTools`` for FedAvg at R1's settings on ``model``."""
+    from fedrift.api import prepare
+    from fedrift.engine.build import build_algorithm
+    from fedrift.engine.local import make_tools
+
+    prep = prepare({"data": {"name": "digits"}, "model": {"name": "resnet8", "group_channels": GN_CHANNELS},
+                    "algorithm": {"name": "fedavg"},
+                    "train": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-5, "clip_grad_norm": 10.0}})
+    x = torch.zeros(2, 3, 32, 32, device=device)
+    return make_tools(model, build_algorithm(prep, model), prep.config.train, x, torch.zeros(2, dtype=torch.int64, device=device), 0)
+
+
+def engine_step(model: torch.nn.Module, tools: Any, variant: str) -> Callable[..., Any]:
+    """The engine's vectorised step: ``vmap`` of ``make_step``'s, or ``make_vstep``'s."""
+    from fedrift.engine.local import make_step
+    from fedrift.engine.stacked_step import make_vstep
+    from torch.func import vmap
+
+    if variant == "stacked":
+        step = make_vstep(tools, None)
+        assert step is not None, "make_vstep: no stacked form for ResNet-8"
+        return step
+    step = make_step(tools.algorithm, tools.vmap_apply, tools.optimizer, functional=True, precision=tools.precision)
+    return vmap(step, in_dims=(0, 0, 0, None, 0))
 
 
 def vmap_grads(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
@@ -149,40 +178,64 @@ def update(params: dict[str, torch.Tensor], mom: dict[str, torch.Tensor], grads:
         params[n].sub_(lr * mom[n])
 
 
-VARIANTS: dict[str, Callable[[torch.nn.Module], Callable[..., dict[str, torch.Tensor]]]] = {
-    "vmap": vmap_grads,
+STANDALONE: dict[str, Callable[[torch.nn.Module], Callable[..., dict[str, torch.Tensor]]]] = {
     "channels": lambda model: channels_grads(False),
     "channels_last": lambda model: channels_grads(True),
 }
+VARIANTS = ("vmap", "stacked", *STANDALONE)
 
 
-def check(model: torch.nn.Module, device: str, n: int) -> dict[str, float]:
-    """The variants' per-client gradients at K = 3, against ``vmap``'s: the largest difference
-    over each tensor's largest value (raises past 1e-4: a formulation that computes something
-    else is not timed)."""
+def check(model: torch.nn.Module, tools: Any, device: str, n: int) -> dict[str, float]:
+    """The variants at K = 3 against ``vmap``: the engine's steps' parameters after one step,
+    the standalone variants' gradients; the largest difference over each tensor's largest
+    value (raises past 1e-4: a formulation that computes something else is not timed)."""
+    from fedrift.engine.local import optimizer_init
+    from torch.func import vmap
+
     params, (x, y, w) = stacked_params(model, 3), batch(3, n, device)
+    opt = vmap(lambda p: optimizer_init(tools.optimizer, p, tools.apply))(params)
+    payload, inputs = {"params": {k: v.detach() for k, v in model.named_parameters()}}, {"x": x, "y": y, "w": w}
+    after = {v: engine_step(model, tools, v)(params, opt, inputs, payload, {})[0] for v in ("vmap", "stacked")}
     ref = vmap_grads(model)(params, x, y, w)
+    got = {"stacked": (after["stacked"], after["vmap"])}
+    got.update({name: (make(model)(params, x, y, w), ref) for name, make in STANDALONE.items()})
     out = {}
-    for name in ("channels", "channels_last"):
-        got = VARIANTS[name](model)(params, x, y, w)
-        out[name] = max(float((got[k] - ref[k]).abs().max() / ref[k].abs().max().clamp(min=1e-12)) for k in ref)
+    for name, (a, b) in got.items():
+        out[name] = max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp(min=1e-12)) for k in b)
         if out[name] > 1e-4:
-            raise AssertionError(f"{name}: gradients differ from vmap's by {out[name]:.2e} (relative)")
+            raise AssertionError(f"{name}: differs from vmap's by {out[name]:.2e} (relative)")
     return out
 
 
-def time_case(model: torch.nn.Module, variant: str, k: int, n: int, precision: str, device: str, reps: int,
+def time_case(model: torch.nn.Module, tools: Any, variant: str, k: int, n: int, precision: str, device: str, reps: int,
               graphs: bool) -> dict[str, Any]:
     """One case's step, captured (or not) and timed: ms a step over ``reps`` steps."""
-    params, (x, y, w) = stacked_params(model, k), batch(k, n, device)
-    mom = {name: torch.zeros_like(p) for name, p in params.items()}
-    grads_of = VARIANTS[variant](model)
-    dtype = torch.bfloat16 if precision == "bf16" else None
+    from fedrift.engine.local import optimizer_init
+    from torch.func import vmap
+    from torch.utils._pytree import tree_leaves
 
-    def step() -> None:
-        with torch.autocast(device_type=device, dtype=dtype, enabled=dtype is not None):
-            g = grads_of(params, x, y, w)
-        update(params, mom, g)
+    params, (x, y, w) = stacked_params(model, k), batch(k, n, device)
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    if variant in STANDALONE:
+        mom = {name: torch.zeros_like(p) for name, p in params.items()}
+        grads_of = STANDALONE[variant](model)
+
+        def step() -> None:
+            with torch.autocast(device_type=device, dtype=dtype, enabled=dtype is not None):
+                g = grads_of(params, x, y, w)
+            update(params, mom, g)
+    else:
+        from dataclasses import replace
+
+        opt = vmap(lambda p: optimizer_init(tools.optimizer, p, tools.apply))(params)
+        run_tools = replace(tools, precision=precision)
+        fn = engine_step(model, run_tools, variant)
+        payload, inputs = {"params": {k: v.detach() for k, v in model.named_parameters()}}, {"x": x, "y": y, "w": w}
+        held = tree_leaves((params, opt))
+
+        def step() -> None:  # the step's new tensors written into the held ones (as StepGraphs keeps its buffers)
+            new_params, new_opt = fn(params, opt, inputs, payload, {})[:2]
+            torch._foreach_copy_(held, tree_leaves((new_params, new_opt)))
 
     run = step
     if graphs and device == "cuda":
@@ -235,20 +288,22 @@ def main() -> int:
         args.widths, args.batch, args.reps = "1,3", 8, 2
     torch.manual_seed(0)
     model = resnet8(args.device)
+    tools = engine_tools(model, args.device)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu"
     tag = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:40]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"step-kernels-{tag}.json"
     doc: dict[str, Any] = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "date": str(datetime.date.today()),
                            "batch": args.batch, "graphs": not args.eager and args.device == "cuda",
-                           "check": check(model, args.device, min(args.batch, 16)), "cases": []}
-    print(f"gradients against vmap's (largest relative difference): {doc['check']}", flush=True)
+                           "check": check(model, tools, args.device, min(args.batch, 16)), "cases": []}
+    print(f"against vmap's (largest relative difference): {doc['check']}", flush=True)
     for precision in args.precisions.split(","):
         for k in (int(v) for v in args.widths.split(",")):
             for variant in args.variants.split(","):
                 case: dict[str, Any] = {"variant": variant, "clients": k, "precision": precision}
                 try:
-                    case.update(time_case(model, variant, k, args.batch, precision, args.device, args.reps, doc["graphs"]))
+                    case.update(time_case(model, tools, variant, k, args.batch, precision, args.device, args.reps,
+                                          doc["graphs"]))
                 except Exception as err:  # noqa: BLE001 - written down; the other cases go on
                     case["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 if args.device == "cuda":

@@ -88,6 +88,33 @@ def test_the_stacked_step_is_each_clients_step(name, options):
         _close(a[0][key], b[0][key], 1e-5)
 
 
+def test_the_stacked_step_at_each_clients_values():
+    """Stacked runs at other learning rates and options (engine.step_values): each client's
+    algorithm and optimiser built at its values, as the vmapped valued step builds them."""
+    from functools import partial
+
+    from fedrift.engine import step_values
+    from fedrift.engine.executors.batched import _functional_step
+
+    tools, net = _tools("fedprox", {"name": "mlp", "hidden": [16]}, mu=0.5)
+    k, n = 3, 8
+    params = _rows(net, k)
+    payload = {"params": {kk: v.detach() for kk, v in net.named_parameters()}}
+    batch = {"x": tools.x[: k * n].reshape(k, n, *tools.x.shape[1:]), "y": tools.y[: k * n].reshape(k, n),
+             "w": torch.full((k, n), 1.0 / n)}
+    base = step_values.values_of(tools)
+    values = [{**base, step_values.LR: lr, "mu": mu} for lr, mu in ((0.1, 0.5), (0.02, 0.0), (0.05, 2.0))]
+    ctx = {step_values.VALUES: step_values.value_rows(values, [1, 1, 1], torch.device("cpu"))}
+    opt = vmap(lambda p: optimizer_init(tools.optimizer, p, tools.apply))(params)
+    fast = make_vstep(tools, None, valued=True)(params, opt, batch, payload, ctx)
+    slow = vmap(step_values.valued(partial(_functional_step, tools), tools.rebuild), in_dims=(0, 0, 0, None, 0))(
+        params, opt, batch, payload, ctx)
+    for key in params:
+        _close(fast[0][key], slow[0][key], 1e-5)
+    plain = make_vstep(tools, None)(params, opt, batch, payload, {})
+    assert not torch.allclose(plain[0]["fc.weight"], fast[0]["fc.weight"])  # the values did change the step
+
+
 def test_the_stacked_step_is_left_where_it_does_not_apply():
     """BatchNorm statistics and DP-SGD keep the vmapped step (None here); a stacked form is
     what the batched executor steps with."""

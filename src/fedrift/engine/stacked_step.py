@@ -15,8 +15,7 @@ once; the gradients are then one ordinary backward of the clients' summed losses
 client's loss depends on its own parameters only, so the gradient of the sum with respect to
 a client's parameters is that client's gradient); each client's gradient correction and
 optimiser step follow under ``vmap``. Used where the model has a stacked form and the step
-has no BatchNorm statistics, no DP-SGD and one set of values (``executors.batched``); the
-rest train as before. Same function as ``make_step(functional=True)`` under ``vmap``, other
+has no BatchNorm statistics and no DP-SGD (``executors.batched``); the rest train as before. Same function as ``make_step(functional=True)`` under ``vmap``, other
 float rounding (other kernels): tested in ``tests/engine/test_stacked_step.py``.
 """
 
@@ -29,6 +28,7 @@ from torch.func import vjp, vmap
 
 from fedrift.engine.local import ModelApply, apply_update, checked_local_loss, stat_keys_of
 from fedrift.engine.round_types import Params, RoundTools, StepFn
+from fedrift.engine.step_values import VALUES
 from fedrift.models.base import FedModel
 
 
@@ -84,24 +84,36 @@ def has_stacked_form(apply: Any) -> bool:
     return isinstance(model, FedModel) and type(model).stacked_features is not FedModel.stacked_features
 
 
-def make_vstep(tools: RoundTools, payload_dims: Any = None) -> StepFn | None:
+def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False) -> StepFn | None:
     """The vectorised step of ``tools``' algorithm and optimiser over K clients' stacked rows
     (the payload's rows as ``payload_dims`` says: shared, or one a client), through the model's
-    stacked form (see the module's docstring); None where it does not apply (no stacked form,
-    BatchNorm statistics, DP-SGD): the executor then vmaps ``make_step``'s step."""
+    stacked form (see the module's docstring); ``valued``: each client's algorithm and optimiser
+    built at its values (``ctx[VALUES]``, ``engine.step_values``: stacked runs at other learning
+    rates and options). None where it does not apply (no stacked form, BatchNorm statistics,
+    DP-SGD): the executor then vmaps ``make_step``'s step."""
     apply = tools.vmap_apply or tools.apply
     if tools.dp is not None or stat_keys_of(apply) or not has_stacked_form(apply):
         return None
-    algorithm, optimizer, call = tools.algorithm, tools.optimizer, stacked_call(apply)
-    loss = checked_local_loss(algorithm, tools.precision)
-    losses = vmap(lambda p, b, pl, c: loss(p, b, pl, c, call), in_dims=(0, 0, payload_dims, 0))
-    correct = algorithm.grad_correction
+    call, precision = stacked_call(apply), tools.precision
+    loss = checked_local_loss(tools.algorithm, precision)
+
+    def pieces(ctx: dict) -> tuple[Any, Any, Callable[..., Any], dict]:
+        if not valued:
+            return tools.algorithm, tools.optimizer, loss, ctx
+        alg, opt = tools.rebuild.pieces(ctx[VALUES])
+        return alg, opt, checked_local_loss(alg, precision), {k: v for k, v in ctx.items() if k != VALUES}
+
+    def client_loss(params: Params, batch: dict, payload: dict, ctx: dict) -> Any:
+        _, _, loss_of, rest = pieces(ctx)
+        return loss_of(params, batch, payload, rest, call)
 
     def update(grads: Params, opt_state: Any, trained: Params, payload: dict, ctx: dict) -> tuple[Params, Any]:
-        if correct is not None:
-            grads = correct(grads, trained, payload, ctx)
-        return apply_update(optimizer, grads, opt_state, trained)
+        alg, opt, _, rest = pieces(ctx)
+        if alg.grad_correction is not None:
+            grads = alg.grad_correction(grads, trained, payload, rest)
+        return apply_update(opt, grads, opt_state, trained)
 
+    losses = vmap(client_loss, in_dims=(0, 0, payload_dims, 0))
     updates = vmap(update, in_dims=(0, 0, 0, payload_dims, 0))
 
     def step(params: Params, opt_state: Any, batch: dict, payload: dict, ctx: dict):

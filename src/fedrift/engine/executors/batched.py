@@ -194,7 +194,7 @@ class BatchedExecutor:
         dims_key = repr(payload_dims)
         if dims_key not in vsteps:
             # the model's stacked form where it has one (engine.stacked_step); else each client's step vmapped
-            fast = None if valued else make_vstep(tools, payload_dims)
+            fast = make_vstep(tools, payload_dims, valued)
             vsteps[dims_key] = fast or vmap(step, in_dims=(0, 0, 0, payload_dims, 0))
             capture = self._capture(tools)
             if capture is not None:
