@@ -1,6 +1,7 @@
 """The batched executor must reproduce the sequential one: same batches, same results."""
 
 import dataclasses
+import importlib
 import math
 
 import numpy as np
@@ -12,6 +13,8 @@ from algorithm_cases import ILL_CONDITIONED, NAMES, case
 from fedrift.api import prepare, run_prepared
 from fedrift.data.partition_base import Partition
 from fedrift.engine.executors.batched import BatchedExecutor, _rows
+
+batched_module = importlib.import_module("fedrift.engine.executors.batched")
 
 
 def _close(a, b, rtol=1e-4):
@@ -115,21 +118,34 @@ def _rel_diff(a, b) -> float:
     return max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-3)).item() for k in a)
 
 
+@pytest.mark.parametrize("form", ["vmap", "stacked"])
 @pytest.mark.parametrize("name", NAMES)
-def test_every_algorithm_gives_the_same_result_batched(tiny, tmp_path, name):
+def test_every_algorithm_gives_the_same_result_batched(tiny, tmp_path, name, form, monkeypatch):
     """Trained models within 1e-4 of each other (float rounding: other kernels under vmap),
     metrics within 1e-3. A calibrated model (CCVR: ``global_state``; the trained one is
     ``server_state["params"]``) is a function of the trained model, computed in the server's
     process for every executor: equal inputs give it bit for bit (the next test), and trained
     models ``eps`` apart give calibrated ones within ``max(1e-4, sqrt(eps))`` (its draws use
     the covariance's symmetric square root, for which ``||A^(1/2) - B^(1/2)|| <= ||A - B||^(1/2)``;
-    algorithms/ccvr.py), as are its ``calibrated_*`` metrics within ``max(1e-3, sqrt(eps))``."""
+    algorithms/ccvr.py), as are its ``calibrated_*`` metrics within ``max(1e-3, sqrt(eps))``.
+    ``stacked``: the MLP steps through its stacked form (engine/stacked_step.py; ResNet-8's
+    default), every hook of the algorithm with it."""
+    from fedrift.engine import stacked_step
+    from fedrift.models.mlp import MLP
+
+    made = []
+    if form == "stacked":
+        monkeypatch.setattr(MLP, "stacked_step", True)
+        real = stacked_step.make_vstep
+        monkeypatch.setattr(batched_module, "make_vstep", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     results = {}
     for ex in ("sequential", "batched"):
         cfg = tiny(engine={"executor": ex}, train={"rounds": 3, "batch_size": 32},
                    output={"dir": str(tmp_path / ex)}, **case(name))
         results[ex] = fedrift.run(cfg)
     seq, bat = results["sequential"], results["batched"]
+    # the batched run stepped through the form (FedBN's case: a BatchNorm ResNet-8, which vmaps)
+    assert form == "vmap" or any(m is not None for m in made) == (name != "fedbn")
     calibrated = name == "ccvr"
     trained = (seq.server_state["params"], bat.server_state["params"]) if calibrated else (seq.global_state, bat.global_state)
     _close(*trained, rtol=ILL_CONDITIONED.get(name, 1e-4))

@@ -14,6 +14,13 @@ from fedrift.models.mlp import MLP
 from fedrift.models.resnet import ResNet8
 
 
+@pytest.fixture
+def mlp_steps_stacked(monkeypatch):
+    """The MLP steps through its stacked form (FedModel.stacked_step; off by default: slower
+    than vmap on a CPU), so that the step's machinery is tested on a small model."""
+    monkeypatch.setattr(MLP, "stacked_step", True)
+
+
 def _rows(model, k, scale=0.05):
     g = torch.Generator().manual_seed(0)
     return {n: p.detach().unsqueeze(0) + scale * torch.randn(k, *p.shape, generator=g) for n, p in model.named_parameters()}
@@ -66,7 +73,7 @@ def _tools(name, model, **algorithm):
 
 
 @pytest.mark.parametrize("name,options", [("fedavg", {}), ("fedprox", {"mu": 0.5}), ("fedsam", {"rho": 0.05})])
-def test_the_stacked_step_is_each_clients_step(name, options):
+def test_the_stacked_step_is_each_clients_step(name, options, mlp_steps_stacked):
     """Two steps of three clients (FedProx: a payload term; FedSAM: a gradient inside the
     loss, through the stacked call's own backward) equal ``make_step``'s step under vmap."""
     tools, net = _tools(name, {"name": "mlp", "hidden": [16]}, **options)
@@ -88,7 +95,7 @@ def test_the_stacked_step_is_each_clients_step(name, options):
         _close(a[0][key], b[0][key], 1e-5)
 
 
-def test_the_stacked_step_at_each_clients_values():
+def test_the_stacked_step_at_each_clients_values(mlp_steps_stacked):
     """Stacked runs at other learning rates and options (engine.step_values): each client's
     algorithm and optimiser built at its values, as the vmapped valued step builds them."""
     from functools import partial
@@ -115,10 +122,13 @@ def test_the_stacked_step_at_each_clients_values():
     assert not torch.allclose(plain[0]["fc.weight"], fast[0]["fc.weight"])  # the values did change the step
 
 
-def test_the_stacked_step_is_left_where_it_does_not_apply():
-    """BatchNorm statistics and DP-SGD keep the vmapped step (None here); a stacked form is
-    what the batched executor steps with."""
+def test_the_stacked_step_is_left_where_it_does_not_apply(monkeypatch):
+    """A model that does not step through its form (the MLP by default), BatchNorm statistics
+    and DP-SGD keep the vmapped step (None here); a stacked form is what the batched executor
+    steps with."""
     tools, _ = _tools("fedavg", {"name": "mlp", "hidden": [8]})
+    assert make_vstep(tools, None) is None and ResNet8.stacked_step and not MLP.stacked_step
+    monkeypatch.setattr(MLP, "stacked_step", True)
     assert make_vstep(tools, None) is not None
     step = BatchedExecutor(graphs=False).vstep(tools)
     assert not hasattr(step, "__wrapped__") and step.__qualname__.endswith("make_vstep.<locals>.step")
@@ -152,3 +162,21 @@ def test_resnet8_batched_equals_sequential_through_the_stacked_form(tiny, tmp_pa
                                     train={"rounds": 2, "batch_size": 16}, output={"dir": str(tmp_path / ex)}))
     for key, v in runs["sequential"].global_state.items():
         _close(runs["batched"].global_state[key], v, 1e-4)
+
+
+def test_stacked_resnet8_runs_at_other_values_equal_the_runs_alone(tiny, tmp_path):
+    """A stack of two ResNet-8 runs at other learning rates and FedProx mu: one step through
+    the channel groups, each client at its own values; each run ends where it ends alone."""
+    from fedrift.experiments.stacked import run_stacked
+
+    def config(s, ex, tag):
+        return tiny(seed=s, engine={"executor": ex}, model={"name": "resnet8", "width": 4, "group_channels": 2},
+                    algorithm={"name": "fedprox", "mu": 0.1 * (1 + 4 * s)}, train={"rounds": 2, "batch_size": 16,
+                                                                                  "lr": 0.05 / (1 + s)},
+                    output={"dir": str(tmp_path / f"{tag}{s}")})
+
+    together = run_stacked([config(s, "stacked", "t") for s in (0, 1)])
+    for s, got in enumerate(together):
+        alone = fedrift.run(config(s, "batched", "a"))
+        for key, v in alone.global_state.items():
+            _close(got.global_state[key], v, 1e-4)

@@ -14,8 +14,9 @@ How: the step takes each client's loss under ``vmap`` as before (the algorithm's
 once; the gradients are then one ordinary backward of the clients' summed losses (each
 client's loss depends on its own parameters only, so the gradient of the sum with respect to
 a client's parameters is that client's gradient); each client's gradient correction and
-optimiser step follow under ``vmap``. Used where the model has a stacked form and the step
-has no BatchNorm statistics and no DP-SGD (``executors.batched``); the rest train as before. Same function as ``make_step(functional=True)`` under ``vmap``, other
+optimiser step follow under ``vmap``. Used where the model steps through its stacked form
+(``FedModel.stacked_step``: ResNet-8, where it was measured faster) and the step has no
+BatchNorm statistics and no DP-SGD (``executors.batched``); the rest train as before. Same function as ``make_step(functional=True)`` under ``vmap``, other
 float rounding (other kernels): tested in ``tests/engine/test_stacked_step.py``.
 """
 
@@ -79,9 +80,11 @@ def stacked_call(apply: ModelApply) -> Callable[..., Any]:
 
 
 def has_stacked_form(apply: Any) -> bool:
-    """Whether ``apply`` (a ``ModelApply``) calls a model with a stacked form."""
+    """Whether ``apply`` (a ``ModelApply``) calls a model with a stacked form to step through
+    (``FedModel.stacked_step``: where it was measured faster than ``vmap``)."""
     model = getattr(apply, "model", None)
-    return isinstance(model, FedModel) and type(model).stacked_features is not FedModel.stacked_features
+    return (isinstance(model, FedModel) and model.stacked_step
+            and type(model).stacked_features is not FedModel.stacked_features)
 
 
 def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False) -> StepFn | None:
@@ -120,7 +123,9 @@ def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False
         leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
         loss_k, aux = losses(leaves, batch, payload, ctx)
         got = torch.autograd.grad(loss_k.sum(), list(leaves.values()), allow_unused=True)
-        grads = {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), got)}
+        # contiguous: a batched product's backward can hand a weight's gradient transposed, and the
+        # optimiser's elementwise work over a strided tensor ran 1.6x slower (the FedAvg CNN's dense layer)
+        grads = {k: torch.zeros_like(v) if g is None else g.contiguous() for (k, v), g in zip(leaves.items(), got)}
         with torch.no_grad():
             new, opt_state = updates(grads, opt_state, params, payload, ctx)
         return ({k: v.detach() for k, v in new.items()}, opt_state, loss_k.detach(),
