@@ -36,6 +36,9 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clo
 if [ "${KERNELS:-1}" = 1 ] && ! ls "$OUT"/step-kernels-*.json >/dev/null 2>&1; then
   timeout -k 10 "${KERNELS_TIMEOUT:-180}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
     ${QUICK:+--quick} 2>&1 | tail -n 40
+  # the FedAvg CNN's form (off by default: slower than vmap on a CPU): whether a GPU wants it
+  timeout -k 10 60 "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" --model cnn --widths 1,4,16,48 \
+    --precisions fp32 ${QUICK:+--quick} 2>&1 | tail -n 12
 fi
 # the rows measured by earlier calls, committed here: this call measures the others
 mkdir -p benchmarks/results/gpu-throughput

@@ -35,7 +35,9 @@ its largest value; the script stops if not). Timing: the whole step captured as 
 op) and replayed ``--reps`` times between CUDA events, at K in ``--widths``, fp32 and bf16
 (autocast around forward and loss); a case that fails (memory, capture) is written with its
 error. Per case: ms a step, ms a client-step, us an image, images a second, and the ratio to
-``vmap`` at the same K and precision. JSON and a markdown table to ``--out``.
+``vmap`` at the same K and precision. JSON and a markdown table to ``--out``. ``--model``: the
+FedAvg CNN, the MLP or logistic regression instead (their inputs 1x28x28; ``vmap`` and
+``stacked`` only): the figures behind ``FedModel.stacked_step``.
 
     python benchmarks/step_kernels.py --device cuda --out benchmarks/results/gpu-throughput
     # here, to check it end to end (the gradient check, then tiny timings, a minute):
@@ -56,17 +58,30 @@ from typing import Any, Callable
 import torch
 from torch.nn import functional as F
 
+from fedrift.models.resnet import ResNet8
+
 GN_CHANNELS = 16  # channels per GroupNorm group (R1's ResNet-8)
 BLOCKS = (("stage1", 1), ("stage2", 2), ("stage3", 2))  # (name, stride)
 
 
-def resnet8(device: str) -> torch.nn.Module:
-    """fedrift's ResNet-8 (GroupNorm 16) for 3x32x32 and 10 classes."""
+MODELS = {"resnet8": ({"name": "resnet8", "group_channels": GN_CHANNELS}, (3, 32, 32)),  # R1's
+          "cnn": ({"name": "cnn"}, (1, 28, 28)), "mlp": ({"name": "mlp"}, (1, 28, 28)),  # workload A's, S2's
+          "logreg": ({"name": "logreg"}, (1, 28, 28))}
+SHAPE = MODELS["resnet8"][1]  # the input shape of the run's model (main sets it)
+
+
+def build(name: str, device: str) -> torch.nn.Module:
+    """fedrift's model ``name`` (:data:`MODELS`) for its input shape and 10 classes; its
+    ``stacked_step`` on, so that the engine's step through its form is timed even where the
+    engine does not take it (``FedModel.stacked_step``: where it was measured faster)."""
     from fedrift.api import prepare
     from fedrift.models import build_model
 
-    prep = prepare({"data": {"name": "digits"}, "model": {"name": "resnet8", "group_channels": GN_CHANNELS}})
-    return build_model("resnet8", prep.options["model"], (3, 32, 32), 10, 0).to(device)
+    options, shape = MODELS[name]
+    prep = prepare({"data": {"name": "digits"}, "model": options})
+    model = build_model(name, prep.options["model"], shape, 10, 0).to(device)
+    type(model).stacked_step = True
+    return model
 
 
 def stacked_params(model: torch.nn.Module, k: int) -> dict[str, torch.Tensor]:
@@ -79,21 +94,20 @@ def stacked_params(model: torch.nn.Module, k: int) -> dict[str, torch.Tensor]:
 def batch(k: int, n: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """K clients' batches of n images (seeded), labels, and sample weights 1/n."""
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(k, n, 3, 32, 32, generator=g).to(device)
+    x = torch.randn(k, n, *SHAPE, generator=g).to(device)
     y = torch.randint(0, 10, (k, n), generator=g).to(device)
     return x, y, torch.full((k, n), 1.0 / n, device=device)
 
 
-def engine_tools(model: torch.nn.Module, device: str) -> Any:
-    """The engine's ``RoundTools`` for FedAvg at R1's settings on ``model``."""
+def engine_tools(model: torch.nn.Module, name: str, device: str) -> Any:
+    """The engine's ``RoundTools`` for FedAvg at R1's settings on ``model`` (``name``)."""
     from fedrift.api import prepare
     from fedrift.engine.build import build_algorithm
     from fedrift.engine.local import make_tools
 
-    prep = prepare({"data": {"name": "digits"}, "model": {"name": "resnet8", "group_channels": GN_CHANNELS},
-                    "algorithm": {"name": "fedavg"},
+    prep = prepare({"data": {"name": "digits"}, "model": MODELS[name][0], "algorithm": {"name": "fedavg"},
                     "train": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-5, "clip_grad_norm": 10.0}})
-    x = torch.zeros(2, 3, 32, 32, device=device)
+    x = torch.zeros(2, *SHAPE, device=device)
     return make_tools(model, build_algorithm(prep, model), prep.config.train, x, torch.zeros(2, dtype=torch.int64, device=device), 0)
 
 
@@ -105,7 +119,7 @@ def engine_step(model: torch.nn.Module, tools: Any, variant: str) -> Callable[..
 
     if variant == "stacked":
         step = make_vstep(tools, None)
-        assert step is not None, "make_vstep: no stacked form for ResNet-8"
+        assert step is not None, "make_vstep: the model has no stacked form"
         return step
     step = make_step(tools.algorithm, tools.vmap_apply, tools.optimizer, functional=True, precision=tools.precision)
     return vmap(step, in_dims=(0, 0, 0, None, 0))
@@ -198,7 +212,8 @@ def check(model: torch.nn.Module, tools: Any, device: str, n: int) -> dict[str, 
     after = {v: engine_step(model, tools, v)(params, opt, inputs, payload, {})[0] for v in ("vmap", "stacked")}
     ref = vmap_grads(model)(params, x, y, w)
     got = {"stacked": (after["stacked"], after["vmap"])}
-    got.update({name: (make(model)(params, x, y, w), ref) for name, make in STANDALONE.items()})
+    if isinstance(model, ResNet8):  # the channel-group network alone: ResNet-8's
+        got.update({name: (make(model)(params, x, y, w), ref) for name, make in STANDALONE.items()})
     out = {}
     for name, (a, b) in got.items():
         out[name] = max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp(min=1e-12)) for k in b)
@@ -277,6 +292,8 @@ def main() -> int:
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--model", default="resnet8", choices=list(MODELS), help="the model (the channel-group "
+                    "network alone: resnet8 only)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--eager", action="store_true", help="launch op by op (default on a GPU: one captured graph a step)")
     ap.add_argument("--quick", action="store_true", help="K 1 and 3, batch 8, 2 reps: a check on a CPU")
@@ -287,12 +304,16 @@ def main() -> int:
     if args.quick:
         args.widths, args.batch, args.reps = "1,3", 8, 2
     torch.manual_seed(0)
-    model = resnet8(args.device)
-    tools = engine_tools(model, args.device)
+    global SHAPE
+    SHAPE = MODELS[args.model][1]
+    model = build(args.model, args.device)
+    tools = engine_tools(model, args.model, args.device)
+    if args.model != "resnet8":
+        args.variants = ",".join(v for v in args.variants.split(",") if v not in STANDALONE)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu"
     tag = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:40]
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"step-kernels-{tag}.json"
+    path = args.out / f"step-kernels-{tag}{'' if args.model == 'resnet8' else '-' + args.model}.json"
     doc: dict[str, Any] = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "date": str(datetime.date.today()),
                            "batch": args.batch, "graphs": not args.eager and args.device == "cuda",
                            "check": check(model, tools, args.device, min(args.batch, 16)), "cases": []}
@@ -315,7 +336,7 @@ def main() -> int:
                 doc["cases"].append(case)
                 path.write_text(json.dumps(doc, indent=1) + "\n")
                 print(json.dumps(case), flush=True)
-    lines = [f"# Step kernels, {name} (torch {torch.__version__}, batch {args.batch}, "
+    lines = [f"# Step kernels, {args.model}, {name} (torch {torch.__version__}, batch {args.batch}, "
              f"{'captured' if doc['graphs'] else 'op by op'})", "",
              "| precision | clients | variant | ms a step | ms a client-step | us an image | images/s | x vmap |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]
@@ -326,7 +347,7 @@ def main() -> int:
             lines.append(f"| {c['precision']} | {c['clients']} | {c['variant']} | {c['ms_per_step']:.2f} | "
                          f"{c['ms_per_client_step']:.3f} | {c['us_per_image']:.2f} | {c['images_per_second']:,.0f} | "
                          f"{c.get('x_vmap', 1.0):.2f} |")
-    (args.out / f"step-kernels-{tag}.md").write_text("\n".join(lines) + "\n")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
 
 
