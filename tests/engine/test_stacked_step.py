@@ -4,6 +4,7 @@ function as each client's step under vmap, other float rounding."""
 import pytest
 import torch
 from torch.func import functional_call, vmap
+from torch.utils._pytree import tree_map
 
 import fedrift
 from fedrift.api import prepare
@@ -59,9 +60,9 @@ def test_models_without_a_stacked_form_say_so():
     assert mlp.stacked(_rows(mlp, 2), torch.zeros(2, 3, 4)) is None
 
 
-def _tools(name, model, **algorithm):
+def _tools(name, model, precision="fp32", **algorithm):
     cfg = {"data": {"name": "digits"}, "model": model, "algorithm": {"name": name, **algorithm},
-           "train": {"lr": 0.1, "momentum": 0.9, "clip_grad_norm": 1.0}}
+           "train": {"lr": 0.1, "momentum": 0.9, "clip_grad_norm": 1.0, "precision": precision}}
     from fedrift.engine.build import build_algorithm
     from fedrift.engine.local import make_tools
     from fedrift.models import build_model
@@ -72,11 +73,16 @@ def _tools(name, model, **algorithm):
     return make_tools(net, alg, prep.config.train, prep.dataset.x_train, prep.dataset.y_train, seed=0), net
 
 
-@pytest.mark.parametrize("name,options", [("fedavg", {}), ("fedprox", {"mu": 0.5}), ("fedsam", {"rho": 0.05})])
-def test_the_stacked_step_is_each_clients_step(name, options, mlp_steps_stacked):
+@pytest.mark.parametrize("name,options,precision", [("fedavg", {}, "fp32"), ("fedprox", {"mu": 0.5}, "fp32"),
+                                                    ("fedsam", {"rho": 0.05}, "fp32"), ("fedprox", {"mu": 0.5}, "bf16")])
+def test_the_stacked_step_is_each_clients_step(name, options, precision, mlp_steps_stacked):
     """Two steps of three clients (FedProx: a payload term; FedSAM: a gradient inside the
-    loss, through the stacked call's own backward) equal ``make_step``'s step under vmap."""
-    tools, net = _tools(name, {"name": "mlp", "hidden": [16]}, **options)
+    loss, through the stacked call's own backward) equal ``make_step``'s step under vmap. Under
+    bf16 autocast they equal the sequential executor's steps instead: ``torch.func.grad``
+    under vmap runs the backward in float32, where autograd (sequential's, and this step's)
+    runs each operation's backward in its forward's bfloat16, as autocast prescribes (the
+    vmapped step was 1e-2 of a weight's largest value from sequential's after one step)."""
+    tools, net = _tools(name, {"name": "mlp", "hidden": [16]}, precision, **options)
     k, n = 3, 8
     params = _rows(net, k)
     payload = {"params": {kk: v.detach() for kk, v in net.named_parameters()}}
@@ -86,13 +92,22 @@ def test_the_stacked_step_is_each_clients_step(name, options, mlp_steps_stacked)
     opt = vmap(lambda p: optimizer_init(tools.optimizer, p, tools.apply))(params)
     fast = make_vstep(tools, None)
     assert fast is not None
-    slow = vmap(make_step(tools.algorithm, tools.vmap_apply, tools.optimizer, functional=True), in_dims=(0, 0, 0, None, 0))
+    if precision == "fp32":
+        slow = vmap(make_step(tools.algorithm, tools.vmap_apply, tools.optimizer, functional=True),
+                    in_dims=(0, 0, 0, None, 0))
+    else:  # sequential's step, client by client
+        one = make_step(tools.algorithm, tools.apply, tools.optimizer, precision=precision)
+
+        def slow(p, o, b_, pl, c):
+            outs = [one(*tree_map(lambda v: v[i].clone(), (p, o, b_)), pl, tree_map(lambda v: v[i], c)) for i in range(k)]
+            return tree_map(lambda *xs: torch.stack(xs), *[x[:2] for x in outs])
     a, b = (params, opt), (params, opt)
     for _ in range(2):
         a = fast(a[0], a[1], batch, payload, ctx)[:2]
         b = slow(b[0], b[1], batch, payload, ctx)[:2]
     for key in params:
         _close(a[0][key], b[0][key], 1e-5)
+        assert not torch.equal(a[0][key], params[key])  # trained
 
 
 def test_the_stacked_step_at_each_clients_values(mlp_steps_stacked):

@@ -79,7 +79,8 @@ class FedModel(nn.Module):
         h = x if mode == "head" else self.stacked_features(p, x)
         if h is None or mode == "features":
             return h
-        logits = h @ p["fc.weight"].transpose(1, 2) + p["fc.bias"].unsqueeze(1)
+        # baddbmm as F.linear's addmm: the bias in the product's dtype under autocast too
+        logits = torch.baddbmm(p["fc.bias"].unsqueeze(1), h, p["fc.weight"].transpose(1, 2))
         return (h, logits) if mode == "both" else logits
 
     def _classifier(self, width: int, num_classes: int, projection_dim: int | None) -> None:

@@ -87,7 +87,7 @@ class CNN(FedModel):
             h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), p[f"{conv}.bias"].reshape(-1), padding=2, groups=k)
             h = F.max_pool2d(F.relu(h), 2)
         h = h.reshape(n, k, -1).transpose(0, 1)
-        return F.relu(h @ p["dense.weight"].transpose(1, 2) + p["dense.bias"].unsqueeze(1))
+        return F.relu(torch.baddbmm(p["dense.bias"].unsqueeze(1), h, p["dense.weight"].transpose(1, 2)))
 
 
 @register_model(

@@ -72,7 +72,7 @@ class MLP(_Flat):
     def stacked_features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         h = self._flatten(x)
         for i in range(len(self.layers)):
-            h = F.relu(h @ p[f"layers.{i}.weight"].transpose(1, 2) + p[f"layers.{i}.bias"].unsqueeze(1))
+            h = F.relu(torch.baddbmm(p[f"layers.{i}.bias"].unsqueeze(1), h, p[f"layers.{i}.weight"].transpose(1, 2)))
         return h
 
 
