@@ -72,13 +72,16 @@ def test_a_capture_that_raises_is_said_once_and_the_step_runs_uncaptured(caplog)
     assert graphs.failed and graphs.captures == 0 and graphs.replays == 0
 
 
-@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedgkd", "fedadc", "fedbn"])
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedgkd", "fedadc", "fedbn", "fedprox-resnet8"])
 def test_a_captured_group_equals_the_uncaptured_one(tiny, tmp_path, name):
     """Eight clients of 1 to 150 samples: finishing clients leave the group and the rest are
-    padded (5 rows to 6); every step is a replay, one graph per width."""
+    padded (5 rows to 6); every step is a replay, one graph per width. ``-resnet8``: a GroupNorm
+    ResNet-8, whose step runs through its stacked form (engine/stacked_step.py)."""
     results, executors = {}, {}
+    name, _, model = name.partition("-")
+    sections = {**case(name), **({"model": {"name": model, "width": 4, "group_channels": 2}} if model else {})}
     for graphs in (False, eager_capture):
-        cfg = tiny(**case(name), train={"rounds": 2, "clients_per_round": 8, "local_epochs": 2, "batch_size": 16},
+        cfg = tiny(**sections, train={"rounds": 2, "clients_per_round": 8, "local_epochs": 2, "batch_size": 16},
                    output={"dir": str(tmp_path / str(bool(graphs)))})
         prep = prepare(cfg)
         ix = np.random.default_rng(0).permutation(prep.dataset.num_train)
