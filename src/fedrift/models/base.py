@@ -52,7 +52,8 @@ class FedModel(nn.Module):
     takes_tokens: bool = False  # True: input is int token ids from a text dataset (models/text.py)
     # whether the vectorised executors step through stacked_features (engine/stacked_step.py),
     # set where it was measured faster than vmap (resnet8); a model may have the form without
-    # (on this CPU the FedAvg CNN's ran 1.14x, the MLP's 1.26x, logreg's 1.7x slower a step)
+    # (benchmarks/step_kernels.py --model, this CPU: the FedAvg CNN's step 0.86-0.92x vmap's
+    # speed at 4-16 clients, the MLP's 0.83-0.85x, logreg's 0.67x; BENCHMARKS.md G)
     stacked_step: bool = False
 
     def features(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract

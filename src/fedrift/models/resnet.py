@@ -106,7 +106,7 @@ class BasicBlock(nn.Module):
 
 class ResNet8(FedModel):
     head_prefixes = ("fc",)
-    stacked_step = True  # a step of 16 clients 2.35x faster than vmap's on this CPU (BENCHMARKS.md G)
+    stacked_step = True  # a step of 4 clients 1.31x, of 16 2.79x faster than vmap's on this CPU (BENCHMARKS.md G)
 
     def __init__(
         self,
