@@ -149,6 +149,9 @@ def test_the_stacked_step_is_left_where_it_does_not_apply(monkeypatch):
     assert not hasattr(step, "__wrapped__") and step.__qualname__.endswith("make_vstep.<locals>.step")
     bn, _ = _tools("fedavg", {"name": "resnet8", "width": 4, "norm": "batch"})
     assert make_vstep(bn, None) is None
+    head, _ = _tools("fedavg", {"name": "resnet8", "width": 4, "group_channels": 2, "projection_dim": 8})
+    assert make_vstep(head, None) is None  # a projection head: no stacked form
+    assert make_vstep(_tools("fedavg", {"name": "resnet8", "width": 4, "group_channels": 2})[0], None) is not None
     from dataclasses import replace
 
     assert make_vstep(replace(tools, dp=(1.0, 1.0)), None) is None

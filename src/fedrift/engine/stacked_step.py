@@ -16,8 +16,10 @@ client's loss depends on its own parameters only, so the gradient of the sum wit
 a client's parameters is that client's gradient); each client's gradient correction and
 optimiser step follow under ``vmap``. Used where the model steps through its stacked form
 (``FedModel.stacked_step``: ResNet-8, where it was measured faster) and the step has no
-BatchNorm statistics and no DP-SGD (``executors.batched``); the rest train as before. Same function as ``make_step(functional=True)`` under ``vmap``, other
-float rounding (other kernels): tested in ``tests/engine/test_stacked_step.py``.
+BatchNorm statistics and no DP-SGD (``executors.batched``); the rest train as before. Same
+function as ``make_step(functional=True)`` under ``vmap``, other float rounding (other
+kernels); under bf16 autocast the sequential step's (autograd's backward in bfloat16, where
+``torch.func.grad`` under ``vmap`` ran it in float32): ``tests/engine/test_stacked_step.py``.
 """
 
 from __future__ import annotations
@@ -79,12 +81,12 @@ def stacked_call(apply: ModelApply) -> Callable[..., Any]:
     return call
 
 
-def has_stacked_form(apply: Any) -> bool:
-    """Whether ``apply`` (a ``ModelApply``) calls a model with a stacked form to step through
-    (``FedModel.stacked_step``: where it was measured faster than ``vmap``)."""
+def steps_stacked(apply: Any) -> bool:
+    """Whether ``apply`` (a ``ModelApply``) calls a model that steps through its stacked form:
+    one it has (``FedModel.has_stacked_form``) and was measured faster with than ``vmap``
+    (``FedModel.stacked_step``)."""
     model = getattr(apply, "model", None)
-    return (isinstance(model, FedModel) and model.stacked_step
-            and type(model).stacked_features is not FedModel.stacked_features)
+    return isinstance(model, FedModel) and model.stacked_step and model.has_stacked_form()
 
 
 def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False) -> StepFn | None:
@@ -95,7 +97,7 @@ def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False
     rates and options). None where it does not apply (no stacked form, BatchNorm statistics,
     DP-SGD): the executor then vmaps ``make_step``'s step."""
     apply = tools.vmap_apply or tools.apply
-    if tools.dp is not None or stat_keys_of(apply) or not has_stacked_form(apply):
+    if tools.dp is not None or stat_keys_of(apply) or not steps_stacked(apply):
         return None
     call, precision = stacked_call(apply), tools.precision
     loss = checked_local_loss(tools.algorithm, precision)
@@ -124,7 +126,8 @@ def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False
         loss_k, aux = losses(leaves, batch, payload, ctx)
         got = torch.autograd.grad(loss_k.sum(), list(leaves.values()), allow_unused=True)
         # contiguous: a batched product's backward can hand a weight's gradient transposed, and the
-        # optimiser's elementwise work over a strided tensor ran 1.6x slower (the FedAvg CNN's dense layer)
+        # optimiser's elementwise work over a strided tensor ran slower (the FedAvg CNN's dense
+        # layer: BENCHMARKS.md G)
         grads = {k: torch.zeros_like(v) if g is None else g.contiguous() for (k, v), g in zip(leaves.items(), got)}
         with torch.no_grad():
             new, opt_state = updates(grads, opt_state, params, payload, ctx)

@@ -68,14 +68,20 @@ class FedModel(nn.Module):
         model has no such form (``vmap`` then batches each of its operations)."""
         return None
 
+    def has_stacked_form(self) -> bool:
+        """Whether :meth:`stacked` can serve this model: it defines :meth:`stacked_features`
+        and has the plain tail (no projection head, ``fc`` as its head)."""
+        return (self.projection_dim is None and type(self).head is FedModel.head
+                and type(self).stacked_features is not FedModel.stacked_features)
+
     def stacked(self, p: dict[str, torch.Tensor], x: torch.Tensor, mode: str = "logits") -> Any:
         """:meth:`forward`'s ``mode`` for K clients at once (see :meth:`stacked_features`),
         the clients first in every output; None where the model has no stacked form (a
         projection head, another head). Why: under ``vmap`` a convolution of K clients'
         kernels runs as one grouped call between reorderings of the activations, layer after
         layer; a model that keeps the clients in its layout (``resnet8``: as channel groups)
-        runs the same arithmetic without them (``engine.local.ModelApply.stacked_call``)."""
-        if self.projection_dim is not None or type(self).head is not FedModel.head:
+        runs the same arithmetic without them (``engine.stacked_step``)."""
+        if not self.has_stacked_form():
             return None
         h = x if mode == "head" else self.stacked_features(p, x)
         if h is None or mode == "features":
