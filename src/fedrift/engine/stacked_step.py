@@ -18,8 +18,8 @@ optimiser step follow under ``vmap``. Used where the model steps through its sta
 (``FedModel.stacked_step``: ResNet-8, where it was measured faster) and the step has no
 BatchNorm statistics and no DP-SGD (``executors.batched``); the rest train as before. Same
 function as ``make_step(functional=True)`` under ``vmap``, other float rounding (other
-kernels); under bf16 autocast the sequential step's (the vmapped one is 1e-2 from it, near the
-float32 step): ``tests/engine/test_stacked_step.py``.
+kernels); under bf16 autocast the sequential step's (the vmapped one is 1e-2 from it: under
+``vmap`` ``F.linear`` with a bias returns float32): ``tests/engine/test_stacked_step.py``.
 """
 
 from __future__ import annotations
