@@ -24,9 +24,11 @@ def test_bf16_trains_as_well_as_fp32_on_a_small_case(tiny, tmp_path):
 
 @pytest.mark.parametrize("executor", ["batched", "stacked"])
 def test_bf16_under_vmap_is_close_to_bf16_one_client_at_a_time(tiny, tmp_path, executor):
-    """Under vmap, autocast runs too (the stacked and batched executors' step): one round's bf16
-    training equals the sequential executor's to bf16's rounding (bfloat16 keeps 8 bits: 2e-2 of
-    each tensor's largest value after a round's steps), and is not fp32's training."""
+    """Under bf16 the stacked and batched executors step through the model's stacked form (the
+    MLP's: engine/stacked_step.py), so one round's bf16 training equals the sequential
+    executor's to float rounding, not only to bfloat16's (0.0 apart here; vmap's own step was
+    1e-2 of a tensor's largest value away: under vmap and autocast F.linear with a bias returns
+    float32, pytorch/pytorch issue 192617), and is not fp32's training."""
     def run(precision, ex):
         return fedrift.run(tiny(train={"rounds": 1, "precision": precision}, engine={"executor": ex},
                                 output={"dir": str(tmp_path / f"{precision}-{ex}")})).global_state
@@ -34,7 +36,7 @@ def test_bf16_under_vmap_is_close_to_bf16_one_client_at_a_time(tiny, tmp_path, e
     ref, got, fp32 = run("bf16", "sequential"), run("bf16", executor), run("fp32", executor)
     for k, a in ref.items():
         scale = a.abs().max().clamp(min=1e-3)
-        assert ((a - got[k]).abs().max() / scale).item() < 2e-2, k
+        assert ((a - got[k]).abs().max() / scale).item() < 1e-5, k
     assert any(not torch.equal(got[k], fp32[k]) for k in got)
 
 

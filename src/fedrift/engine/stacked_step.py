@@ -15,8 +15,9 @@ once; the gradients are then one ordinary backward of the clients' summed losses
 client's loss depends on its own parameters only, so the gradient of the sum with respect to
 a client's parameters is that client's gradient); each client's gradient correction and
 optimiser step follow under ``vmap``. Used where the model steps through its stacked form
-(``FedModel.stacked_step``: ResNet-8, where it was measured faster) and the step has no
-BatchNorm statistics and no DP-SGD (``executors.batched``); the rest train as before. Same
+(``FedModel.stacked_step``: ResNet-8, where it was measured faster; under bf16 every model
+that has one) and the step has no BatchNorm statistics and no DP-SGD
+(``executors.batched``); the rest train as before. Same
 function as ``make_step(functional=True)`` under ``vmap``, other float rounding (other
 kernels); under bf16 autocast the sequential step's (the vmapped one is 1e-2 from it: under
 ``vmap`` ``F.linear`` with a bias returns float32): ``tests/engine/test_stacked_step.py``.
@@ -81,12 +82,14 @@ def stacked_call(apply: ModelApply) -> Callable[..., Any]:
     return call
 
 
-def steps_stacked(apply: Any) -> bool:
+def steps_stacked(apply: Any, precision: str = "fp32") -> bool:
     """Whether ``apply`` (a ``ModelApply``) calls a model that steps through its stacked form:
     one it has (``FedModel.has_stacked_form``) and was measured faster with than ``vmap``
-    (``FedModel.stacked_step``)."""
+    (``FedModel.stacked_step``), or any that has one under bf16, where ``vmap``'s step is not
+    the sequential one (``F.linear`` with a bias returns float32 under ``vmap`` and autocast:
+    pytorch/pytorch issue 192617) and the form's is."""
     model = getattr(apply, "model", None)
-    return isinstance(model, FedModel) and model.stacked_step and model.has_stacked_form()
+    return isinstance(model, FedModel) and (model.stacked_step or precision == "bf16") and model.has_stacked_form()
 
 
 def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False) -> StepFn | None:
@@ -97,7 +100,7 @@ def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False
     rates and options). None where it does not apply (no stacked form, BatchNorm statistics,
     DP-SGD): the executor then vmaps ``make_step``'s step."""
     apply = tools.vmap_apply or tools.apply
-    if tools.dp is not None or stat_keys_of(apply) or not steps_stacked(apply):
+    if tools.dp is not None or stat_keys_of(apply) or not steps_stacked(apply, tools.precision):
         return None
     call, precision = stacked_call(apply), tools.precision
     loss = checked_local_loss(tools.algorithm, precision)

@@ -53,7 +53,8 @@ class FedModel(nn.Module):
     # whether the vectorised executors step through stacked_features (engine/stacked_step.py),
     # set where it was measured faster than vmap (resnet8); a model may have the form without
     # (benchmarks/step_kernels.py --model, this CPU: the FedAvg CNN's step 0.86-0.92x vmap's
-    # speed at 4-16 clients, the MLP's 0.83-0.85x, logreg's 0.67x; BENCHMARKS.md G)
+    # speed at 4-16 clients, the MLP's 0.83-0.85x, logreg's 0.67x; BENCHMARKS.md G); under bf16
+    # every model with the form steps through it (the sequential step's arithmetic, vmap's not)
     stacked_step: bool = False
 
     def features(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
