@@ -24,10 +24,11 @@ gradients clipped at norm 10; fedrift's ResNet-8, GroupNorm 16, batch ``--batch`
   under ``vmap`` with the model call run as K channel groups of one network (activations
   ``(N, K*C, H, W)`` throughout, each convolution one call grouped by client, each GroupNorm
   one call with K times its groups), one backward of the summed losses.
-- ``channels`` and ``channels_last``: the channel-group network alone (no ``vmap`` at all),
-  in the default and in channels-last memory format (cuDNN's NHWC grouped kernels without
-  conversions; GroupNorm may convert instead), with a stacked SGD update of their own: what
-  the layout alone would give.
+- ``channels`` and ``channels_last``: the channel-group network alone (``ResNet8.stacked``, no
+  ``vmap`` at all), in the default and in channels-last memory format
+  (``ResNet8.stacked_channels_last``: cuDNN's NHWC grouped kernels without conversions;
+  GroupNorm may convert instead), with a stacked SGD update of their own: what the layout
+  alone would give.
 
 Before timing, the variants are checked against ``vmap`` at K = 3 (the engine's steps'
 parameters after one step, the standalone variants' gradients; each tensor within 1e-4 of
@@ -61,7 +62,6 @@ from torch.nn import functional as F
 from fedrift.models.resnet import ResNet8
 
 GN_CHANNELS = 16  # channels per GroupNorm group (R1's ResNet-8)
-BLOCKS = (("stage1", 1), ("stage2", 2), ("stage3", 2))  # (name, stride)
 
 
 MODELS = {"resnet8": ({"name": "resnet8", "group_channels": GN_CHANNELS}, (3, 32, 32)),  # R1's
@@ -136,43 +136,18 @@ def vmap_grads(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]
     return vmap(grad(loss))
 
 
-def _conv(x: torch.Tensor, w: torch.Tensor, stride: int, pad: int) -> torch.Tensor:
-    """K clients' convolutions as one grouped call: ``x`` (N, K*C, H, W), ``w`` (K, O, C, kh, kw)."""
-    k, o = w.shape[:2]
-    return F.conv2d(x, w.reshape(k * o, *w.shape[2:]), stride=stride, padding=pad, groups=k)
-
-
-def _norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """K clients' GroupNorms as one: K x (C / 16) groups over (N, K*C, H, W)."""
-    k, c = weight.shape
-    return F.group_norm(x, k * max(1, c // GN_CHANNELS), weight.reshape(-1), bias.reshape(-1), eps=1e-5)
-
-
-def channels_logits(p: dict[str, torch.Tensor], x: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
-    """ResNet-8's logits for K clients at once: ``x`` (K, N, 3, H, W) -> (N, K, classes)."""
-    k, n = x.shape[:2]
-    h = x.transpose(0, 1).reshape(n, k * x.shape[2], *x.shape[3:])
-    if channels_last:
-        h = h.contiguous(memory_format=torch.channels_last)
-    h = F.relu(_norm(_conv(h, p["stem.weight"], 1, 1), p["stem_norm.weight"], p["stem_norm.bias"]))
-    for name, stride in BLOCKS:
-        out = F.relu(_norm(_conv(h, p[f"{name}.conv1.weight"], stride, 1), p[f"{name}.norm1.weight"], p[f"{name}.norm1.bias"]))
-        out = _norm(_conv(out, p[f"{name}.conv2.weight"], 1, 1), p[f"{name}.norm2.weight"], p[f"{name}.norm2.bias"])
-        if f"{name}.shortcut.0.weight" in p:
-            h = _norm(_conv(h, p[f"{name}.shortcut.0.weight"], stride, 0), p[f"{name}.shortcut.1.weight"],
-                      p[f"{name}.shortcut.1.bias"])
-        h = F.relu(out + h)
-    feats = h.mean(dim=(-2, -1)).reshape(n, k, -1)
-    return torch.einsum("nkc,koc->nko", feats, p["fc.weight"]) + p["fc.bias"]
-
-
-def channels_grads(channels_last: bool) -> Callable[..., dict[str, torch.Tensor]]:
-    """Per-client gradients from one backward of the clients' summed losses."""
+def channels_grads(model: torch.nn.Module, channels_last: bool) -> Callable[..., dict[str, torch.Tensor]]:
+    """Per-client gradients from one backward of the clients' summed losses through the
+    model's stacked form alone (``ResNet8.stacked``, no ``vmap``), in ``channels_last`` or not."""
     def grads(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
         leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
-        logits = channels_logits(leaves, x, channels_last)  # (N, K, classes)
-        ce = F.cross_entropy(logits.float().permute(0, 2, 1), y.t(), reduction="none")  # (N, K)
-        total = (ce * w.t()).sum()
+        model.stacked_channels_last = channels_last
+        try:
+            logits = model.stacked(leaves, x)  # (K, N, classes)
+        finally:
+            del model.stacked_channels_last  # the class's again
+        ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+        total = (ce * w.flatten()).sum()
         return dict(zip(leaves, torch.autograd.grad(total, list(leaves.values()))))
 
     return grads
@@ -193,8 +168,8 @@ def update(params: dict[str, torch.Tensor], mom: dict[str, torch.Tensor], grads:
 
 
 STANDALONE: dict[str, Callable[[torch.nn.Module], Callable[..., dict[str, torch.Tensor]]]] = {
-    "channels": lambda model: channels_grads(False),
-    "channels_last": lambda model: channels_grads(True),
+    "channels": lambda model: channels_grads(model, False),
+    "channels_last": lambda model: channels_grads(model, True),
 }
 VARIANTS = ("vmap", "stacked", *STANDALONE)
 

@@ -107,6 +107,9 @@ class BasicBlock(nn.Module):
 class ResNet8(FedModel):
     head_prefixes = ("fc",)
     stacked_step = True  # a step of 4 clients 1.31x, of 16 2.79x faster than vmap's on this CPU (BENCHMARKS.md G)
+    # the stacked form's activations in channels-last memory format (cuDNN's NHWC grouped kernels
+    # without conversions): off until a GPU measures it (benchmarks/step_kernels.py times both)
+    stacked_channels_last = False
 
     def __init__(
         self,
@@ -142,6 +145,8 @@ class ResNet8(FedModel):
             return None
         k, n = x.shape[:2]
         h = x.transpose(0, 1).reshape(n, k * x.shape[2], *x.shape[3:])
+        if self.stacked_channels_last:
+            h = h.contiguous(memory_format=torch.channels_last)
 
         def conv(h: torch.Tensor, name: str, module: nn.Conv2d) -> torch.Tensor:
             w = p[f"{name}.weight"]
