@@ -169,17 +169,20 @@ def autograd_grad_and_value(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def checked_local_loss(algorithm: Algorithm, precision: str = "fp32") -> Callable[..., Any]:
     """``algorithm.local_loss(params, batch, payload, ctx, apply)``, under bfloat16 autocast for
-    ``precision="bf16"`` (loss and aux back in float32), its output checked at the first call."""
+    ``precision="bf16"`` (loss and aux back in float32), its output checked at the first call;
+    ``alg``: the algorithm built at other values (``engine.step_values``) in its place."""
     checked = False
 
-    def checked_loss(params: Params, batch: dict, payload: dict, ctx: dict, apply_: Callable[..., Any]):
+    def checked_loss(params: Params, batch: dict, payload: dict, ctx: dict, apply_: Callable[..., Any],
+                     alg: Algorithm | None = None):
         nonlocal checked
+        local_loss = (alg or algorithm).local_loss
         if precision == "bf16":
             with torch.autocast(batch["y"].device.type, dtype=torch.bfloat16):
-                loss, aux = algorithm.local_loss(params, batch, payload, ctx, apply_)
+                loss, aux = local_loss(params, batch, payload, ctx, apply_)
             out = (loss.float(), {k: v.float() for k, v in aux.items()})
         else:
-            out = algorithm.local_loss(params, batch, payload, ctx, apply_)
+            out = local_loss(params, batch, payload, ctx, apply_)
         if not checked:  # the first step of this executor's (or worker's) first client
             check_local_loss(algorithm.name, out)
             checked = True

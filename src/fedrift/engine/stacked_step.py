@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 from torch.func import vjp, vmap
 
-from fedrift.engine.local import ModelApply, apply_update, checked_local_loss, stat_keys_of
+from fedrift.engine.local import ModelApply, apply_update, autograd_grad_and_value, checked_local_loss, stat_keys_of
 from fedrift.engine.round_types import Params, RoundTools, StepFn
 from fedrift.engine.step_values import VALUES
 from fedrift.models.base import FedModel
@@ -102,21 +102,20 @@ def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False
     apply = tools.vmap_apply or tools.apply
     if tools.dp is not None or stat_keys_of(apply) or not steps_stacked(apply, tools.precision):
         return None
-    call, precision = stacked_call(apply), tools.precision
-    loss = checked_local_loss(tools.algorithm, precision)
+    call, loss = stacked_call(apply), checked_local_loss(tools.algorithm, tools.precision)
 
-    def pieces(ctx: dict) -> tuple[Any, Any, Callable[..., Any], dict]:
+    def pieces(ctx: dict) -> tuple[Any, Any, dict]:
         if not valued:
-            return tools.algorithm, tools.optimizer, loss, ctx
+            return tools.algorithm, tools.optimizer, ctx
         alg, opt = tools.rebuild.pieces(ctx[VALUES])
-        return alg, opt, checked_local_loss(alg, precision), {k: v for k, v in ctx.items() if k != VALUES}
+        return alg, opt, {k: v for k, v in ctx.items() if k != VALUES}
 
     def client_loss(params: Params, batch: dict, payload: dict, ctx: dict) -> Any:
-        _, _, loss_of, rest = pieces(ctx)
-        return loss_of(params, batch, payload, rest, call)
+        alg, _, rest = pieces(ctx)
+        return loss(params, batch, payload, rest, call, alg)
 
     def update(grads: Params, opt_state: Any, trained: Params, payload: dict, ctx: dict) -> tuple[Params, Any]:
-        alg, opt, _, rest = pieces(ctx)
+        alg, opt, rest = pieces(ctx)
         if alg.grad_correction is not None:
             grads = alg.grad_correction(grads, trained, payload, rest)
         return apply_update(opt, grads, opt_state, trained)
@@ -124,14 +123,18 @@ def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False
     losses = vmap(client_loss, in_dims=(0, 0, payload_dims, 0))
     updates = vmap(update, in_dims=(0, 0, 0, payload_dims, 0))
 
+    def summed(params: Params, batch: dict, payload: dict, ctx: dict) -> tuple[torch.Tensor, Any]:
+        loss_k, aux = losses(params, batch, payload, ctx)
+        return loss_k.sum(), (loss_k, aux)
+
+    grad_fn = autograd_grad_and_value(summed)  # the clients' gradients: one backward of their summed losses
+
     def step(params: Params, opt_state: Any, batch: dict, payload: dict, ctx: dict):
-        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-        loss_k, aux = losses(leaves, batch, payload, ctx)
-        got = torch.autograd.grad(loss_k.sum(), list(leaves.values()), allow_unused=True)
+        grads, (_, (loss_k, aux)) = grad_fn(params, batch, payload, ctx)
         # contiguous: a batched product's backward can hand a weight's gradient transposed, and the
         # optimiser's elementwise work over a strided tensor ran slower (the FedAvg CNN's dense
         # layer: BENCHMARKS.md G)
-        grads = {k: torch.zeros_like(v) if g is None else g.contiguous() for (k, v), g in zip(leaves.items(), got)}
+        grads = {k: g.contiguous() for k, g in grads.items()}
         with torch.no_grad():
             new, opt_state = updates(grads, opt_state, params, payload, ctx)
         return ({k: v.detach() for k, v in new.items()}, opt_state, loss_k.detach(),
