@@ -26,6 +26,7 @@ from fedrift.engine.federation import Federation
 from fedrift.engine.loop import run_federation
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.sampling import cohort_size
+from fedrift.engine.stacked_step import compile_refusal
 from fedrift.engine.tensorboard import Board
 from fedrift.errors import ClusterLostError, ConfigError, DivergenceError, FedriftError, OutputError, describe_os_error, writing
 from fedrift.models.base import FedModel
@@ -60,6 +61,20 @@ def resolve_executor(cfg: Config, prep: Prepared, model: FedModel) -> str:
     samples = tc.local_steps * tc.batch_size if tc.local_steps else tc.local_epochs * mean_size
     return choose_executor(str(prep.device), cohort, num_params, has_conv, cpus, samples, tc.rounds,
                            states_on_disk=cfg.engine.client_state == "disk", graphs=cfg.engine.cuda_graphs)
+
+
+def check_compile(cfg: Config, executor_name: str, model: FedModel) -> None:
+    """``engine.compile`` refused where nothing would read it: an executor without the
+    vectorised step (``auto`` resolved to one), or a step that does not go through the model's
+    stacked form (``engine.stacked_step.compile_refusal``)."""
+    if executor_name not in ("batched", "stacked"):
+        raise ConfigError(f"engine.compile: true is read by engine.executor batched and stacked only, and auto chose "
+                          f"{executor_name} for this run; allowed: engine.executor=batched or stacked, or "
+                          "engine.compile=false")
+    why = compile_refusal(model, cfg.privacy.level == "sample")
+    if why is not None:
+        raise ConfigError(f"engine.compile: {why}; allowed: engine.compile=false, or a model with a stacked form "
+                          "(resnet8, cnn, mlp, logreg; no projection_dim)")
 
 
 def run(
@@ -101,6 +116,8 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
     cfg = prep.config
     model, algorithm = build_run(prep)
     executor_name = resolve_executor(cfg, prep, model)
+    if cfg.engine.compile:
+        check_compile(cfg, executor_name, model)
 
     if resume and not cfg.output.dir:
         raise ConfigError("output.dir: resuming needs the run's folder; allowed: the folder of a stopped run")

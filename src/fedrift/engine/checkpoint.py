@@ -54,7 +54,7 @@ NOT_RESULTS = ("engine.checkpoint_every", "engine.client_state", "plugins", "eng
 EQUAL_EXECUTORS = ("sequential", "processes", "ray")
 EQUAL_EXECUTOR_KEYS = ("engine.executor", "engine.workers", "engine.max_parallel_clients", "engine.cuda_graphs")
 # keys added after checkpoints were written: a manifest without one holds the default it had in effect
-LATER_KEYS = {"engine.cuda_graphs": True}
+LATER_KEYS = {"engine.cuda_graphs": True, "engine.compile": False}
 
 
 class CheckpointError(FedriftError):

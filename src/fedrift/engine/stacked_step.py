@@ -21,6 +21,13 @@ that has one) and the step has no BatchNorm statistics and no DP-SGD
 function as ``make_step(functional=True)`` under ``vmap``, other float rounding (other
 kernels); under bf16 autocast the sequential step's (the vmapped one is 1e-2 from it: under
 ``vmap`` ``F.linear`` with a bias returns float32): ``tests/engine/test_stacked_step.py``.
+
+``engine.compile``: the stacked form compiled by ``torch.compile`` (inductor: a GroupNorm, its
+ReLU and a residual add fused into one kernel, forward and backward; the convolutions stay
+cuDNN's or oneDNN's), one compile for each shape it meets (a group's width, a mode), cached
+on disk by torch across processes. Within float rounding of the uncompiled form, not bit for
+bit (other kernels, other summation orders); the same machine compiles the same kernels, so a
+run stays reproducible.
 """
 
 from __future__ import annotations
@@ -28,12 +35,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+import torch._dynamo
 from torch.func import vjp, vmap
 
 from fedrift.engine.local import ModelApply, apply_update, autograd_grad_and_value, checked_local_loss, stat_keys_of
 from fedrift.engine.round_types import Params, RoundTools, StepFn
 from fedrift.engine.step_values import VALUES
 from fedrift.models.base import FedModel
+from fedrift.models.norm import running_stat_names
+
+
+Form = Callable[[FedModel, Params, torch.Tensor, str], Any]  # FedModel.stacked, or it compiled
 
 
 class _StackedCall(torch.autograd.Function):
@@ -42,67 +54,104 @@ class _StackedCall(torch.autograd.Function):
     form on every client at once, or each operation batched where it has none."""
 
     @staticmethod
-    def forward(apply: ModelApply, names: tuple[str, ...], mode: str, x: torch.Tensor, *tensors: torch.Tensor) -> Any:
+    def forward(apply: ModelApply, form: Form, names: tuple[str, ...], mode: str, x: torch.Tensor,
+                *tensors: torch.Tensor) -> Any:
         return apply(dict(zip(names, tensors)), x, mode)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-        ctx.call, ctx.names, ctx.mode = inputs[:3]  # (not ctx.apply: the node's own)
-        ctx.save_for_backward(*inputs[3:])
+        ctx.call, _, ctx.names, ctx.mode = inputs[:4]  # (not ctx.apply: the node's own)
+        ctx.save_for_backward(*inputs[4:])
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         # a gradient taken inside a client's loss (FedSAM's ascent step): the model's own call's
         x, *tensors = ctx.saved_tensors
         _, pull = vjp(lambda x_, *t: ctx.call(dict(zip(ctx.names, t)), x_, ctx.mode), x, *tensors)
-        return (None, None, None, *pull(grads[0] if len(grads) == 1 else grads))
+        return (None, None, None, None, *pull(grads[0] if len(grads) == 1 else grads))
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple, apply: ModelApply, names: tuple[str, ...], mode: str, x: torch.Tensor,
-             *tensors: torch.Tensor) -> tuple[Any, Any]:
+    def vmap(info: Any, in_dims: tuple, apply: ModelApply, form: Form, names: tuple[str, ...], mode: str,
+             x: torch.Tensor, *tensors: torch.Tensor) -> tuple[Any, Any]:
         k = info.batch_size
 
         def rows(t: torch.Tensor, d: int | None) -> torch.Tensor:
             return t.movedim(d, 0) if d is not None else t.expand(k, *t.shape)
 
-        out = apply.model.stacked(dict(zip(names, (rows(t, d) for t, d in zip(tensors, in_dims[4:])))),
-                                  rows(x, in_dims[3]), mode)
+        out = form(apply.model, dict(zip(names, (rows(t, d) for t, d in zip(tensors, in_dims[5:])))),
+                   rows(x, in_dims[4]), mode)
         if out is None:  # no stacked form for this call: each operation batched, as vmap does
-            out = vmap(lambda x_, *t: apply(dict(zip(names, t)), x_, mode), in_dims=in_dims[3:])(x, *tensors)
+            out = vmap(lambda x_, *t: apply(dict(zip(names, t)), x_, mode), in_dims=in_dims[4:])(x, *tensors)
         return out, (0, 0) if isinstance(out, tuple) else 0
 
 
-def stacked_call(apply: ModelApply) -> Callable[..., Any]:
-    """``apply`` for a client's loss under ``vmap`` that runs the model's stacked form."""
+RECOMPILES = 64  # compiles of the stacked form a process keeps (torch's default, 8, is below a GPU group's widths x modes)
+
+
+def compiled_form(model: FedModel) -> Form:
+    """``type(model).stacked`` compiled by ``torch.compile`` (static shapes: with dynamic
+    shapes inductor failed on the grouped convolutions' strides, torch 2.13), allowed
+    :data:`RECOMPILES` shapes (past them torch warns and runs it uncompiled)."""
+    compiled = torch.compile(type(model).stacked, dynamic=False)
+
+    def form(model: FedModel, p: Params, x: torch.Tensor, mode: str) -> Any:
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILES):
+            return compiled(model, p, x, mode)
+
+    return form
+
+
+def stacked_call(apply: ModelApply, compiled: bool = False) -> Callable[..., Any]:
+    """``apply`` for a client's loss under ``vmap`` that runs the model's stacked form
+    (``compiled``: by ``torch.compile``, :func:`compiled_form`)."""
+    form = compiled_form(apply.model) if compiled else type(apply.model).stacked
+
     def call(params: Params, x: torch.Tensor, mode: str = "logits") -> Any:
         if apply.prepare is not None and not x.is_floating_point():
             x = apply.prepare(x)
-        return _StackedCall.apply(apply, tuple(params), mode, x, *params.values())
+        return _StackedCall.apply(apply, form, tuple(params), mode, x, *params.values())
 
     return call
 
 
-def steps_stacked(apply: Any, precision: str = "fp32") -> bool:
+def steps_stacked(apply: Any, precision: str = "fp32", compiled: bool = False) -> bool:
     """Whether ``apply`` (a ``ModelApply``) calls a model that steps through its stacked form:
     one it has (``FedModel.has_stacked_form``) and was measured faster with than ``vmap``
     (``FedModel.stacked_step``), or any that has one under bf16, where ``vmap``'s step is not
     the sequential one (``F.linear`` with a bias returns float32 under ``vmap`` and autocast:
-    pytorch/pytorch issue 192617) and the form's is."""
+    pytorch/pytorch issue 192617) and the form's is, or under ``engine.compile`` (``compiled``),
+    which compiles the form."""
     model = getattr(apply, "model", None)
-    return isinstance(model, FedModel) and (model.stacked_step or precision == "bf16") and model.has_stacked_form()
+    return (isinstance(model, FedModel) and (model.stacked_step or precision == "bf16" or compiled)
+            and model.has_stacked_form())
 
 
-def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False) -> StepFn | None:
+def compile_refusal(model: Any, sample_dp: bool) -> str | None:
+    """Why ``engine.compile`` cannot serve a run of ``model`` (None: it can): what it compiles
+    is the vectorised step's stacked form, which the model may lack, and which BatchNorm's
+    running statistics and DP-SGD's per-sample gradients do not go through."""
+    if not isinstance(model, FedModel) or not model.has_stacked_form():
+        return f"{type(model).__name__} has no stacked form (a projection head or another model)"
+    if running_stat_names(model):
+        return "BatchNorm's running statistics (model.norm: batch) do not go through the stacked form"
+    if sample_dp:
+        return "DP-SGD (privacy.level: sample) does not go through the stacked form"
+    return None
+
+
+def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False,
+               compiled: bool = False) -> StepFn | None:
     """The vectorised step of ``tools``' algorithm and optimiser over K clients' stacked rows
     (the payload's rows as ``payload_dims`` says: shared, or one a client), through the model's
     stacked form (see the module's docstring); ``valued``: each client's algorithm and optimiser
     built at its values (``ctx[VALUES]``, ``engine.step_values``: stacked runs at other learning
-    rates and options). None where it does not apply (no stacked form, BatchNorm statistics,
-    DP-SGD): the executor then vmaps ``make_step``'s step."""
+    rates and options); ``compiled``: the form compiled (``engine.compile``). None where it does
+    not apply (no stacked form, BatchNorm statistics, DP-SGD): the executor then vmaps
+    ``make_step``'s step."""
     apply = tools.vmap_apply or tools.apply
-    if tools.dp is not None or stat_keys_of(apply) or not steps_stacked(apply, tools.precision):
+    if tools.dp is not None or stat_keys_of(apply) or not steps_stacked(apply, tools.precision, compiled):
         return None
-    call, loss = stacked_call(apply), checked_local_loss(tools.algorithm, tools.precision)
+    call, loss = stacked_call(apply, compiled), checked_local_loss(tools.algorithm, tools.precision)
 
     def pieces(ctx: dict) -> tuple[Any, Any, dict]:
         if not valued:

@@ -173,7 +173,7 @@ def stacked_outcomes(
     flags = list(resume) if resume is not None else [False] * len(preps)
     hooks = list(on_round) if on_round is not None else [None] * len(preps)
     engine = preps[0].config.engine
-    stack = RunStack(len(preps), engine.max_parallel_clients, engine.cuda_graphs)
+    stack = RunStack(len(preps), engine.max_parallel_clients, engine.cuda_graphs, engine.compile)
     out: list[RunResult | BaseException | None] = [None] * len(preps)
     ended = [threading.Event() for _ in preps]
 

@@ -72,6 +72,7 @@ EXECUTION_KEYS = (
     "engine.threads",
     "engine.max_parallel_clients",
     "engine.cuda_graphs",
+    "engine.compile",  # the same step, compiled: the same results up to float rounding
     "engine.teacher_cache",
     "engine.client_state",
     "engine.checkpoint_every",

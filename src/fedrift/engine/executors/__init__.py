@@ -24,7 +24,7 @@ def sequential(cfg: Config) -> SequentialExecutor:
 
 @EXECUTORS.register("batched", "K clients per step in one torch.func.vmap call (engine.max_parallel_clients)")
 def batched(cfg: Config) -> BatchedExecutor:
-    return BatchedExecutor(cfg.engine.max_parallel_clients, cfg.engine.cuda_graphs)
+    return BatchedExecutor(cfg.engine.max_parallel_clients, cfg.engine.cuda_graphs, cfg.engine.compile)
 
 
 @EXECUTORS.register("processes", "clients spread over worker processes, one thread each (engine.workers)")
@@ -48,4 +48,4 @@ def auto(cfg: Config) -> SequentialExecutor:  # pragma: no cover - api.run resol
 def stacked_runs(cfg: Config):  # noqa: ANN201 - a stack of one: this run's clients as the batched executor trains them
     from fedrift.engine.executors.stacked import RunStack
 
-    return RunStack(1, cfg.engine.max_parallel_clients, cfg.engine.cuda_graphs).member(0)
+    return RunStack(1, cfg.engine.max_parallel_clients, cfg.engine.cuda_graphs, cfg.engine.compile).member(0)

@@ -1,0 +1,74 @@
+"""``engine.compile``: the vectorised step's stacked form compiled by ``torch.compile``
+(engine/stacked_step.py): the stacked step's function, within float rounding; a run with it
+reproducible; refused, in one line and before anything is written, where nothing would read it.
+(A compile costs seconds of CPU a shape: these tests use the MLP and few shapes.)"""
+
+from unittest import mock
+
+import pytest
+import torch
+
+import fedrift
+from fedrift.api import check_compile, prepare
+from fedrift.engine.checkpoint import resumable_keys
+from fedrift.engine.stacked_step import make_vstep
+from fedrift.errors import ConfigError
+from fedrift.models.mlp import MLP
+from fedrift.models.resnet import ResNet8
+from test_stacked_step import _close, _tools  # the stacked step's tests' helpers
+
+
+def test_a_compiled_run_ends_where_the_uncompiled_run_does_and_again_bit_for_bit(tiny, tmp_path):
+    """Batched, the tests' MLP federation under FedSAM (its ascent's gradient, taken inside the
+    loss, goes through the stacked call's own backward, uncompiled; the descent through the
+    compiled form's): compiled, within float rounding of the same step uncompiled (the MLP's
+    form switched on: FedModel.stacked_step); compiled twice (the second run takes torch's
+    cached compile), equal bit for bit. One test: a compile's first costs a fresh process
+    about 20 s of CPU."""
+    def run(tag):
+        return fedrift.run(tiny(engine={"executor": "batched", "compile": tag != "plain"}, algorithm={
+            "name": "fedsam", "rho": 0.05}, train={"local_steps": 4},  # every group 3 wide: one compile
+            output={"dir": str(tmp_path / tag)}))
+
+    with mock.patch.object(MLP, "stacked_step", True):
+        runs = {"plain": run("plain")}
+    assert make_vstep(_tools("fedavg", {"name": "mlp", "hidden": [8]})[0], None) is None  # uncompiled: vmap's step
+    runs.update({tag: run(tag) for tag in ("first", "again")})
+    for key, v in runs["plain"].global_state.items():
+        _close(runs["first"].global_state[key], v, 1e-5)
+        assert torch.equal(runs["again"].global_state[key], runs["first"].global_state[key])
+    assert runs["again"].history == [{**r, **{k: runs["again"].history[i][k] for k in ("seconds", "wall_seconds")}}
+                                      for i, r in enumerate(runs["first"].history)]
+
+
+@pytest.mark.parametrize("sections,said", [
+    ({"engine": {"executor": "sequential", "compile": True}}, "read by engine.executor batched and stacked only"),
+    ({"engine": {"executor": "batched", "compile": True}, "model": {"name": "resnet8", "width": 4, "norm": "batch"}},
+     "BatchNorm's running statistics"),
+    ({"engine": {"executor": "batched", "compile": True}, "model": {"name": "mlp", "hidden": [8], "projection_dim": 4}},
+     "MLP has no stacked form"),
+    ({"engine": {"executor": "batched", "compile": True}, "privacy": {"level": "sample"}}, "DP-SGD"),
+])
+def test_compile_is_refused_where_nothing_reads_it(tiny, tmp_path, sections, said):
+    """An executor without the vectorised step, a step that does not go through the stacked
+    form: a config error in one line, before the run's folder is made."""
+    with pytest.raises(ConfigError, match="engine.compile") as err:
+        fedrift.run(tiny(**sections))
+    assert said in str(err.value) and "\n" not in str(err.value) and "allowed" in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_compile_under_auto_is_checked_once_auto_has_chosen(tiny):
+    """``auto`` may choose an executor without the vectorised step for a run: then refused."""
+    prep = prepare(tiny(engine={"compile": True}))
+    model = ResNet8((1, 8, 8), 10, width=4, group_channels=2)
+    with pytest.raises(ConfigError, match="auto chose processes for this run"):
+        check_compile(prep.config, "processes", model)
+    check_compile(prep.config, "batched", model)  # no error
+
+
+def test_a_checkpoint_from_before_the_key_resumes_as_uncompiled():
+    """Manifests written before ``engine.compile`` existed hold its default then (false)."""
+    old = {"engine.executor": "batched", "seed": 0}
+    assert resumable_keys(old) == resumable_keys({**old, "engine.compile": False})
+    assert resumable_keys(old) != resumable_keys({**old, "engine.compile": True})
