@@ -13,6 +13,13 @@ load on the machine can only raise) and the median, and B / A of the minima. Int
 passes: a machine shared with other jobs slows both trees alike.
 
     .venv/bin/python benchmarks/cpu_ab.py --a /tmp/clean/src --b src --passes 5
+    # one tree, B with config keys of its own (engine.compile: A/B of a switch)
+    .venv/bin/python benchmarks/cpu_ab.py --a src --b src --b-set engine.compile=true --only R1-batched
+
+Where the step is compiled (``engine.compile``), a compile falls in the round that first meets
+its shape (a group width: clients leave a group as their steps end), part of its CPU in the
+compiler's own processes: a round in which anything compiled is left out of the figures
+(``rounds left out``, printed each pass), so that they are the compiled step's.
 """
 
 from __future__ import annotations
@@ -32,18 +39,23 @@ torch.set_num_threads(1)
 import fedrift
 from fedrift.engine.executors.batched import BatchedExecutor
 from fedrift.engine.executors.sequential import SequentialExecutor
-cpu = []
+from torch._dynamo.utils import counters
+cpu, compiles = [], []
 def timed(fn):
     def run_round(self, *a, **k):
         t0 = time.process_time()
         out = fn(self, *a, **k)
         cpu.append(time.process_time() - t0)
+        compiles.append(counters["stats"]["unique_graphs"])
         return out
     return run_round
+def fresh(i):  # no compile in round i (1-based)
+    return compiles[i - 1] == (compiles[i - 2] if i > 1 else 0)
 for cls in (BatchedExecutor, SequentialExecutor):  # the executors' own training, nothing else
     cls.run_round = timed(cls.run_round)
 fedrift.run(json.loads(sys.argv[1]))
-print(json.dumps({"cpu": cpu[1:]}))
+kept = [c for i, c in enumerate(cpu, 1) if i > 1 and fresh(i)]
+print(json.dumps({"cpu": kept, "left_out": len(cpu) - 1 - len(kept)}))
 """
 
 WORKLOADS = {
@@ -86,17 +98,26 @@ def cifar_shaped(folder: Path, n_train: int = 2000, n_test: int = 200) -> Path:
     return path
 
 
-def round_cpu(src: str, cfg: dict, rounds: int, out: Path) -> list[float]:
+LEFT_OUT: dict[tuple[str, str], int] = {}  # rounds 2.. left out (something compiled), per (workload, tree)
+
+
+def round_cpu(src: str, cfg: dict, rounds: int, out: Path, sets: list[str] = ()) -> list[float]:
     """CPU seconds of each round's training (the executor's ``run_round``), rounds 2.., in a
-    fresh child process running tree ``src``."""
+    fresh child process running tree ``src``, with the ``section.key=value`` of ``sets``."""
     doc = json.loads(json.dumps(cfg))
+    for item in sets:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        doc.setdefault(section, {})[name] = json.loads(value)
     doc["train"]["rounds"] = rounds
     doc["engine"] = {**doc.get("engine", {}), "threads": 1}
     doc["eval"] = {"every": 1000}
     doc["output"] = {"dir": str(out), "overwrite": True, "progress": False, "save_model": False}
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
     res = subprocess.run([sys.executable, "-c", CHILD, json.dumps(doc)], env=env, capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])["cpu"]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    LEFT_OUT[(out.name, src)] = LEFT_OUT.get((out.name, src), 0) + got["left_out"]
+    return got["cpu"]
 
 
 def main() -> int:
@@ -106,6 +127,7 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--only", default="", help="these workloads (comma-separated names; default: all)")
+    ap.add_argument("--b-set", action="append", default=[], help="section.key=value (JSON) for tree B's runs")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cpu-ab-"))
     WORKLOADS["R1-batched"]["data"]["root"] = str(cifar_shaped(work))
@@ -114,8 +136,10 @@ def main() -> int:
     for p in range(args.passes):
         for name, cfg in chosen.items():
             for tag, src in (("A", args.a), ("B", args.b)) if p % 2 == 0 else (("B", args.b), ("A", args.a)):
-                per.setdefault((name, tag), []).extend(round_cpu(src, cfg, args.rounds, work / f"{name}-{tag}"))
-        print(f"pass {p + 1}: " + ", ".join(f"{n} {t} min {min(v):.4f}" for (n, t), v in per.items()), flush=True)
+                sets = args.b_set if tag == "B" else []
+                per.setdefault((name, tag), []).extend(round_cpu(src, cfg, args.rounds, work / f"{name}-{tag}", sets))
+        print(f"pass {p + 1}: " + ", ".join(f"{n} {t} min {min(v):.4f}" for (n, t), v in per.items())
+              + f"; rounds left out {sum(LEFT_OUT.values())}", flush=True)
     print("| workload | A: CPU s a round (min; median) | B (min; median) | B / A (min) |")
     print("|---|---|---|---|")
     for name in chosen:

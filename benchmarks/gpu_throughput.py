@@ -67,7 +67,10 @@ PEAK_FLOPS = {"bf16": 989e12, "fp32": 67e12}  # H100/H200 SXM dense (NVIDIA's da
 # most informative first: the baseline; the stacks with their steps captured (engine.cuda_graphs,
 # the default), which should fill the device, also as several processes at once (item 4: a 5th
 # field, the processes); the same stack launched op by op (the first H200 call's way) for the
-# ratio in one call; then the rest of BENCH.md's rows
+# ratio in one call; then the rest of BENCH.md's rows. A 4th field "compiled" (--rows only):
+# captured, and the step's stacked form compiled (engine.compile; its compiles, one a group width,
+# fall in the timed rounds too where a width first appears there: the row counts them all,
+# `compiles`; step_kernels.py's compiled cases time the compiled step alone)
 ORDER = [
     ("sequential", 1, "fp32", "eager"), ("stacked", 48, "fp32", "graphs"), ("trials", 48, "fp32", "graphs"),
     ("stacked", 12, "fp32", "graphs"),
@@ -101,7 +104,7 @@ def make_data(folder: Path, n_train: int, n_test: int) -> Path:
 
 
 def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed: int, out: Path,
-           graphs: bool = False, lr: float = 0.05) -> dict[str, Any]:
+           graphs: bool = False, lr: float = 0.05, compiled: bool = False) -> dict[str, Any]:
     return {
         "seed": seed,
         "data": {"name": "npz", "root": str(data), "augment": True},
@@ -111,7 +114,8 @@ def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed
         "train": {"rounds": args.rounds, "clients_per_round": 4, "local_epochs": args.epochs, "batch_size": 64, "lr": lr,
                   "momentum": 0.9, "weight_decay": 1e-5, "clip_grad_norm": 10, "precision": precision},
         "eval": {"every": 1},  # a metrics line a round: its `seconds` (evaluation excluded) are what is timed
-        "engine": {"executor": "stacked" if path in STACKS else path, "device": args.device, "cuda_graphs": graphs},
+        "engine": {"executor": "stacked" if path in STACKS else path, "device": args.device, "cuda_graphs": graphs,
+                   "compile": compiled},
         "output": {"dir": str(out / f"s{seed}"), "progress": False, "save_model": False, "overwrite": True},
     }
 
@@ -214,15 +218,19 @@ def stacked_runs(configs: list[dict[str, Any]], train_together: Any = None, capt
 
 
 def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, work: Path,
-            graphs: bool = False, barrier: Path | None = None) -> dict[str, Any]:
+            graphs: bool = False, barrier: Path | None = None, compiled: bool = False) -> dict[str, Any]:
     from fedrift.api import run_prepared
     from fedrift.engine.executors.batched import BatchedExecutor
     from fedrift.engine.step_graphs import eager_capture
 
     # on a CPU (the script's own check) captured steps are the tests' stand-in: the same buffers
     capture = eager_capture if graphs and args.device == "cpu" else None
-    folder = work / f"{path}-{runs}-{precision}-{'graphs' if graphs else 'eager'}"
-    configs = [config(data, args, path, precision, seed, folder, graphs, trial_lr(path, seed, runs)) for seed in range(runs)]
+    from torch._dynamo.utils import counters
+
+    folder = work / f"{path}-{runs}-{precision}-{'compiled' if compiled else 'graphs' if graphs else 'eager'}"
+    configs = [config(data, args, path, precision, seed, folder, graphs, trial_lr(path, seed, runs), compiled)
+               for seed in range(runs)]
+    graphs_before = counters["stats"]["unique_graphs"]
     start = time.perf_counter()
     alone, engines = 0, []
     if barrier is not None and path not in STACKS:
@@ -235,7 +243,7 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
         if alone:
             print(f"stacked x{runs} {precision}: {alone} round(s) trained run by run (the stacked step raised)", flush=True)
     elif path == "batched":  # the executor made here, to read what its captured steps did
-        engines = [BatchedExecutor(None, capture or graphs)]
+        engines = [BatchedExecutor(None, capture or graphs, compiled)]
         run_prepared(prepare(configs[0]), executor=engines[0])
     else:
         fedrift.run(configs[0])
@@ -247,6 +255,7 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
     # the runs of a stack train together: the stack's round takes the longest of theirs
     seconds = sum(max(s[t] for s in per_run) for t in timed)
     return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision, "cuda_graphs": graphs, "processes": 1,
+            "compile": compiled, "compiles": counters["stats"]["unique_graphs"] - graphs_before,
             "graph_captures": sum(c["captures"] for c in counts), "graph_replays": sum(c["replays"] for c in counts),
             "capture_seconds": sum(c["capture_seconds"] for c in counts),
             "capture_failed": next((c["failed"] for c in counts if c["failed"]), None),
@@ -304,7 +313,8 @@ def measure_processes(data: Path, args: argparse.Namespace, path: str, runs: int
         why = bad[0].get("error") if bad else f"exit codes {codes}"
         raise RuntimeError(f"{procs} processes of {path} x{runs}: {len(got)} rows came back ({why})")
     samples, seconds = sum(g["samples"] for g in got), max(g["seconds"] for g in got)
-    return {"path": path, "runs": runs, "clients": 4 * runs * procs, "precision": precision, "cuda_graphs": mode == "graphs",
+    return {"path": path, "runs": runs, "clients": 4 * runs * procs, "precision": precision, "cuda_graphs": mode in ("graphs", "compiled"),
+            "compile": mode == "compiled",
             "processes": procs, "samples_per_second": samples / seconds, "samples": samples, "seconds": seconds,
             "wall_seconds": max(g["wall_seconds"] for g in got), "rounds_timed": got[0]["rounds_timed"],
             "local_epochs": args.epochs, "rounds_trained_run_by_run": sum(g["rounds_trained_run_by_run"] for g in got),
@@ -450,7 +460,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds a row trains (the first is a warm-up)")
     ap.add_argument("--epochs", type=int, default=1, help="local epochs (throughput does not depend on them)")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for all rows; a row is not started past it")
-    ap.add_argument("--rows", default="", help="path:runs:precision:graphs|eager[:processes],... (default: ORDER, "
+    ap.add_argument("--rows", default="", help="path:runs:precision:graphs|eager|compiled[:processes],... (default: ORDER, "
                     "most informative first; processes: that many copies of the row at once, their samples summed)")
     ap.add_argument("--data", type=Path, default=None, help="the .npz to train on (default: made in --work)")
     ap.add_argument("--barrier", type=Path, default=None, help="(a copy of measure_processes') the folder where the copies meet")
@@ -486,10 +496,10 @@ def main() -> int:
         rows = [(p, min(int(r), 3), prec, mode, procs) for p, r, prec, mode, procs in rows]
     start = time.perf_counter()
     for p, r, prec, mode, procs in rows:
-        r, graphs, procs = int(r), mode == "graphs", int(procs)
-        # rows of a file written before cuda_graphs existed were launched op by op
+        r, graphs, compiled, procs = int(r), mode in ("graphs", "compiled"), mode == "compiled", int(procs)
+        # rows of a file written before cuda_graphs (engine.compile) existed were launched op by op (uncompiled)
         if any(x["path"] == p and x["runs"] == r and x["precision"] == prec and x.get("cuda_graphs", False) == graphs
-               and x.get("processes", 1) == procs for x in doc["rows"]):
+               and x.get("compile", False) == compiled and x.get("processes", 1) == procs for x in doc["rows"]):
             continue  # measured by an earlier call
         if time.perf_counter() - start > args.budget:
             print(f"budget spent: {p} x{r} {prec} {mode} in {procs} process(es) not measured", flush=True)
@@ -498,10 +508,10 @@ def main() -> int:
             if procs > 1:
                 row = measure_processes(data, args, p, r, prec, mode, procs)
             else:
-                row = measure(data, args, p, r, prec, args.work, graphs, barrier=args.barrier)
+                row = measure(data, args, p, r, prec, args.work, graphs, barrier=args.barrier, compiled=compiled)
         except Exception as err:  # noqa: BLE001 - one row's failure is written down, the rest go on
             row = {"path": p, "runs": r, "clients": 4 * r, "precision": prec, "cuda_graphs": graphs, "processes": procs,
-                   "error": f"{type(err).__name__}: {err}"}
+                   "compile": compiled, "error": f"{type(err).__name__}: {err}"}
         if "samples_per_second" in row:
             on_gpu = args.device == "cuda"
             row["fraction_of_peak"] = row["samples_per_second"] * fps / PEAK_FLOPS[prec] if on_gpu else None
@@ -513,7 +523,7 @@ def main() -> int:
     # the same call's baseline: the ratios are within one call, as BENCH.md asks
     for x in doc["rows"]:
         if base and "samples_per_second" in x:
-            mode = ("graphs" if x.get("cuda_graphs") else "eager") + (f" in {x['processes']} processes" if x.get("processes", 1) > 1 else "")
+            mode = ("compiled" if x.get("compile") else "graphs" if x.get("cuda_graphs") else "eager") + (f" in {x['processes']} processes" if x.get("processes", 1) > 1 else "")
             print(f"{x['path']:>10} x{x['runs']:<3} {x['precision']} {mode:>6}: {x['samples_per_second']:>10.0f} samples/s "
                   f"({x['samples_per_second'] / base['samples_per_second']:.2f}x sequential fp32)")
     return 0

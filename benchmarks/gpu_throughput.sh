@@ -15,7 +15,8 @@
 # OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK,
 # SERIES (the call's own files, throughput-<device>-<series>.json: its own baseline row),
 # PROFILE_CASES (default sequential:1:eager,stacked:12:eager), KERNELS (1: benchmarks/step_kernels.py
-# first, KERNELS_TIMEOUT 180 s; its file in $OUT, or one copied there, skips it).
+# first, KERNELS_TIMEOUT 180 s, then its compiled cases, COMPILED_TIMEOUT 200 s; a step-kernels file
+# in $OUT, or one copied there, skips them).
 # The third H200 call (captured steps): SERIES=graphs PROFILE_CASES=sequential:1:eager,stacked:12:graphs;
 # the next (the host's mends: one index copy a group, one device copy of a stack's data):
 # SERIES=graphs2 PROFILE_CASES=sequential:1:eager,stacked:48:graphs PROFILE_TIMEOUT=200
@@ -31,13 +32,17 @@ fi
 export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-# first the vectorised step's kernels by formulation (vmap against the model's stacked form and
-# the channel-group layouts; a minute or two): what decides where the step goes next
+# first the vectorised step's kernels by formulation (vmap against the model's stacked form,
+# compiled or not, and the channel-group layouts; a few minutes): what decides where the step goes next
 if [ "${KERNELS:-1}" = 1 ] && ! ls "$OUT"/step-kernels-*.json >/dev/null 2>&1; then
   timeout -k 10 "${KERNELS_TIMEOUT:-180}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
-    ${QUICK:+--quick} 2>&1 | tail -n 40
+    --variants vmap,stacked,channels,channels_last ${QUICK:+--quick} 2>&1 | tail -n 40
+  # the stacked form compiled (engine.compile: inductor's fused kernels), at a 48-run stack's
+  # widths only (a compile a case, tens of seconds each)
+  timeout -k 10 "${COMPILED_TIMEOUT:-200}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
+    --variants stacked,compiled --widths 48,192 --series compiled ${QUICK:+--quick} 2>&1 | tail -n 12
   # the FedAvg CNN's form (off by default: slower than vmap on a CPU): whether a GPU wants it
-  timeout -k 10 60 "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" --model cnn --widths 1,4,16,48 \
+  timeout -k 10 60 "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" --model cnn --widths 1,4,16,48 --variants vmap,stacked \
     --precisions fp32 ${QUICK:+--quick} 2>&1 | tail -n 12
 fi
 # the rows measured by earlier calls, committed here: this call measures the others

@@ -24,6 +24,9 @@ gradients clipped at norm 10; fedrift's ResNet-8, GroupNorm 16, batch ``--batch`
   under ``vmap`` with the model call run as K channel groups of one network (activations
   ``(N, K*C, H, W)`` throughout, each convolution one call grouped by client, each GroupNorm
   one call with K times its groups), one backward of the summed losses.
+- ``compiled``: ``stacked`` with the stacked form compiled by ``torch.compile`` (inductor;
+  ``engine.compile``): a GroupNorm, its ReLU and a residual add as one kernel, forward and
+  backward; one compile per K (tens of seconds: outside the timing, in the warm-up).
 - ``channels`` and ``channels_last``: the channel-group network alone (``ResNet8.stacked``, no
   ``vmap`` at all), in the default and in channels-last memory format
   (``ResNet8.stacked_channels_last``: cuDNN's NHWC grouped kernels without conversions;
@@ -32,7 +35,8 @@ gradients clipped at norm 10; fedrift's ResNet-8, GroupNorm 16, batch ``--batch`
 
 Before timing, the variants are checked against ``vmap`` at K = 3 (the engine's steps'
 parameters after one step, the standalone variants' gradients; each tensor within 1e-4 of
-its largest value; the script stops if not). Timing: the whole step captured as one CUDA graph (``--eager``: launched op by
+its largest value; the script stops if not); for ResNet-8, the stacked form's gradients,
+uncompiled and compiled, against float64's (``gradient_error_vs_float64``). Timing: the whole step captured as one CUDA graph (``--eager``: launched op by
 op) and replayed ``--reps`` times between CUDA events, at K in ``--widths``, fp32 and bf16
 (autocast around forward and loss); a case that fails (memory, capture) is written with its
 error. Per case: ms a step, ms a client-step, us an image, images a second, and the ratio to
@@ -117,8 +121,8 @@ def engine_step(model: torch.nn.Module, tools: Any, variant: str) -> Callable[..
     from fedrift.engine.stacked_step import make_vstep
     from torch.func import vmap
 
-    if variant == "stacked":
-        step = make_vstep(tools, None)
+    if variant in ("stacked", "compiled"):
+        step = make_vstep(tools, None, compiled=variant == "compiled")
         assert step is not None, "make_vstep: the model has no stacked form"
         return step
     step = make_step(tools.algorithm, tools.vmap_apply, tools.optimizer, functional=True, precision=tools.precision)
@@ -171,10 +175,11 @@ STANDALONE: dict[str, Callable[[torch.nn.Module], Callable[..., dict[str, torch.
     "channels": lambda model: channels_grads(model, False),
     "channels_last": lambda model: channels_grads(model, True),
 }
-VARIANTS = ("vmap", "stacked", *STANDALONE)
+ENGINE = ("vmap", "stacked", "compiled")  # the engine's steps (compiled: engine.compile)
+VARIANTS = (*ENGINE, *STANDALONE)
 
 
-def check(model: torch.nn.Module, tools: Any, device: str, n: int) -> dict[str, float]:
+def check(model: torch.nn.Module, tools: Any, device: str, n: int, variants: list[str]) -> dict[str, float]:
     """The variants at K = 3 against ``vmap``: the engine's steps' parameters after one step,
     the standalone variants' gradients; the largest difference over each tensor's largest
     value (raises past 1e-4: a formulation that computes something else is not timed)."""
@@ -184,16 +189,45 @@ def check(model: torch.nn.Module, tools: Any, device: str, n: int) -> dict[str, 
     params, (x, y, w) = stacked_params(model, 3), batch(3, n, device)
     opt = vmap(lambda p: optimizer_init(tools.optimizer, p, tools.apply))(params)
     payload, inputs = {"params": {k: v.detach() for k, v in model.named_parameters()}}, {"x": x, "y": y, "w": w}
-    after = {v: engine_step(model, tools, v)(params, opt, inputs, payload, {})[0] for v in ("vmap", "stacked")}
+    engine = [v for v in ENGINE[1:] if v in variants]
+    after = {v: engine_step(model, tools, v)(params, opt, inputs, payload, {})[0] for v in ("vmap", *engine)}
     ref = vmap_grads(model)(params, x, y, w)
-    got = {"stacked": (after["stacked"], after["vmap"])}
+    got = {v: (after[v], after["vmap"]) for v in engine}
     if isinstance(model, ResNet8):  # the channel-group network alone: ResNet-8's
-        got.update({name: (make(model)(params, x, y, w), ref) for name, make in STANDALONE.items()})
+        got.update({name: (make(model)(params, x, y, w), ref) for name, make in STANDALONE.items() if name in variants})
     out = {}
     for name, (a, b) in got.items():
         out[name] = max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp(min=1e-12)) for k in b)
         if out[name] > 1e-4:
             raise AssertionError(f"{name}: differs from vmap's by {out[name]:.2e} (relative)")
+    return out
+
+
+def float64_error(model: torch.nn.Module, device: str, variants: list[str], n: int) -> dict[str, Any]:
+    """How far the stacked form's gradients are from float64's, uncompiled and compiled: 3
+    clients' summed losses on ``n`` images each (the timed batch), each gradient tensor's largest difference over
+    its largest entry; the largest over the model and the first layer's (where a network's
+    rounding has grown most). On a GPU this includes cuDNN's TF32 convolutions (torch's default)."""
+    from fedrift.engine.stacked_step import compiled_form
+
+    params, (x, y, w) = stacked_params(model, 3), batch(3, n, device)
+    forms = {"stacked": type(model).stacked}
+    if "compiled" in variants:
+        forms["compiled"] = compiled_form(model)
+
+    def grads(form: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        leaves = {n: t.detach().to(dtype).requires_grad_() for n, t in params.items()}
+        logits = form(model, leaves, x.to(dtype), "logits")
+        total = (F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none") * w.flatten().to(dtype)).sum()
+        return dict(zip(leaves, torch.autograd.grad(total, list(leaves.values()))))
+
+    ref = grads(forms["stacked"], torch.float64)
+    first = next(iter(ref))
+    out = {}
+    for name, form in forms.items():
+        got = grads(form, torch.float32)
+        rel = {k: float((got[k].double() - ref[k]).abs().max() / ref[k].abs().max()) for k in ref}
+        out[name] = {"max": max(rel.values()), "worst": max(rel, key=rel.get), f"first_layer ({first})": rel[first]}
     return out
 
 
@@ -272,6 +306,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--eager", action="store_true", help="launch op by op (default on a GPU: one captured graph a step)")
     ap.add_argument("--quick", action="store_true", help="K 1 and 3, batch 8, 2 reps: a check on a CPU")
+    ap.add_argument("--series", default="", help="a name for this call's files, step-kernels-<device>[-<model>]-<series>")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("step_kernels: --device cuda but torch sees no GPU", file=sys.stderr)
@@ -288,11 +323,15 @@ def main() -> int:
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu"
     tag = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:40]
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"step-kernels-{tag}{'' if args.model == 'resnet8' else '-' + args.model}.json"
+    path = args.out / (f"step-kernels-{tag}{'' if args.model == 'resnet8' else '-' + args.model}"
+                       f"{'-' + args.series if args.series else ''}.json")
     doc: dict[str, Any] = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "date": str(datetime.date.today()),
                            "batch": args.batch, "graphs": not args.eager and args.device == "cuda",
-                           "check": check(model, tools, args.device, min(args.batch, 16)), "cases": []}
+                           "check": check(model, tools, args.device, min(args.batch, 16), args.variants.split(",")), "cases": []}
     print(f"against vmap's (largest relative difference): {doc['check']}", flush=True)
+    if isinstance(model, ResNet8):
+        doc["gradient_error_vs_float64"] = float64_error(model, args.device, args.variants.split(","), args.batch)
+        print(f"gradients against float64's: {doc['gradient_error_vs_float64']}", flush=True)
     for precision in args.precisions.split(","):
         for k in (int(v) for v in args.widths.split(",")):
             for variant in args.variants.split(","):

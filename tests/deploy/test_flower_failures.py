@@ -215,6 +215,7 @@ def test_resume_of_a_deployed_run_is_refused(failures, capsys):
     (["engine.executor=ray"], "engine.executor: a Flower deployment trains each client on its own SuperNode"),
     (["engine.ray_address=10.0.0.1:6379"], "engine.ray_address: '10.0.0.1:6379' is read by engine.executor ray only"),
     (["engine.checkpoint_every=5"], "engine.checkpoint_every: 5; a deployed run keeps no checkpoints"),
+    (["engine.compile=true"], "engine.compile: true compiles the simulation's vectorised step"),
 ])
 def test_what_a_deployment_cannot_honour_is_refused(tmp_path, args, message, capsys):
     assert main(["flower", "app", str(tmp_path / "app"), "data.name=digits", *args]) == 2

@@ -59,6 +59,9 @@ def check_deployable(cfg: "Config", algorithm: "Algorithm") -> None:
         key = "engine.executor" if eng.executor == "ray" else "engine.ray_address"
         raise ConfigError(f"{key}: a Flower deployment trains each client on its own SuperNode, not on a Ray "
                           "cluster; allowed: engine.executor sequential or auto, engine.ray_address unset")
+    if eng.compile:
+        raise ConfigError("engine.compile: true compiles the simulation's vectorised step; a Flower deployment trains "
+                          "each client alone on its own SuperNode; allowed: false")
     if eng.checkpoint_every:
         raise ConfigError(f"engine.checkpoint_every: {eng.checkpoint_every}; {AGAIN}; allowed: 0 or unset")
     if algorithm.personal:

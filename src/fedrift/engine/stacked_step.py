@@ -89,9 +89,11 @@ RECOMPILES = 64  # compiles of the stacked form a process keeps (torch's default
 
 
 def compiled_form(model: FedModel) -> Form:
-    """``type(model).stacked`` compiled by ``torch.compile`` (static shapes: with dynamic
-    shapes inductor failed on the grouped convolutions' strides, torch 2.13), allowed
-    :data:`RECOMPILES` shapes (past them torch warns and runs it uncompiled)."""
+    """``type(model).stacked`` compiled by ``torch.compile``, allowed :data:`RECOMPILES`
+    shapes (past them torch warns and runs it uncompiled). Static shapes, a compile for each
+    group width: with the clients' axis a symbol inductor failed on the FedAvg CNN's grouped
+    convolutions (and a grouped convolution's ``groups=K`` made ResNet-8's a constant again),
+    with every size a symbol on ResNet-8's strides (torch 2.13)."""
     compiled = torch.compile(type(model).stacked, dynamic=False)
 
     def form(model: FedModel, p: Params, x: torch.Tensor, mode: str) -> Any:
