@@ -15,8 +15,10 @@
 # OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK,
 # SERIES (the call's own files, throughput-<device>-<series>.json: its own baseline row),
 # PROFILE_CASES (default sequential:1:eager,stacked:12:eager), KERNELS (1: benchmarks/step_kernels.py
-# first, KERNELS_TIMEOUT 180 s, then its compiled cases, COMPILED_TIMEOUT 200 s; a step-kernels file
-# in $OUT, or one copied there, skips them).
+# first, KERNELS_TIMEOUT 150 s, then its compiled cases, COMPILED_TIMEOUT 180 s, then the CNN's, 50 s;
+# a step-kernels file in $OUT, or one copied there, skips them).
+# The eighth session's call (the channel groups, compiled or not, then G1's first rows; about 9 min):
+# SERIES=graphs3 BUDGET=100 PROFILE=0 bash benchmarks/gpu_throughput.sh (timeout_s 590)
 # The third H200 call (captured steps): SERIES=graphs PROFILE_CASES=sequential:1:eager,stacked:12:graphs;
 # the next (the host's mends: one index copy a group, one device copy of a stack's data):
 # SERIES=graphs2 PROFILE_CASES=sequential:1:eager,stacked:48:graphs PROFILE_TIMEOUT=200
@@ -35,14 +37,14 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clo
 # first the vectorised step's kernels by formulation (vmap against the model's stacked form,
 # compiled or not, and the channel-group layouts; a few minutes): what decides where the step goes next
 if [ "${KERNELS:-1}" = 1 ] && ! ls "$OUT"/step-kernels-*.json >/dev/null 2>&1; then
-  timeout -k 10 "${KERNELS_TIMEOUT:-180}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
+  timeout -k 10 "${KERNELS_TIMEOUT:-150}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
     --variants vmap,stacked,channels,channels_last ${QUICK:+--quick} 2>&1 | tail -n 40
   # the stacked form compiled (engine.compile: inductor's fused kernels), at a 48-run stack's
   # widths only (a compile a case, tens of seconds each)
-  timeout -k 10 "${COMPILED_TIMEOUT:-200}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
+  timeout -k 10 "${COMPILED_TIMEOUT:-180}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
     --variants stacked,compiled --widths 48,192 --series compiled ${QUICK:+--quick} 2>&1 | tail -n 12
   # the FedAvg CNN's form (off by default: slower than vmap on a CPU): whether a GPU wants it
-  timeout -k 10 60 "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" --model cnn --widths 1,4,16,48 --variants vmap,stacked \
+  timeout -k 10 50 "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" --model cnn --widths 1,4,16,48 --variants vmap,stacked \
     --precisions fp32 ${QUICK:+--quick} 2>&1 | tail -n 12
 fi
 # the rows measured by earlier calls, committed here: this call measures the others

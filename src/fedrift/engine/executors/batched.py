@@ -134,14 +134,14 @@ def _functional_step(tools: RoundTools, algorithm: Any, optimizer: Any) -> Any:
 class BatchedExecutor:
     """``graphs``: on a GPU, the vectorised step captured as CUDA graphs (``engine.step_graphs``;
     ``engine.cuda_graphs``); a capture function instead of True captures with it on any device
-    (the tests' CPU stand-in, ``step_graphs.eager_capture``). ``compile``: the step's stacked
+    (the tests' CPU stand-in, ``step_graphs.eager_capture``). ``compiled``: the step's stacked
     form compiled (``engine.compile``, ``engine.stacked_step.compiled_form``)."""
 
     def __init__(self, max_parallel_clients: int | None = None, graphs: bool | Capture = True,
-                 compile: bool = False) -> None:
+                 compiled: bool = False) -> None:
         self.max_parallel = max_parallel_clients
         self.graphs = graphs
-        self.compile = compile
+        self.compiled = compiled
         self._steps: dict[Any, Any] = {}
 
     def close(self) -> None:
@@ -197,7 +197,7 @@ class BatchedExecutor:
         dims_key = repr(payload_dims)
         if dims_key not in vsteps:
             # the model's stacked form where it has one (engine.stacked_step); else each client's step vmapped
-            fast = make_vstep(tools, payload_dims, valued, self.compile)
+            fast = make_vstep(tools, payload_dims, valued, self.compiled)
             vsteps[dims_key] = fast or vmap(step, in_dims=(0, 0, 0, payload_dims, 0))
             capture = self._capture(tools)
             if capture is not None:

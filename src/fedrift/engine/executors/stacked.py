@@ -58,12 +58,12 @@ class RunStack:
     """The meeting point of ``size`` runs' executors (see the module's docstring).
     ``max_parallel``: clients per vectorised group, over all runs (``engine.max_parallel_clients``;
     None: the batched executor's memory rule); ``cuda_graphs``: ``engine.cuda_graphs``;
-    ``compile``: ``engine.compile``."""
+    ``compiled``: ``engine.compile``."""
 
     size: int
     max_parallel: int | None = None
     cuda_graphs: Any = True  # engine.cuda_graphs (or a capture function: BatchedExecutor's graphs)
-    compile: bool = False  # engine.compile
+    compiled: bool = False  # engine.compile
     live: int = 0
     rounds_trained: int = 0  # meetings that trained more than one run at once (tests read it)
     rounds_alone: int = 0  # meetings whose stacked training raised, trained run by run instead
@@ -74,7 +74,7 @@ class RunStack:
 
     def __post_init__(self) -> None:
         self.live = self.size
-        self._engine = BatchedExecutor(self.max_parallel, self.cuda_graphs, self.compile)
+        self._engine = BatchedExecutor(self.max_parallel, self.cuda_graphs, self.compiled)
 
     def member(self, index: int) -> "StackMember":
         """Run ``index``'s executor."""
