@@ -94,3 +94,29 @@ def test_stacked_runs_compiled_equal_the_runs_alone(tiny, tmp_path):
         alone = fedrift.run(config(s, "batched", "a"))
         for key, v in alone.global_state.items():
             _close(got.global_state[key], v, 1e-4)
+
+
+def test_a_compiled_group_is_padded_to_a_few_widths(tiny, tmp_path, monkeypatch):
+    """Clients leave a group as their steps end; compiled, the group is padded to one of a few
+    widths (as for captured graphs: ``step_graphs.width``), a compile each, not one for each
+    number of clients left. Recorded with the uncompiled form in the compiled one's place;
+    the padding rows' results are not read (the run ends where the unpadded one does)."""
+    from fedrift.engine import stacked_step
+    from fedrift.engine.step_graphs import width
+
+    widths: list[int] = []
+
+    def recorder(model):
+        def form(model, p, x, mode):
+            widths.append(x.shape[0])
+            return type(model).stacked(model, p, x, mode)
+        return form
+
+    monkeypatch.setattr(stacked_step, "compiled_form", recorder)
+    sections = dict(partition={"num_clients": 9, "alpha": 0.3}, train={"clients_per_round": 9, "rounds": 1})
+    padded = fedrift.run(tiny(engine={"executor": "batched", "compile": True}, output={"dir": str(tmp_path / "c")},
+                              **sections))
+    assert widths[0] == 12 and set(widths) <= {width(n) for n in range(1, 10)} and len(set(widths)) > 2
+    plain = fedrift.run(tiny(engine={"executor": "batched"}, output={"dir": str(tmp_path / "p")}, **sections))
+    for key, v in plain.global_state.items():
+        _close(padded.global_state[key], v, 1e-4)

@@ -270,9 +270,11 @@ class BatchedExecutor:
         opt_state = vmap(partial(optimizer_init, tools0.optimizer, apply=tools0.apply))(params)
         vstep = self.vstep(step_tools or tools0, payload_dims, valued=values is not None)
         steps = [j.num_steps for j in jobs]
-        # a captured step's rows: the clients still training, then the first of them repeated
-        # up to the graphs' width (those rows' results are not read)
-        fill, leaving = _leaving(steps, width if isinstance(vstep, StepGraphs) else None, dev)
+        # a captured or compiled step's rows: the clients still training, then the first of them
+        # repeated up to one of a few widths (those rows' results are not read): a graph, or a
+        # compile, for each width, not for each number of clients left
+        padded = isinstance(vstep, StepGraphs) or self.compiled
+        fill, leaving = _leaving(steps, width if padded else None, dev)
         if fill is not None:
             params, opt_state, ctx, payload = (_rows(params, fill), _rows(opt_state, fill), _rows(ctx, fill),
                                                _rows(payload, fill, payload_dims))
@@ -306,7 +308,7 @@ class BatchedExecutor:
                     batch = _rows(batch, fill)
             with label("fedrift.step"):
                 params, opt_state, loss, aux = vstep(params, opt_state, batch, payload, ctx)
-            if fill is not None:  # the real rows only (the rest: a captured step's padding)
+            if fill is not None:  # the real rows only (the rest: a captured or compiled step's padding)
                 loss, aux = loss[: len(alive)], {key: v[: len(alive)] for key, v in aux.items()}
             loss_sum = loss_sum.index_add(0, at, loss)
             for key, v in aux.items():
