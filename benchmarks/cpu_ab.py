@@ -39,14 +39,16 @@ torch.set_num_threads(1)
 import fedrift
 from fedrift.engine.executors.batched import BatchedExecutor
 from fedrift.engine.executors.sequential import SequentialExecutor
-from torch._dynamo.utils import counters
+def graphs():  # what torch.compile has compiled so far (0 where nothing has imported torch._dynamo)
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return dynamo.counters["stats"]["unique_graphs"] if dynamo else 0
 cpu, compiles = [], []
 def timed(fn):
     def run_round(self, *a, **k):
         t0 = time.process_time()
         out = fn(self, *a, **k)
         cpu.append(time.process_time() - t0)
-        compiles.append(counters["stats"]["unique_graphs"])
+        compiles.append(graphs())
         return out
     return run_round
 def fresh(i):  # no compile in round i (1-based)

@@ -217,6 +217,12 @@ def stacked_runs(configs: list[dict[str, Any]], train_together: Any = None, capt
     return made
 
 
+def compiled_graphs() -> int:
+    """What ``torch.compile`` has compiled in this process (0 where nothing has imported it)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return dynamo.counters["stats"]["unique_graphs"] if dynamo else 0
+
+
 def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, work: Path,
             graphs: bool = False, barrier: Path | None = None, compiled: bool = False) -> dict[str, Any]:
     from fedrift.api import run_prepared
@@ -225,12 +231,10 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
 
     # on a CPU (the script's own check) captured steps are the tests' stand-in: the same buffers
     capture = eager_capture if graphs and args.device == "cpu" else None
-    from torch._dynamo.utils import counters
-
     folder = work / f"{path}-{runs}-{precision}-{'compiled' if compiled else 'graphs' if graphs else 'eager'}"
     configs = [config(data, args, path, precision, seed, folder, graphs, trial_lr(path, seed, runs), compiled)
                for seed in range(runs)]
-    graphs_before = counters["stats"]["unique_graphs"]
+    graphs_before = compiled_graphs()
     start = time.perf_counter()
     alone, engines = 0, []
     if barrier is not None and path not in STACKS:
@@ -255,7 +259,7 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
     # the runs of a stack train together: the stack's round takes the longest of theirs
     seconds = sum(max(s[t] for s in per_run) for t in timed)
     return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision, "cuda_graphs": graphs, "processes": 1,
-            "compile": compiled, "compiles": counters["stats"]["unique_graphs"] - graphs_before,
+            "compile": compiled, "compiles": compiled_graphs() - graphs_before,
             "graph_captures": sum(c["captures"] for c in counts), "graph_replays": sum(c["replays"] for c in counts),
             "capture_seconds": sum(c["capture_seconds"] for c in counts),
             "capture_failed": next((c["failed"] for c in counts if c["failed"]), None),

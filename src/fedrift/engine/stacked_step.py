@@ -35,7 +35,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import torch._dynamo
 from torch.func import vjp, vmap
 
 from fedrift.engine.local import ModelApply, apply_update, autograd_grad_and_value, checked_local_loss, stat_keys_of
@@ -94,6 +93,8 @@ def compiled_form(model: FedModel) -> Form:
     group width: with the clients' axis a symbol inductor failed on the FedAvg CNN's grouped
     convolutions (and a grouped convolution's ``groups=K`` made ResNet-8's a constant again),
     with every size a symbol on ResNet-8's strides (torch 2.13)."""
+    import torch._dynamo  # on use: importing it costs a process start-up about 1.7 s of CPU
+
     compiled = torch.compile(type(model).stacked, dynamic=False)
 
     def form(model: FedModel, p: Params, x: torch.Tensor, mode: str) -> Any:
