@@ -50,8 +50,10 @@ def _worked_example_shown(text: str) -> re.Match | None:
 
 def test_the_worked_example_prints_what_the_readme_shows(capsys, tmp_path, monkeypatch):
     """The README's printed line of the worked example (and Getting started's, the same),
-    run as written: the same accuracies within two test images (0.002: another CPU's kernels
-    may round differently), the folder."""
+    run as written: the same accuracies within five test images of mnist5k's 1,000 (0.005:
+    another CPU's kernels round differently, and 30 rounds of training carry that on: the
+    README's line is from an AVX2 EPYC, whose 0.9220 final was 0.9190 on an AVX-512 Xeon),
+    the folder."""
     shown = _worked_example_shown(README.read_text())
     assert shown, "the worked example's printed lines are not in README.md"
     again = _worked_example_shown((ROOT / "docs" / "getting-started.md").read_text())
@@ -61,6 +63,6 @@ def test_the_worked_example_prints_what_the_readme_shows(capsys, tmp_path, monke
     assert main(["run", "-c", "examples/demo.yaml", "output.progress=false"]) == 0
     out = capsys.readouterr().out
     got = re.search(r"final accuracy ([0-9.]+), best ([0-9.]+) \(round \d+\)", out)
-    assert abs(float(got.group(1)) - float(shown.group(1))) <= 0.002 + 1e-9, out
-    assert abs(float(got.group(2)) - float(shown.group(2))) <= 0.002 + 1e-9, out
+    assert abs(float(got.group(1)) - float(shown.group(1))) <= 0.005 + 1e-9, out
+    assert abs(float(got.group(2)) - float(shown.group(2))) <= 0.005 + 1e-9, out
     assert f"results in {shown.group(3)}" in out and (tmp_path / shown.group(3) / "summary.json").is_file()

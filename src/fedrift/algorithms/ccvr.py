@@ -276,7 +276,11 @@ def virtual_features(mu: torch.Tensor, sigma: torch.Tensor, m: int, rng: np.rand
             lam, vec = torch.linalg.eigh(sigma / scale)
         except torch.linalg.LinAlgError as err:
             raise FloatingPointError(f"a class covariance cannot be decomposed (CCVR's calibration: {err})") from None
-        root = (vec * (lam.clamp_min(0) * scale).sqrt()) @ vec.T  # V diag(sqrt lambda) V^T: symmetric
+        # eigenvalues within rounding of 0 are 0 (numpy's matrix_rank's bound): a singular sigma's
+        # roundoff eigenvalues (1e-16, positive on one CPU's kernels, negative on another's)
+        # would put its draws 1e-8-1e-7 off its support, by sqrt
+        lam = torch.where(lam > lam.max() * len(lam) * torch.finfo(lam.dtype).eps, lam, 0.0)
+        root = (vec * (lam * scale).sqrt()) @ vec.T  # V diag(sqrt lambda) V^T: symmetric
     z = torch.from_numpy(rng.standard_normal((m, len(mu)))).to(root.device)
     return mu.double() + z @ root.T
 
