@@ -7,7 +7,6 @@ from unittest import mock
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 import fedrift
 from fedrift.api import check_compile, prepare
@@ -34,6 +33,8 @@ def test_a_compiled_run_ends_where_the_uncompiled_run_does_and_again_bit_for_bit
     with mock.patch.object(MLP, "stacked_step", True):
         runs = {"plain": run("plain")}
     assert make_vstep(_tools("fedavg", {"name": "mlp", "hidden": [8]})[0], None) is None  # uncompiled: vmap's step
+    from torch._dynamo.utils import counters  # here: fedrift first (fedrift._inductor_cache)
+
     made = counters["stats"]["unique_graphs"]
     runs.update({tag: run(tag) for tag in ("first", "again")})
     assert counters["stats"]["unique_graphs"] > made  # the step did go through torch.compile
@@ -87,6 +88,8 @@ def test_stacked_runs_compiled_equal_the_runs_alone(tiny, tmp_path):
         return tiny(seed=s, engine={"executor": ex, "compile": True}, algorithm={"name": "fedprox", "mu": 0.1 * (1 + 4 * s)},
                     train={"local_steps": 4, "lr": 0.05 / (1 + s)}, output={"dir": str(tmp_path / f"{tag}{s}")})
 
+    from torch._dynamo.utils import counters  # here: fedrift first (fedrift._inductor_cache)
+
     made = counters["stats"]["unique_graphs"]
     together = run_stacked([config(s, "stacked", "t") for s in (0, 1)])
     assert counters["stats"]["unique_graphs"] > made
@@ -120,3 +123,21 @@ def test_a_compiled_group_is_padded_to_a_few_widths(tiny, tmp_path, monkeypatch)
     plain = fedrift.run(tiny(engine={"executor": "batched"}, output={"dir": str(tmp_path / "p")}, **sections))
     for key, v in plain.global_state.items():
         _close(padded.global_state[key], v, 1e-4)
+
+
+def test_a_cpu_capability_of_its_own_compiles_into_a_cache_of_its_own():
+    """inductor's disk cache does not tell ``ATEN_CPU_CAPABILITY``'s vector widths apart
+    (kernels of another width from the shared folder gave non-finite losses): under a
+    capability set by hand, fedrift's import points the cache at a folder of that
+    capability's own; not where the user named a folder, not where torch's compiler was
+    loaded first (switched late, its parts would mix the folders), not without the variable."""
+    from fedrift._inductor_cache import separate
+
+    env = {"ATEN_CPU_CAPABILITY": "AVX2"}
+    folder = separate(env, {})
+    assert folder and folder.endswith("_avx2") and env["TORCHINDUCTOR_CACHE_DIR"] == folder
+    mine = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": "/somewhere/mine"}
+    assert separate(mine, {}) is None and mine["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
+    late = {"ATEN_CPU_CAPABILITY": "avx2"}
+    assert separate(late, {"torch._inductor": object()}) is None and "TORCHINDUCTOR_CACHE_DIR" not in late
+    assert separate({}, {}) is None
