@@ -279,7 +279,7 @@ def virtual_features(mu: torch.Tensor, sigma: torch.Tensor, m: int, rng: np.rand
         # eigenvalues within rounding of 0 are 0 (numpy's matrix_rank's bound): a singular sigma's
         # roundoff eigenvalues (1e-16, positive on one CPU's kernels, negative on another's)
         # would put its draws 1e-8-1e-7 off its support, by sqrt
-        lam = torch.where(lam > lam.max() * len(lam) * torch.finfo(lam.dtype).eps, lam, 0.0)
+        lam = torch.where(lam > lam.max().clamp_min(0) * len(lam) * torch.finfo(lam.dtype).eps, lam, 0.0)
         root = (vec * (lam * scale).sqrt()) @ vec.T  # V diag(sqrt lambda) V^T: symmetric
     z = torch.from_numpy(rng.standard_normal((m, len(mu)))).to(root.device)
     return mu.double() + z @ root.T
