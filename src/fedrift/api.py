@@ -26,7 +26,7 @@ from fedrift.engine.federation import Federation
 from fedrift.engine.loop import run_federation
 from fedrift.engine.outputs import RunWriter
 from fedrift.engine.sampling import cohort_size
-from fedrift.engine.stacked_step import compile_refusal
+from fedrift.engine.stacked_step import form_refusal
 from fedrift.engine.tensorboard import Board
 from fedrift.errors import ClusterLostError, ConfigError, DivergenceError, FedriftError, OutputError, describe_os_error, writing
 from fedrift.models.base import FedModel
@@ -66,12 +66,12 @@ def resolve_executor(cfg: Config, prep: Prepared, model: FedModel) -> str:
 def check_compile(cfg: Config, executor_name: str, model: FedModel) -> None:
     """``engine.compile`` refused where nothing would read it: an executor without the
     vectorised step (``auto`` resolved to one), or a step that does not go through the model's
-    stacked form (``engine.stacked_step.compile_refusal``)."""
+    stacked form (``engine.stacked_step.form_refusal``)."""
     if executor_name not in ("batched", "stacked"):
         raise ConfigError(f"engine.compile: true is read by engine.executor batched and stacked only, and auto chose "
                           f"{executor_name} for this run; allowed: engine.executor=batched or stacked, or "
                           "engine.compile=false")
-    why = compile_refusal(model, cfg.privacy.level == "sample")
+    why = form_refusal(model, cfg.privacy.level == "sample")
     if why is not None:
         raise ConfigError(f"engine.compile: {why}; allowed: engine.compile=false, or a model with a stacked form "
                           "(resnet8, cnn, mlp, logreg; no projection_dim)")

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 from torch.func import vjp, vmap
 
-from fedrift.engine.local import ModelApply, apply_update, autograd_grad_and_value, checked_local_loss, stat_keys_of
+from fedrift.engine.local import ModelApply, apply_update, autograd_grad_and_value, checked_local_loss
 from fedrift.engine.round_types import Params, RoundTools, StepFn
 from fedrift.engine.step_values import VALUES
 from fedrift.models.base import FedModel
@@ -88,20 +88,15 @@ RECOMPILES = 64  # compiles of the stacked form a process keeps (torch's default
 
 
 def compiled_form(model: FedModel) -> Form:
-    """``type(model).stacked`` compiled by ``torch.compile``, allowed :data:`RECOMPILES`
-    shapes (past them torch warns and runs it uncompiled). Static shapes, a compile for each
-    group width: with the clients' axis a symbol inductor failed on the FedAvg CNN's grouped
-    convolutions (and a grouped convolution's ``groups=K`` made ResNet-8's a constant again),
-    with every size a symbol on ResNet-8's strides (torch 2.13)."""
+    """``type(model).stacked`` compiled by ``torch.compile``; torch's recompile limit raised to
+    :data:`RECOMPILES` shapes (past them torch warns and runs it uncompiled). Static shapes, a
+    compile for each group width: with the clients' axis a symbol inductor failed on the
+    FedAvg CNN's grouped convolutions (and a grouped convolution's ``groups=K`` made ResNet-8's
+    a constant again), with every size a symbol on ResNet-8's strides (torch 2.13)."""
     import torch._dynamo  # on use: importing it costs a process start-up about 1.7 s of CPU
 
-    compiled = torch.compile(type(model).stacked, dynamic=False)
-
-    def form(model: FedModel, p: Params, x: torch.Tensor, mode: str) -> Any:
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILES):
-            return compiled(model, p, x, mode)
-
-    return form
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILES)
+    return torch.compile(type(model).stacked, dynamic=False)
 
 
 def stacked_call(apply: ModelApply, compiled: bool = False) -> Callable[..., Any]:
@@ -117,22 +112,11 @@ def stacked_call(apply: ModelApply, compiled: bool = False) -> Callable[..., Any
     return call
 
 
-def steps_stacked(apply: Any, precision: str = "fp32", compiled: bool = False) -> bool:
-    """Whether ``apply`` (a ``ModelApply``) calls a model that steps through its stacked form:
-    one it has (``FedModel.has_stacked_form``) and was measured faster with than ``vmap``
-    (``FedModel.stacked_step``), or any that has one under bf16, where ``vmap``'s step is not
-    the sequential one (``F.linear`` with a bias returns float32 under ``vmap`` and autocast:
-    pytorch/pytorch issue 192617) and the form's is, or under ``engine.compile`` (``compiled``),
-    which compiles the form."""
-    model = getattr(apply, "model", None)
-    return (isinstance(model, FedModel) and (model.stacked_step or precision == "bf16" or compiled)
-            and model.has_stacked_form())
-
-
-def compile_refusal(model: Any, sample_dp: bool) -> str | None:
-    """Why ``engine.compile`` cannot serve a run of ``model`` (None: it can): what it compiles
-    is the vectorised step's stacked form, which the model may lack, and which BatchNorm's
-    running statistics and DP-SGD's per-sample gradients do not go through."""
+def form_refusal(model: Any, sample_dp: bool) -> str | None:
+    """Why the vectorised step cannot go through ``model``'s stacked form (None: it can): the
+    model lacks one, BatchNorm's running statistics or DP-SGD's per-sample gradients (which the
+    form does not carry). The one rule for :func:`make_vstep` and for ``engine.compile``'s
+    refusal (``fedrift.api.check_compile``)."""
     if not isinstance(model, FedModel) or not model.has_stacked_form():
         return f"{type(model).__name__} has no stacked form (a projection head or another model)"
     if running_stat_names(model):
@@ -149,10 +133,16 @@ def make_vstep(tools: RoundTools, payload_dims: Any = None, valued: bool = False
     stacked form (see the module's docstring); ``valued``: each client's algorithm and optimiser
     built at its values (``ctx[VALUES]``, ``engine.step_values``: stacked runs at other learning
     rates and options); ``compiled``: the form compiled (``engine.compile``). None where it does
-    not apply (no stacked form, BatchNorm statistics, DP-SGD): the executor then vmaps
-    ``make_step``'s step."""
+    not apply (:func:`form_refusal`), or where the model's step is not through its form: it was
+    measured faster with ``vmap`` (``FedModel.stacked_step`` off), under fp32 and uncompiled
+    (under bf16 ``vmap``'s step is not the sequential one: ``F.linear`` with a bias returns
+    float32 under ``vmap`` and autocast, pytorch/pytorch issue 192617; the form's is). The
+    executor then vmaps ``make_step``'s step."""
     apply = tools.vmap_apply or tools.apply
-    if tools.dp is not None or stat_keys_of(apply) or not steps_stacked(apply, tools.precision, compiled):
+    model = getattr(apply, "model", None)
+    if form_refusal(model, tools.dp is not None) is not None:
+        return None
+    if not (model.stacked_step or tools.precision == "bf16" or compiled):
         return None
     call, loss = stacked_call(apply, compiled), checked_local_loss(tools.algorithm, tools.precision)
 
