@@ -70,7 +70,9 @@ PEAK_FLOPS = {"bf16": 989e12, "fp32": 67e12}  # H100/H200 SXM dense (NVIDIA's da
 # ratio in one call; then the rest of BENCH.md's rows. A 4th field "compiled" (--rows only):
 # captured, and the step's stacked form compiled (engine.compile; its compiles, one a group width,
 # fall in the timed rounds too where a width first appears there: the row counts them all,
-# `compiles`; step_kernels.py's compiled cases time the compiled step alone)
+# `compiles`; step_kernels.py's compiled cases time the compiled step alone). "+cudnn" after the 4th
+# field (graphs+cudnn, eager+cudnn, compiled+cudnn): with engine.cudnn_benchmark (cuDNN's algorithms
+# timed on each shape, not picked by heuristics)
 ORDER = [
     ("sequential", 1, "fp32", "eager"), ("stacked", 48, "fp32", "graphs"), ("trials", 48, "fp32", "graphs"),
     ("stacked", 12, "fp32", "graphs"),
@@ -104,7 +106,7 @@ def make_data(folder: Path, n_train: int, n_test: int) -> Path:
 
 
 def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed: int, out: Path,
-           graphs: bool = False, lr: float = 0.05, compiled: bool = False) -> dict[str, Any]:
+           graphs: bool = False, lr: float = 0.05, compiled: bool = False, cudnn: bool = False) -> dict[str, Any]:
     return {
         "seed": seed,
         "data": {"name": "npz", "root": str(data), "augment": True},
@@ -115,7 +117,7 @@ def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed
                   "momentum": 0.9, "weight_decay": 1e-5, "clip_grad_norm": 10, "precision": precision},
         "eval": {"every": 1},  # a metrics line a round: its `seconds` (evaluation excluded) are what is timed
         "engine": {"executor": "stacked" if path in STACKS else path, "device": args.device, "cuda_graphs": graphs,
-                   "compile": compiled},
+                   "compile": compiled, "cudnn_benchmark": cudnn},
         "output": {"dir": str(out / f"s{seed}"), "progress": False, "save_model": False, "overwrite": True},
     }
 
@@ -223,16 +225,31 @@ def compiled_graphs() -> int:
     return dynamo.counters["stats"]["unique_graphs"] if dynamo else 0
 
 
+def parse_mode(mode: str) -> tuple[bool, bool, bool]:
+    """A row's 4th field, ``eager|graphs|compiled[+cudnn]``: (cuda_graphs, compile, cudnn_benchmark)."""
+    base, _, extra = mode.partition("+")
+    if base not in ("eager", "graphs", "compiled") or extra not in ("", "cudnn"):
+        raise ValueError(f"row mode {mode!r}; allowed: eager, graphs or compiled, each with +cudnn or not")
+    return base in ("graphs", "compiled"), base == "compiled", extra == "cudnn"
+
+
+def mode_name(row: dict[str, Any]) -> str:
+    """:func:`parse_mode`'s inverse, from a row's fields."""
+    base = "compiled" if row.get("compile") else "graphs" if row.get("cuda_graphs") else "eager"
+    return base + ("+cudnn" if row.get("cudnn_benchmark") else "")
+
+
 def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, work: Path,
-            graphs: bool = False, barrier: Path | None = None, compiled: bool = False) -> dict[str, Any]:
+            graphs: bool = False, barrier: Path | None = None, compiled: bool = False, cudnn: bool = False) -> dict[str, Any]:
     from fedrift.api import run_prepared
     from fedrift.engine.executors.batched import BatchedExecutor
     from fedrift.engine.step_graphs import eager_capture
 
     # on a CPU (the script's own check) captured steps are the tests' stand-in: the same buffers
     capture = eager_capture if graphs and args.device == "cpu" else None
-    folder = work / f"{path}-{runs}-{precision}-{'compiled' if compiled else 'graphs' if graphs else 'eager'}"
-    configs = [config(data, args, path, precision, seed, folder, graphs, trial_lr(path, seed, runs), compiled)
+    mode = mode_name({"compile": compiled, "cuda_graphs": graphs, "cudnn_benchmark": cudnn})
+    folder = work / f"{path}-{runs}-{precision}-{mode}"
+    configs = [config(data, args, path, precision, seed, folder, graphs, trial_lr(path, seed, runs), compiled, cudnn)
                for seed in range(runs)]
     graphs_before = compiled_graphs()
     start = time.perf_counter()
@@ -259,7 +276,7 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
     # the runs of a stack train together: the stack's round takes the longest of theirs
     seconds = sum(max(s[t] for s in per_run) for t in timed)
     return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision, "cuda_graphs": graphs, "processes": 1,
-            "compile": compiled, "compiles": compiled_graphs() - graphs_before,
+            "compile": compiled, "compiles": compiled_graphs() - graphs_before, "cudnn_benchmark": cudnn,
             "graph_captures": sum(c["captures"] for c in counts), "graph_replays": sum(c["replays"] for c in counts),
             "capture_seconds": sum(c["capture_seconds"] for c in counts),
             "capture_failed": next((c["failed"] for c in counts if c["failed"]), None),
@@ -317,8 +334,9 @@ def measure_processes(data: Path, args: argparse.Namespace, path: str, runs: int
         why = bad[0].get("error") if bad else f"exit codes {codes}"
         raise RuntimeError(f"{procs} processes of {path} x{runs}: {len(got)} rows came back ({why})")
     samples, seconds = sum(g["samples"] for g in got), max(g["seconds"] for g in got)
-    return {"path": path, "runs": runs, "clients": 4 * runs * procs, "precision": precision, "cuda_graphs": mode in ("graphs", "compiled"),
-            "compile": mode == "compiled",
+    graphs, compiled, cudnn = parse_mode(mode)
+    return {"path": path, "runs": runs, "clients": 4 * runs * procs, "precision": precision, "cuda_graphs": graphs,
+            "compile": compiled, "cudnn_benchmark": cudnn,
             "processes": procs, "samples_per_second": samples / seconds, "samples": samples, "seconds": seconds,
             "wall_seconds": max(g["wall_seconds"] for g in got), "rounds_timed": got[0]["rounds_timed"],
             "local_epochs": args.epochs, "rounds_trained_run_by_run": sum(g["rounds_trained_run_by_run"] for g in got),
@@ -358,14 +376,14 @@ class Window:
 
 
 def profiled_run(data: Path, args: argparse.Namespace, path: str, runs: int, work: Path, window: Window,
-                 graphs: bool = False) -> list[dict]:
-    """A 2-round run of ``path`` (``runs`` stacked runs; ``graphs``: steps captured) with
-    ``window`` around round 2's training."""
+                 graphs: bool = False, cudnn: bool = False) -> list[dict]:
+    """A 2-round run of ``path`` (``runs`` stacked runs; ``graphs``: steps captured; ``cudnn``:
+    engine.cudnn_benchmark) with ``window`` around round 2's training."""
     from fedrift.api import run_prepared
     from fedrift.engine.executors.sequential import SequentialExecutor
 
     two = argparse.Namespace(**{**vars(args), "rounds": 2})
-    configs = [config(data, two, path, "fp32", seed, work, graphs) for seed in range(runs)]
+    configs = [config(data, two, path, "fp32", seed, work, graphs, cudnn=cudnn) for seed in range(runs)]
     if path == "sequential":
         class Profiled(SequentialExecutor):
             def run_round(self, tools, payload, jobs, round_, take=None):  # noqa: ANN001, ANN202
@@ -392,20 +410,21 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
     for case in args.profile_cases.split(","):
         path, runs, mode = case.split(":")
         runs = min(int(runs), 3) if args.quick else int(runs)
+        graphs, _, cudnn = parse_mode(mode)
         try:
-            report["cases"].append(profile_case(data, args, work, path, runs, mode == "graphs"))
+            report["cases"].append(profile_case(data, args, work, path, runs, graphs, cudnn))
         except Exception as err:  # noqa: BLE001 - written down; the other cases go on
-            report["cases"].append({"path": path, "runs": runs, "cuda_graphs": mode == "graphs",
+            report["cases"].append({"path": path, "runs": runs, "cuda_graphs": graphs, "cudnn_benchmark": cudnn,
                                     "error": f"{type(err).__name__}: {err}"})
             print(f"profile {path} x{runs} {mode}: {type(err).__name__}: {err}", flush=True)
         (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"# G2 profile, {tag}: round 2's training (round 1 a warm-up)", ""]
     for c in report["cases"]:
         if "error" in c:
-            lines.append(f"- {c['path']} x{c['runs']} (cuda_graphs {c['cuda_graphs']}): {c['error']}")
+            lines.append(f"- {c['path']} x{c['runs']} ({mode_name(c)}): {c['error']}")
             continue
         busy = "n/a" if c["device_busy_share"] is None else f"{c['device_busy_share']:.2f}"
-        lines.append(f"- {c['path']} x{c['runs']} (cuda_graphs {c['cuda_graphs']}): {c['steps']} steps, {c['wall_seconds']:.2f} s "
+        lines.append(f"- {c['path']} x{c['runs']} ({mode_name(c)}): {c['steps']} steps, {c['wall_seconds']:.2f} s "
                      f"({c['wall_ms_per_step']:.2f} ms a step, {c['samples_per_second']:.0f} samples/s), "
                      f"{c['aten_ops_per_step']:.0f} aten ops and {c['kernels_per_step']:.0f} kernels a step "
                      f"({c['kernel_ms_per_step']:.2f} ms of kernels), device busy {busy}")
@@ -416,10 +435,11 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
-def profile_case(data: Path, args: argparse.Namespace, work: Path, path: str, runs: int, graphs: bool) -> dict[str, Any]:
+def profile_case(data: Path, args: argparse.Namespace, work: Path, path: str, runs: int, graphs: bool,
+                 cudnn: bool = False) -> dict[str, Any]:
     """One case of :func:`profile`: its summary."""
     window = Window(args.device)
-    configs = profiled_run(data, args, path, runs, work / f"prof-{path}-{runs}-{graphs}", window, graphs)
+    configs = profiled_run(data, args, path, runs, work / f"prof-{path}-{runs}-{graphs}-{cudnn}", window, graphs, cudnn)
     prof, wall = window.prof, window.wall
     events = prof.key_averages()
     if not any(e.key.startswith("aten::") for e in events):  # a window around nothing: say so, write nothing false
@@ -445,7 +465,7 @@ def profile_case(data: Path, args: argparse.Namespace, work: Path, path: str, ru
     samples = sum(samples_per_round(c, range(2, 3))[0] for c in configs)
     print(f"profile {path} x{runs} graphs={graphs}: {steps} steps, {len(kernels)} kernels, wall {wall:.2f} s", flush=True)
     return {
-        "path": path, "runs": runs, "cuda_graphs": graphs, "wall_seconds": wall, "steps": steps, "samples": samples,
+        "path": path, "runs": runs, "cuda_graphs": graphs, "cudnn_benchmark": cudnn, "wall_seconds": wall, "steps": steps, "samples": samples,
         "samples_per_second": samples / wall, "kernels": len(kernels),
         "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps,
         "kernels_per_step": len(kernels) / steps, "kernel_ms_per_step": 1e3 * kernel_s / steps,
@@ -464,7 +484,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds a row trains (the first is a warm-up)")
     ap.add_argument("--epochs", type=int, default=1, help="local epochs (throughput does not depend on them)")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for all rows; a row is not started past it")
-    ap.add_argument("--rows", default="", help="path:runs:precision:graphs|eager|compiled[:processes],... (default: ORDER, "
+    ap.add_argument("--rows", default="", help="path:runs:precision:graphs|eager|compiled[+cudnn][:processes],... (default: ORDER, "
                     "most informative first; processes: that many copies of the row at once, their samples summed)")
     ap.add_argument("--data", type=Path, default=None, help="the .npz to train on (default: made in --work)")
     ap.add_argument("--barrier", type=Path, default=None, help="(a copy of measure_processes') the folder where the copies meet")
@@ -473,7 +493,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a check of the script on a CPU")
     ap.add_argument("--profile", action="store_true", help="G2 instead of G1")
     ap.add_argument("--profile-cases", default="sequential:1:eager,stacked:12:eager",
-                    help="path:runs:graphs|eager,... profiled (sequential first: see profile())")
+                    help="path:runs:graphs|eager[+cudnn],... profiled (sequential first: see profile())")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "fedrift-gpu-throughput")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -500,10 +520,12 @@ def main() -> int:
         rows = [(p, min(int(r), 3), prec, mode, procs) for p, r, prec, mode, procs in rows]
     start = time.perf_counter()
     for p, r, prec, mode, procs in rows:
-        r, graphs, compiled, procs = int(r), mode in ("graphs", "compiled"), mode == "compiled", int(procs)
-        # rows of a file written before cuda_graphs (engine.compile) existed were launched op by op (uncompiled)
-        if any(x["path"] == p and x["runs"] == r and x["precision"] == prec and x.get("cuda_graphs", False) == graphs
-               and x.get("compile", False) == compiled and x.get("processes", 1) == procs for x in doc["rows"]):
+        r, procs = int(r), int(procs)
+        graphs, compiled, cudnn = parse_mode(mode)
+        # rows of a file written before cuda_graphs (engine.compile, engine.cudnn_benchmark) existed were launched
+        # op by op (uncompiled, cuDNN's heuristics)
+        if any(x["path"] == p and x["runs"] == r and x["precision"] == prec and mode_name(x) == mode
+               and x.get("processes", 1) == procs for x in doc["rows"]):
             continue  # measured by an earlier call
         if time.perf_counter() - start > args.budget:
             print(f"budget spent: {p} x{r} {prec} {mode} in {procs} process(es) not measured", flush=True)
@@ -512,10 +534,10 @@ def main() -> int:
             if procs > 1:
                 row = measure_processes(data, args, p, r, prec, mode, procs)
             else:
-                row = measure(data, args, p, r, prec, args.work, graphs, barrier=args.barrier, compiled=compiled)
+                row = measure(data, args, p, r, prec, args.work, graphs, barrier=args.barrier, compiled=compiled, cudnn=cudnn)
         except Exception as err:  # noqa: BLE001 - one row's failure is written down, the rest go on
             row = {"path": p, "runs": r, "clients": 4 * r, "precision": prec, "cuda_graphs": graphs, "processes": procs,
-                   "compile": compiled, "error": f"{type(err).__name__}: {err}"}
+                   "compile": compiled, "cudnn_benchmark": cudnn, "error": f"{type(err).__name__}: {err}"}
         if "samples_per_second" in row:
             on_gpu = args.device == "cuda"
             row["fraction_of_peak"] = row["samples_per_second"] * fps / PEAK_FLOPS[prec] if on_gpu else None
@@ -527,8 +549,8 @@ def main() -> int:
     # the same call's baseline: the ratios are within one call, as BENCH.md asks
     for x in doc["rows"]:
         if base and "samples_per_second" in x:
-            mode = ("compiled" if x.get("compile") else "graphs" if x.get("cuda_graphs") else "eager") + (f" in {x['processes']} processes" if x.get("processes", 1) > 1 else "")
-            print(f"{x['path']:>10} x{x['runs']:<3} {x['precision']} {mode:>6}: {x['samples_per_second']:>10.0f} samples/s "
+            mode = mode_name(x) + (f" in {x['processes']} processes" if x.get("processes", 1) > 1 else "")
+            print(f"{x['path']:>10} x{x['runs']:<3} {x['precision']} {mode:>14}: {x['samples_per_second']:>10.0f} samples/s "
                   f"({x['samples_per_second'] / base['samples_per_second']:.2f}x sequential fp32)")
     return 0
 

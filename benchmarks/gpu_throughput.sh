@@ -15,10 +15,15 @@
 # OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK,
 # SERIES (the call's own files, throughput-<device>-<series>.json: its own baseline row),
 # PROFILE_CASES (default sequential:1:eager,stacked:12:eager), KERNELS (1: benchmarks/step_kernels.py
-# first, KERNELS_TIMEOUT 150 s, then its compiled cases, COMPILED_TIMEOUT 180 s, then the CNN's, 50 s;
-# a step-kernels file in $OUT, or one copied there, skips them).
-# The eighth session's call (the channel groups, compiled or not, then G1's first rows; about 9 min):
-# SERIES=graphs3 BUDGET=100 PROFILE=0 bash benchmarks/gpu_throughput.sh (timeout_s 590)
+# first, in parts, each skipped where its file is in $OUT: "main" (vmap, the stacked form, the channel
+# groups in both layouts; MAIN_TIMEOUT 120 s), "tuned" (the same with engine.cudnn_benchmark: cuDNN's
+# algorithms timed, not picked by heuristics; TUNED_TIMEOUT 90 s), "compiled-tuned" (the form
+# compiled, at a 48-run stack's widths; COMPILED_TIMEOUT 150 s), the CNN's form (40 s)),
+# THROUGHPUT (1: G1's rows after the kernels; 0: none).
+# The ninth session's calls (two; the machine stays warm between them):
+#   SERIES=graphs3 THROUGHPUT=0 PROFILE=0 bash benchmarks/gpu_throughput.sh            (timeout_s 480)
+#   SERIES=graphs3 KERNELS=0 PROFILE=0 BUDGET=200 ROWS=cudnn bash benchmarks/gpu_throughput.sh   (timeout_s 330)
+# (ROWS=cudnn: G1's sequential and 48-run rows with cuDNN's heuristics and with its algorithms timed)
 # The third H200 call (captured steps): SERIES=graphs PROFILE_CASES=sequential:1:eager,stacked:12:graphs;
 # the next (the host's mends: one index copy a group, one device copy of a stack's data):
 # SERIES=graphs2 PROFILE_CASES=sequential:1:eager,stacked:48:graphs PROFILE_TIMEOUT=200
@@ -26,6 +31,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; WHL=${WHL:-.gpu/whlmin}; OUT=${OUT:-$PWD/runs/gpu-out}
 DEVICE=${DEVICE:-cuda}; BUDGET=${BUDGET:-420}
+if [ "${ROWS:-}" = cudnn ]; then
+  ROWS=sequential:1:fp32:eager,sequential:1:fp32:eager+cudnn,stacked:48:fp32:graphs,stacked:48:fp32:graphs+cudnn
+  ROWS+=,stacked:48:bf16:graphs+cudnn,stacked:48:fp32:compiled+cudnn
+fi
 mkdir -p "$OUT"
 if [ "${INSTALL:-1}" = 1 ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHL"/*.whl \
@@ -34,19 +43,27 @@ fi
 export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+kernels() {  # SERIES TIMEOUT ARGS...: one part of step_kernels.py, skipped where its file is in $OUT already
+  local series=$1 limit=$2; shift 2
+  ls "$OUT"/step-kernels-*-"$series".json >/dev/null 2>&1 && { echo "step_kernels $series: in $OUT already"; return; }
+  timeout -k 10 "$limit" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" --series "$series" "$@" \
+    ${QUICK:+--quick} 2>&1 | tail -n 40
+}
 # first the vectorised step's kernels by formulation (vmap against the model's stacked form,
-# compiled or not, and the channel-group layouts; a few minutes): what decides where the step goes next
-if [ "${KERNELS:-1}" = 1 ] && ! ls "$OUT"/step-kernels-*.json >/dev/null 2>&1; then
-  timeout -k 10 "${KERNELS_TIMEOUT:-150}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
-    --variants vmap,stacked,channels,channels_last ${QUICK:+--quick} 2>&1 | tail -n 40
-  # the stacked form compiled (engine.compile: inductor's fused kernels), at a 48-run stack's
-  # widths only (a compile a case, tens of seconds each)
-  timeout -k 10 "${COMPILED_TIMEOUT:-180}" "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" \
-    --variants stacked,compiled --widths 48,192 --series compiled ${QUICK:+--quick} 2>&1 | tail -n 12
+# compiled or not, and the channel-group layouts; cuDNN's algorithms by heuristics or timed):
+# what decides where the step goes next
+if [ "${KERNELS:-1}" = 1 ]; then
+  kernels main "${MAIN_TIMEOUT:-120}" --variants vmap,stacked,channels,channels_last --widths 1,16,48,192
+  # cuDNN's algorithms timed on each shape (engine.cudnn_benchmark): its heuristics chose FFT,
+  # "alg0" and a direct grouped kernel at 1.5 ms a call on the last profile (BENCHMARKS.md G)
+  kernels tuned "${TUNED_TIMEOUT:-90}" --variants vmap,stacked,channels_last --widths 1,16,48,192 --cudnn-benchmark
+  # the stacked form compiled (engine.compile: inductor's fused kernels; its convolutions are
+  # cuDNN's), at a 48-run stack's widths only (a compile a case, tens of seconds each)
+  kernels compiled-tuned "${COMPILED_TIMEOUT:-150}" --variants stacked,compiled --widths 48,192 --cudnn-benchmark
   # the FedAvg CNN's form (off by default: slower than vmap on a CPU): whether a GPU wants it
-  timeout -k 10 50 "$PY" benchmarks/step_kernels.py --device "$DEVICE" --out "$OUT" --model cnn --widths 1,4,16,48 --variants vmap,stacked \
-    --precisions fp32 ${QUICK:+--quick} 2>&1 | tail -n 12
+  kernels form 40 --model cnn --widths 1,4,16,48 --variants vmap,stacked --precisions fp32 --cudnn-benchmark
 fi
+[ "${THROUGHPUT:-1}" = 1 ] || { ls -la "$OUT"; exit 0; }
 # the rows measured by earlier calls, committed here: this call measures the others
 mkdir -p benchmarks/results/gpu-throughput
 cp benchmarks/results/gpu-throughput/throughput-*.json "$OUT"/ 2>/dev/null

@@ -42,7 +42,11 @@ op) and replayed ``--reps`` times between CUDA events, at K in ``--widths``, fp3
 error. Per case: ms a step, ms a client-step, us an image, images a second, and the ratio to
 ``vmap`` at the same K and precision. JSON and a markdown table to ``--out``. ``--model``: the
 FedAvg CNN, the MLP or logistic regression instead (their inputs 1x28x28; ``vmap`` and
-``stacked`` only): the figures behind ``FedModel.stacked_step``.
+``stacked`` only): the figures behind ``FedModel.stacked_step``. ``--cudnn-benchmark``: cuDNN
+times its convolution algorithms on each shape (in the warm-up, before the capture) and keeps
+the fastest (``engine.cudnn_benchmark``), where by default it picks by heuristics (on the H200's
+profile: FFT and "alg0" kernels for one client, a direct grouped kernel at 1.5 ms a call for
+16 clients); give the call its own ``--series``.
 
     python benchmarks/step_kernels.py --device cuda --out benchmarks/results/gpu-throughput
     # here, to check it end to end (the gradient check, then tiny timings, a minute):
@@ -307,7 +311,10 @@ def main() -> int:
     ap.add_argument("--eager", action="store_true", help="launch op by op (default on a GPU: one captured graph a step)")
     ap.add_argument("--quick", action="store_true", help="K 1 and 3, batch 8, 2 reps: a check on a CPU")
     ap.add_argument("--series", default="", help="a name for this call's files, step-kernels-<device>[-<model>]-<series>")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN's algorithms timed on each shape, not picked "
+                    "by heuristics (torch.backends.cudnn.benchmark, engine.cudnn_benchmark)")
     args = ap.parse_args()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     if args.device == "cuda" and not torch.cuda.is_available():
         print("step_kernels: --device cuda but torch sees no GPU", file=sys.stderr)
         return 2
@@ -327,6 +334,7 @@ def main() -> int:
                        f"{'-' + args.series if args.series else ''}.json")
     doc: dict[str, Any] = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "date": str(datetime.date.today()),
                            "batch": args.batch, "graphs": not args.eager and args.device == "cuda",
+                           "cudnn_benchmark": args.cudnn_benchmark,
                            "check": check(model, tools, args.device, min(args.batch, 16), args.variants.split(",")), "cases": []}
     print(f"against vmap's (largest relative difference): {doc['check']}", flush=True)
     if isinstance(model, ResNet8):
@@ -351,7 +359,8 @@ def main() -> int:
                 path.write_text(json.dumps(doc, indent=1) + "\n")
                 print(json.dumps(case), flush=True)
     lines = [f"# Step kernels, {args.model}, {name} (torch {torch.__version__}, batch {args.batch}, "
-             f"{'captured' if doc['graphs'] else 'op by op'})", "",
+             f"{'captured' if doc['graphs'] else 'op by op'}, cuDNN's algorithms "
+             f"{'timed' if args.cudnn_benchmark else 'by heuristics'})", "",
              "| precision | clients | variant | ms a step | ms a client-step | us an image | images/s | x vmap |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]
     for c in doc["cases"]:

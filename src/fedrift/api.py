@@ -16,8 +16,8 @@ from fedrift.algorithms.base import Algorithm
 from fedrift.config import Config, apply_overrides, read_yaml
 from fedrift.data.fingerprint import dataset_fingerprint
 from fedrift.engine.build import (  # noqa: F401 - the API's names for them (tools and tests use them)
-    SECTION_REGISTRIES, Prepared, build_algorithm, build_run, final_state, prepare, resolve_device, resolve_options,
-    resolved_yaml, run_facts, run_folder, shared_options,
+    SECTION_REGISTRIES, Prepared, build_algorithm, build_run, cudnn_choice, final_state, prepare, resolve_device,
+    resolve_options, resolved_yaml, run_facts, run_folder, shared_options,
 )
 from fedrift.engine.checkpoint import Checkpointer, CheckpointError, Snapshot, prefix_sha256
 from fedrift.engine.executors import EXECUTORS, choose_executor
@@ -149,7 +149,8 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
             torch.set_num_threads(cfg.engine.threads)
         facts["threads"] = torch.get_num_threads()
         try:
-            loop = _federate(cfg, fed, model, algorithm, executor, writer, checkpoints, snap, on_round)
+            with cudnn_choice(cfg):
+                loop = _federate(cfg, fed, model, algorithm, executor, writer, checkpoints, snap, on_round)
         except OutputError as err:
             if not checkpoints.exists():
                 raise

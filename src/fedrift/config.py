@@ -186,6 +186,10 @@ class EngineConfig(_Section):
         "MLP, logreg) compiled by `torch.compile`, forward and backward; a compile per group width (tens of "
         "seconds each on a CPU, kept in torch's cache on disk), then faster steps; results within float "
         "rounding of uncompiled ones. Refused where the step has no stacked form"))
+    cudnn_benchmark: bool = Field(False, description=(
+        "on a GPU: cuDNN times its algorithms for each convolution shape the run meets and keeps the fastest "
+        "(`torch.backends.cudnn.benchmark`, for the run's duration), where by default it picks by heuristics; "
+        "the pick may differ from one process to the next, and the float rounding with it. No effect on a CPU"))
     threads: PositiveInt | None = Field(None, description=(
         "torch CPU threads for the run (restored afterwards; null: torch's default, one per core)"))
     client_state: Literal["memory", "disk", "auto"] = Field("auto", description=(

@@ -519,6 +519,7 @@ class Device:
             check_data(prep, k, expected, root)
         if self.cfg.engine.threads is not None:
             torch.set_num_threads(self.cfg.engine.threads)
+        torch.backends.cudnn.benchmark = self.cfg.engine.cudnn_benchmark  # the node's process trains this run alone
         model, self.algorithm = build_run(prep)
         self.tools = build_tools(prep, model, self.algorithm)
         self.fed = Federation(prep.dataset, prep.partition, prep.device)

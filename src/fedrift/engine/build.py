@@ -8,9 +8,10 @@ and the Flower apps. Whatever builds a run here builds the same one from the sam
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -87,6 +88,20 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+@contextmanager
+def cudnn_choice(cfg: Config) -> Iterator[None]:
+    """``engine.cudnn_benchmark`` in effect for the block, torch's flag as it was afterwards.
+    The flag is the process's: stacked runs, each in a thread of its own, share one value (their
+    engine sections are equal), and their caller holds it around them all, so that no run's end
+    turns it back while another still trains."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = cfg.engine.cudnn_benchmark
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 
 def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: list[str] | None = None,
@@ -218,6 +233,8 @@ def client_tools(config: Config | Prepared) -> RoundTools:
         prep = config
     else:
         prep = prepare(config)  # loads the config's plugins
+    # a worker's process trains this run's clients alone: the run's cuDNN choice stays set
+    torch.backends.cudnn.benchmark = prep.config.engine.cudnn_benchmark
     model, algorithm = build_run(prep)
     return build_tools(prep, model, algorithm)
 

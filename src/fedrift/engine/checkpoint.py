@@ -52,9 +52,10 @@ NOT_RESULTS = ("engine.checkpoint_every", "engine.client_state", "plugins", "eng
 # on the CPU with ``engine.threads: 1`` a run may stop under one of them and continue under
 # another; how many workers share the clients does not change results either.
 EQUAL_EXECUTORS = ("sequential", "processes", "ray")
-EQUAL_EXECUTOR_KEYS = ("engine.executor", "engine.workers", "engine.max_parallel_clients", "engine.cuda_graphs")
+EQUAL_EXECUTOR_KEYS = ("engine.executor", "engine.workers", "engine.max_parallel_clients", "engine.cuda_graphs",
+                       "engine.cudnn_benchmark")
 # keys added after checkpoints were written: a manifest without one holds the default it had in effect
-LATER_KEYS = {"engine.cuda_graphs": True, "engine.compile": False}
+LATER_KEYS = {"engine.cuda_graphs": True, "engine.compile": False, "engine.cudnn_benchmark": False}
 
 
 class CheckpointError(FedriftError):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from fedrift.api import RunResult, prepare, resolved_yaml, run_prepared
-from fedrift.engine.build import Prepared
+from fedrift.engine.build import Prepared, cudnn_choice
 from fedrift.engine.checkpoint import CheckpointError
 from fedrift.engine.executors.stacked import RunStack
 from fedrift.errors import ConfigError
@@ -199,15 +199,16 @@ def stacked_outcomes(
         while not all(e.is_set() for e in ended):
             time.sleep(0.05)
 
-    for i in range(len(preps)):
-        threading.Thread(target=one, args=(i,), name=f"fedrift-stack-{i}", daemon=True).start()
     stopped = False
-    try:
-        wait_all()
-    except KeyboardInterrupt:
-        stopped = True
-        stack.stop()  # every run stops at its next step and writes its interrupted summary
-        wait_all()
+    with cudnn_choice(preps[0].config):  # the runs' shared value, held until the last has ended
+        for i in range(len(preps)):
+            threading.Thread(target=one, args=(i,), name=f"fedrift-stack-{i}", daemon=True).start()
+        try:
+            wait_all()
+        except KeyboardInterrupt:
+            stopped = True
+            stack.stop()  # every run stops at its next step and writes its interrupted summary
+            wait_all()
     return [r if r is not None else RuntimeError("the run ended without a result") for r in out], stopped
 
 

@@ -73,6 +73,7 @@ EXECUTION_KEYS = (
     "engine.max_parallel_clients",
     "engine.cuda_graphs",
     "engine.compile",  # the same step, compiled: the same results up to float rounding
+    "engine.cudnn_benchmark",  # cuDNN's algorithms timed, not picked by heuristics: float rounding only
     "engine.teacher_cache",
     "engine.client_state",
     "engine.checkpoint_every",
