@@ -88,3 +88,10 @@ def test_a_checkpoint_from_before_the_key_resumes_with_heuristics():
     assert resumable_keys(old) != resumable_keys({**old, "engine.cudnn_benchmark": True})
     cpu = {"engine.executor": "sequential", "engine.device": "cpu", "engine.threads": 1, "seed": 0}
     assert resumable_keys(cpu) == resumable_keys({**cpu, "engine.cudnn_benchmark": True})
+
+
+def test_on_a_cpu_it_changes_nothing(tiny, tmp_path, flag):
+    """The flag is cuDNN's: a CPU run with it ends where one without it does, bit for bit."""
+    runs = [fedrift.run(tiny(engine={"cudnn_benchmark": v}, output={"dir": str(tmp_path / str(v))})) for v in (False, True)]
+    for key, value in runs[0].global_state.items():
+        assert torch.equal(runs[1].global_state[key], value)
