@@ -82,6 +82,18 @@ def test_the_confirmation_fits_the_room_with_fewer_candidates_then_fewer_seeds()
     assert fit_confirmation(ranked, seeds, 12, costs, None, 48).seeds == [1, 2]
 
 
+def test_a_confirmation_already_run_fits_an_overspent_budget():
+    """The same select again after its confirmation ran past the budget (its estimate was
+    short): the room is below zero, but the runs are done (compare reuses them) and cost
+    nothing, so the confirmation, and the answer, are the same; one run not done does not fit."""
+    costs = {e: Cost(10.0, 20.0, "trials") for e in ("fedavg", "a")}
+    ranked, seeds = ["fedavg", "a"], [1, 2]
+    for room_s, room_r in ((-0.3, None), (None, -12), (-0.3, -12)):
+        c = fit_confirmation(ranked, seeds, 12, costs, room_s, room_r, done=lambda e, s: True)
+        assert c is not None and (c.entries, c.seeds, c.seconds, c.rounds) == (ranked, seeds, 0.0, 0)
+        assert fit_confirmation(ranked, seeds, 12, costs, room_s, room_r, done=lambda e, s: s == 1) is None
+
+
 def test_the_plan_keeps_the_least_search_and_refuses_only_what_cannot_pay_for_it():
     """2 entries, 6 rounds, rungs 2 and 6, 3 seeds, top 1: the least search is a trial of each
     entry to round 2 (4 rounds), the least confirmation 2 entries x 2 seeds x 6 rounds (24)."""

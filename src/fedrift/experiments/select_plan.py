@@ -163,13 +163,14 @@ def fit_confirmation(ranked: Sequence[str], seeds: Sequence[int], rounds: int, c
                      done: Callable[[str, int], bool] | None = None) -> Confirmation | None:
     """The largest confirmation (:func:`confirmation_options`) that fits both rooms (None: no
     limit; unmeasured seconds fit), or None when even FedAvg and one candidate over two seeds
-    do not."""
+    do not. A room below zero (a budget overspent by a confirmation that ran longer than its
+    estimate) still takes a confirmation whose runs are all ``done``: it costs nothing."""
     if len(ranked) < 2:
         return None
     for k, (entries, use) in enumerate(confirmation_options(ranked, seeds)):
         seconds, n_rounds = confirmation_cost(entries, use, rounds, costs, jobs, done)
-        if (room_rounds is None or n_rounds <= room_rounds) and (
-                room_seconds is None or seconds is None or seconds <= room_seconds):
+        if (room_rounds is None or n_rounds <= max(room_rounds, 0)) and (
+                room_seconds is None or seconds is None or seconds <= max(room_seconds, 0.0)):
             return Confirmation(entries, use, seconds, n_rounds, k == 0)
     return None
 
