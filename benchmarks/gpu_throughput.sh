@@ -15,8 +15,8 @@
 # OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK,
 # SERIES (the call's own files, throughput-<device>-<series>.json: its own baseline row),
 # PROFILE_CASES (default sequential:1:eager,stacked:12:eager), KERNELS (1: benchmarks/step_kernels.py
-# first, in parts, each skipped where its file is in $OUT: "main" (vmap, the stacked form, the channel
-# groups in both layouts; MAIN_TIMEOUT 120 s), "tuned" (the same with engine.cudnn_benchmark: cuDNN's
+# first, in parts, each skipped where its file is in $OUT, a few cases of each profiled (their kernels
+# by name): "main" (vmap, the stacked form, the channel groups in both layouts; MAIN_TIMEOUT 120 s), "tuned" (the same with engine.cudnn_benchmark: cuDNN's
 # algorithms timed, not picked by heuristics; TUNED_TIMEOUT 90 s), "compiled-tuned" (the form
 # compiled, at a 48-run stack's widths; COMPILED_TIMEOUT 150 s), the CNN's form (40 s)),
 # THROUGHPUT (1: G1's rows after the kernels; 0: none).
@@ -53,13 +53,16 @@ kernels() {  # SERIES TIMEOUT ARGS...: one part of step_kernels.py, skipped wher
 # compiled or not, and the channel-group layouts; cuDNN's algorithms by heuristics or timed):
 # what decides where the step goes next
 if [ "${KERNELS:-1}" = 1 ]; then
-  kernels main "${MAIN_TIMEOUT:-120}" --variants vmap,stacked,channels,channels_last --widths 1,16,48,192
+  kernels main "${MAIN_TIMEOUT:-120}" --variants vmap,stacked,channels,channels_last --widths 1,16,48,192 \
+    --profile stacked:48:fp32,channels_last:48:fp32,stacked:1:fp32
   # cuDNN's algorithms timed on each shape (engine.cudnn_benchmark): its heuristics chose FFT,
   # "alg0" and a direct grouped kernel at 1.5 ms a call on the last profile (BENCHMARKS.md G)
-  kernels tuned "${TUNED_TIMEOUT:-90}" --variants vmap,stacked,channels_last --widths 1,16,48,192 --cudnn-benchmark
+  kernels tuned "${TUNED_TIMEOUT:-90}" --variants vmap,stacked,channels_last --widths 1,16,48,192 --cudnn-benchmark \
+    --profile stacked:48:fp32,channels_last:48:fp32,stacked:1:fp32
   # the stacked form compiled (engine.compile: inductor's fused kernels; its convolutions are
   # cuDNN's), at a 48-run stack's widths only (a compile a case, tens of seconds each)
-  kernels compiled-tuned "${COMPILED_TIMEOUT:-150}" --variants stacked,compiled --widths 48,192 --cudnn-benchmark
+  kernels compiled-tuned "${COMPILED_TIMEOUT:-150}" --variants stacked,compiled --widths 48,192 --cudnn-benchmark \
+    --profile compiled:48:fp32,compiled:48:bf16
   # the FedAvg CNN's form (off by default: slower than vmap on a CPU): whether a GPU wants it
   kernels form 40 --model cnn --widths 1,4,16,48 --variants vmap,stacked --precisions fp32 --cudnn-benchmark
 fi

@@ -46,7 +46,10 @@ FedAvg CNN, the MLP or logistic regression instead (their inputs 1x28x28; ``vmap
 times its convolution algorithms on each shape (in the warm-up, before the capture) and keeps
 the fastest (``engine.cudnn_benchmark``), where by default it picks by heuristics (on the H200's
 profile: FFT and "alg0" kernels for one client, a direct grouped kernel at 1.5 ms a call for
-16 clients); give the call its own ``--series``.
+16 clients); give the call its own ``--series``. ``--profile VARIANT:K:PRECISION,...``: those cases' timed steps
+again under ``torch.profiler``, their kernels by name (calls and microseconds a step, share of
+the step's kernel time; on a CPU, aten operators' own CPU time): which kernels the step's time
+goes to, where the totals say only how much.
 
     python benchmarks/step_kernels.py --device cuda --out benchmarks/results/gpu-throughput
     # here, to check it end to end (the gradient check, then tiny timings, a minute):
@@ -235,9 +238,38 @@ def float64_error(model: torch.nn.Module, device: str, variants: list[str], n: i
     return out
 
 
+def kernel_table(run: Callable[[], None], reps: int, device: str, top: int = 15) -> dict[str, Any]:
+    """``reps`` calls of ``run`` under ``torch.profiler``: the kernels (on a CPU, aten operators'
+    own time) by name, the ``top`` by time, each with its calls and microseconds a step and its
+    share of the whole; kernels a step and their microseconds a step in all."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(reps):
+            run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = {}  # name -> [calls, microseconds]
+    if device == "cuda":
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                got = by_name.setdefault(e.name, [0, 0.0])
+                got[0], got[1] = got[0] + 1, got[1] + e.device_time_total
+    else:
+        by_name = {e.key: [e.count, e.self_cpu_time_total] for e in prof.key_averages() if e.key.startswith("aten::")}
+    total = sum(us for _, us in by_name.values()) or 1.0
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"what": "CUDA kernels" if device == "cuda" else "aten operators (their own CPU time)",
+            "kernels_per_step": sum(c for c, _ in by_name.values()) / reps, "kernel_us_per_step": total / reps,
+            "top": [{"name": name[:140], "calls_per_step": calls / reps, "us_per_step": us / reps, "share": us / total}
+                    for name, (calls, us) in rows]}
+
+
 def time_case(model: torch.nn.Module, tools: Any, variant: str, k: int, n: int, precision: str, device: str, reps: int,
-              graphs: bool) -> dict[str, Any]:
-    """One case's step, captured (or not) and timed: ms a step over ``reps`` steps."""
+              graphs: bool, profiled: bool = False) -> dict[str, Any]:
+    """One case's step, captured (or not) and timed: ms a step over ``reps`` steps; with
+    ``profiled``, its kernels too (:func:`kernel_table`)."""
     from fedrift.engine.local import optimizer_init
     from torch.func import vmap
     from torch.utils._pytree import tree_leaves
@@ -293,8 +325,11 @@ def time_case(model: torch.nn.Module, tools: Any, variant: str, k: int, n: int, 
         for _ in range(reps):
             run()
         ms = 1e3 * (time.perf_counter() - t0) / reps
-    return {"ms_per_step": ms, "ms_per_client_step": ms / k, "us_per_image": 1e3 * ms / (k * n),
-            "images_per_second": 1e3 * k * n / ms}
+    out = {"ms_per_step": ms, "ms_per_client_step": ms / k, "us_per_image": 1e3 * ms / (k * n),
+           "images_per_second": 1e3 * k * n / ms}
+    if profiled:
+        out["profile"] = kernel_table(run, reps, device)
+    return out
 
 
 def main() -> int:
@@ -313,8 +348,11 @@ def main() -> int:
     ap.add_argument("--series", default="", help="a name for this call's files, step-kernels-<device>[-<model>]-<series>")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN's algorithms timed on each shape, not picked "
                     "by heuristics (torch.backends.cudnn.benchmark, engine.cudnn_benchmark)")
+    ap.add_argument("--profile", default="", help="VARIANT:K:PRECISION,...: those cases' kernels by name too "
+                    "(torch.profiler over their timed steps)")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    profiled = {tuple(c.split(":")) for c in args.profile.split(",") if c}
     if args.device == "cuda" and not torch.cuda.is_available():
         print("step_kernels: --device cuda but torch sees no GPU", file=sys.stderr)
         return 2
@@ -346,7 +384,7 @@ def main() -> int:
                 case: dict[str, Any] = {"variant": variant, "clients": k, "precision": precision}
                 try:
                     case.update(time_case(model, tools, variant, k, args.batch, precision, args.device, args.reps,
-                                          doc["graphs"]))
+                                          doc["graphs"], (variant, str(k), precision) in profiled))
                 except Exception as err:  # noqa: BLE001 - written down; the other cases go on
                     case["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 if args.device == "cuda":
@@ -370,6 +408,14 @@ def main() -> int:
             lines.append(f"| {c['precision']} | {c['clients']} | {c['variant']} | {c['ms_per_step']:.2f} | "
                          f"{c['ms_per_client_step']:.3f} | {c['us_per_image']:.2f} | {c['images_per_second']:,.0f} | "
                          f"{c.get('x_vmap', 1.0):.2f} |")
+    for c in doc["cases"]:
+        if "profile" in c:
+            prof = c["profile"]
+            lines += ["", f"{c['variant']}, {c['clients']} clients, {c['precision']}: {prof['kernels_per_step']:.0f} "
+                      f"{prof['what']} a step, {prof['kernel_us_per_step']:,.0f} us of them", "",
+                      "| name | calls a step | us a step | share |", "|---|---:|---:|---:|"]
+            lines += [f"| `{r['name'][:90]}` | {r['calls_per_step']:.1f} | {r['us_per_step']:,.1f} | {r['share']:.3f} |"
+                      for r in prof["top"]]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
 
