@@ -15,10 +15,11 @@
 # OUT (the device's $OUT; default runs/gpu-out), ROWS (default: the script's order), QUICK,
 # SERIES (the call's own files, throughput-<device>-<series>.json: its own baseline row),
 # PROFILE_CASES (default sequential:1:eager,stacked:12:eager), KERNELS (1: benchmarks/step_kernels.py
-# first, in parts, each skipped where its file is in $OUT, a few cases of each profiled (their kernels
-# by name): "main" (vmap, the stacked form, the channel groups in both layouts; MAIN_TIMEOUT 120 s), "tuned" (the same with engine.cudnn_benchmark: cuDNN's
-# algorithms timed, not picked by heuristics; TUNED_TIMEOUT 90 s), "compiled-tuned" (the form
-# compiled, at a 48-run stack's widths; COMPILED_TIMEOUT 150 s), the CNN's form (40 s)),
+# first, in parts, each skipped where its file is in $OUT, a few cases of each profiled (their
+# kernels by name): "main" (vmap, the stacked form, the channel groups in both layouts;
+# MAIN_TIMEOUT 120 s), "tuned" (vmap, the form and channels-last with engine.cudnn_benchmark:
+# cuDNN's algorithms timed, not picked by heuristics; TUNED_TIMEOUT 90 s), "compiled-tuned" (the
+# form compiled, K = 48; COMPILED_TIMEOUT 180 s), the CNN's form (40 s)),
 # THROUGHPUT (1: G1's rows after the kernels; 0: none).
 # The ninth session's calls (two; the machine stays warm between them):
 #   SERIES=graphs3 THROUGHPUT=0 PROFILE=0 bash benchmarks/gpu_throughput.sh            (timeout_s 480)
@@ -60,8 +61,9 @@ if [ "${KERNELS:-1}" = 1 ]; then
   kernels tuned "${TUNED_TIMEOUT:-90}" --variants vmap,stacked,channels_last --widths 1,16,48,192 --cudnn-benchmark \
     --profile stacked:48:fp32,channels_last:48:fp32,stacked:1:fp32
   # the stacked form compiled (engine.compile: inductor's fused kernels; its convolutions are
-  # cuDNN's), at a 48-run stack's widths only (a compile a case, tens of seconds each)
-  kernels compiled-tuned "${COMPILED_TIMEOUT:-150}" --variants stacked,compiled --widths 48,192 --cudnn-benchmark \
+  # cuDNN's), at one width only: a compile a case, tens of seconds each, and two more for the
+  # checks against vmap and float64 (K = 3); 48 clients is about a 48-run stack's usual group
+  kernels compiled-tuned "${COMPILED_TIMEOUT:-180}" --variants stacked,compiled --widths 48 --cudnn-benchmark \
     --profile compiled:48:fp32,compiled:48:bf16
   # the FedAvg CNN's form (off by default: slower than vmap on a CPU): whether a GPU wants it
   kernels form 40 --model cnn --widths 1,4,16,48 --variants vmap,stacked --precisions fp32 --cudnn-benchmark
