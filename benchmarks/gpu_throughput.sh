@@ -19,7 +19,7 @@
 # kernels by name): "main" (vmap, the stacked form, the channel groups in both layouts;
 # MAIN_TIMEOUT 120 s), "tuned" (vmap, the form and channels-last with engine.cudnn_benchmark:
 # cuDNN's algorithms timed, not picked by heuristics; TUNED_TIMEOUT 90 s), "compiled-tuned" (the
-# form compiled, K = 48; COMPILED_TIMEOUT 180 s), the CNN's form (40 s)),
+# form compiled, K = 48; COMPILED_TIMEOUT 180 s), FedADC's CNN's form (R2's model; 40 s)),
 # THROUGHPUT (1: G1's rows after the kernels; 0: none).
 # The ninth session's calls (two; the machine stays warm between them):
 #   SERIES=graphs3 THROUGHPUT=0 PROFILE=0 bash benchmarks/gpu_throughput.sh            (timeout_s 480)
@@ -65,8 +65,10 @@ if [ "${KERNELS:-1}" = 1 ]; then
   # checks against vmap and float64 (K = 3); 48 clients is about a 48-run stack's usual group
   kernels compiled-tuned "${COMPILED_TIMEOUT:-180}" --variants stacked,compiled --widths 48 --cudnn-benchmark \
     --profile compiled:48:fp32,compiled:48:bf16
-  # the FedAvg CNN's form (off by default: slower than vmap on a CPU): whether a GPU wants it
-  kernels form 40 --model cnn --widths 1,4,16,48 --variants vmap,stacked --precisions fp32 --cudnn-benchmark
+  # FedADC's CNN's form (R2's model, FedADC Table I: 20 clients a round, batch 50; off by default:
+  # as fast as vmap on a CPU): whether a GPU wants it
+  kernels form 40 --model fedadc_cnn --widths 1,20,80 --batch 50 --variants vmap,stacked --precisions fp32,bf16 \
+    --cudnn-benchmark
 fi
 [ "${THROUGHPUT:-1}" = 1 ] || { ls -la "$OUT"; exit 0; }
 # the rows measured by earlier calls, committed here: this call measures the others

@@ -22,16 +22,20 @@ def test_bf16_trains_as_well_as_fp32_on_a_small_case(tiny, tmp_path):
     assert all(v.dtype == torch.float32 for v in bf16.global_state.values() if v.is_floating_point())
 
 
-@pytest.mark.parametrize("executor", ["batched", "stacked"])
-def test_bf16_under_vmap_is_close_to_bf16_one_client_at_a_time(tiny, tmp_path, executor):
+@pytest.mark.parametrize("executor,model", [
+    ("batched", None), ("stacked", None),
+    ("batched", {"name": "fedadc_cnn", "channels": [4, 4, 6, 6], "hidden": [16, 12, 8]}),  # R2's model, narrowed
+])
+def test_bf16_under_vmap_is_close_to_bf16_one_client_at_a_time(tiny, tmp_path, executor, model):
     """Under bf16 the stacked and batched executors step through the model's stacked form (the
-    MLP's: engine/stacked_step.py), so one round's bf16 training equals the sequential
-    executor's to float rounding, not only to bfloat16's (0.0 apart here; vmap's own step was
-    1e-2 of a tensor's largest value away: under vmap and autocast F.linear with a bias returns
-    float32, pytorch/pytorch issue 192617), and is not fp32's training."""
+    MLP's, FedADC's CNN's: engine/stacked_step.py), so one round's bf16 training equals the
+    sequential executor's to float rounding, not only to bfloat16's (0.0 apart here; vmap's own
+    step was 1e-2 of a tensor's largest value away: under vmap and autocast F.linear with a bias
+    returns float32, pytorch/pytorch issue 192617), and is not fp32's training."""
     def run(precision, ex):
         return fedrift.run(tiny(train={"rounds": 1, "precision": precision}, engine={"executor": ex},
-                                output={"dir": str(tmp_path / f"{precision}-{ex}")})).global_state
+                                output={"dir": str(tmp_path / f"{precision}-{ex}")},
+                                **({"model": model} if model else {}))).global_state
 
     ref, got, fp32 = run("bf16", "sequential"), run("bf16", executor), run("fp32", executor)
     for k, a in ref.items():

@@ -53,6 +53,17 @@ def test_the_fedavg_cnn_as_channel_groups_is_each_clients_model():
     assert CNN((1, 8, 8), 5, norm="batch").stacked_features({}, x) is None
 
 
+@pytest.mark.parametrize("mode", ["logits", "features", "both"])
+def test_fedadcs_cnn_as_channel_groups_is_each_clients_model(mode):
+    """FedADC's CNN (four convolutions, two poolings, three dense layers; R2's model), odd sides
+    floored by its poolings: each client's outputs as its own model gives them."""
+    from fedrift.models.fedadc_cnn import FedADCCNN
+
+    model = FedADCCNN((3, 9, 9), 5, channels=(4, 4, 6, 6), hidden=(12, 10, 8))
+    p, x = _rows(model, 3), torch.randn(3, 6, 3, 9, 9)
+    _close(model.stacked(p, x, mode), vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": mode}))(p, x), 1e-5)
+
+
 def test_models_without_a_stacked_form_say_so():
     """BatchNorm (running statistics), a projection head: None, and vmap batches each operation."""
     assert ResNet8((3, 8, 8), 5, width=4, norm="batch").stacked_features({}, torch.zeros(1, 1, 3, 8, 8)) is None

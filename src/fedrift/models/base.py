@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 
 PROJECTION_PREFIX = "proj"
@@ -45,6 +46,33 @@ def has_projection(params: dict[str, torch.Tensor]) -> bool:
     return any(k.split(".")[0] == PROJECTION_PREFIX for k in params)
 
 
+def channel_groups(x: torch.Tensor) -> torch.Tensor:
+    """K clients' images ``(K, N, C, H, W)`` as one batch of K channel groups ``(N, K*C, H, W)``:
+    the layout of the convolutional stacked forms (``FedModel.stacked_features``)."""
+    k, n = x.shape[:2]
+    return x.transpose(0, 1).reshape(n, k * x.shape[2], *x.shape[3:])
+
+
+def clients_first(h: torch.Tensor, k: int) -> torch.Tensor:
+    """Channel groups ``(N, K*C, ...)`` back to each client's rows, flattened: ``(K, N, C*...)``."""
+    return h.reshape(h.shape[0], k, -1).transpose(0, 1)
+
+
+def grouped_conv(h: torch.Tensor, p: dict[str, torch.Tensor], name: str, module: nn.Conv2d, k: int) -> torch.Tensor:
+    """``module``'s convolution for K clients' channel groups at once, each with its own kernel
+    (``p[name + ".weight"]``, clients first) and bias: one call grouped by client."""
+    w, b = p[f"{name}.weight"], p.get(f"{name}.bias")
+    return F.conv2d(h, w.reshape(-1, *w.shape[2:]), None if b is None else b.reshape(-1), stride=module.stride,
+                    padding=module.padding, groups=k)
+
+
+def batched_linear(h: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """A linear layer for K clients' rows ``(K, N, in)`` at once, each with its own weight and
+    bias: one batched product (``baddbmm``, as ``F.linear``'s ``addmm``: the bias in the
+    product's dtype under autocast too, where ``vmap`` of ``F.linear`` returns float32)."""
+    return torch.baddbmm(p[f"{name}.bias"].unsqueeze(1), h, p[f"{name}.weight"].transpose(1, 2))
+
+
 class FedModel(nn.Module):
     head_prefixes: tuple[str, ...] = ("fc",)
     feature_dim: int
@@ -53,7 +81,8 @@ class FedModel(nn.Module):
     # whether the vectorised executors step through stacked_features (engine/stacked_step.py),
     # set where it was measured faster than vmap (resnet8); a model may have the form without
     # (benchmarks/step_kernels.py --model, this CPU: the FedAvg CNN's step 0.86-0.92x vmap's
-    # speed at 4-16 clients, the MLP's 0.83-0.85x, logreg's 0.67x; BENCHMARKS.md G); under bf16
+    # speed at 4-16 clients, the MLP's 0.83-0.85x, logreg's 0.67x, FedADC's CNN's 0.87-1.08x at
+    # 1-16; BENCHMARKS.md G); under bf16
     # every model with the form steps through it (the sequential step's arithmetic, vmap's not)
     stacked_step: bool = False
 
@@ -87,8 +116,7 @@ class FedModel(nn.Module):
         h = x if mode == "head" else self.stacked_features(p, x)
         if h is None or mode == "features":
             return h
-        # baddbmm as F.linear's addmm: the bias in the product's dtype under autocast too
-        logits = torch.baddbmm(p["fc.bias"].unsqueeze(1), h, p["fc.weight"].transpose(1, 2))
+        logits = batched_linear(h, p, "fc")
         return (h, logits) if mode == "both" else logits
 
     def _classifier(self, width: int, num_classes: int, projection_dim: int | None) -> None:

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedrift.models import needs_image, register_model
-from fedrift.models.base import FedModel
+from fedrift.models.base import FedModel, batched_linear, channel_groups, clients_first, grouped_conv
 from fedrift.models.norm import BatchNorm2d
 from fedrift.params import params
 
@@ -80,14 +80,10 @@ class CNN(FedModel):
         batched product. Not with BatchNorm."""
         if not isinstance(self.norm1, nn.Identity):
             return None
-        k, n = x.shape[:2]
-        h = x.transpose(0, 1).reshape(n, k * x.shape[2], *x.shape[3:])
+        k, h = x.shape[0], channel_groups(x)
         for conv in ("conv1", "conv2"):
-            w = p[f"{conv}.weight"]
-            h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), p[f"{conv}.bias"].reshape(-1), padding=2, groups=k)
-            h = F.max_pool2d(F.relu(h), 2)
-        h = h.reshape(n, k, -1).transpose(0, 1)
-        return F.relu(torch.baddbmm(p["dense.bias"].unsqueeze(1), h, p["dense.weight"].transpose(1, 2)))
+            h = F.max_pool2d(F.relu(grouped_conv(h, p, conv, getattr(self, conv), k)), 2)
+        return F.relu(batched_linear(clients_first(h, k), p, "dense"))
 
 
 @register_model(

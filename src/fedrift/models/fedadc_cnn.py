@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedrift.models import needs_image, register_model
-from fedrift.models.base import FedModel
+from fedrift.models.base import FedModel, batched_linear, channel_groups, clients_first, grouped_conv
 from fedrift.params import params
 
 _check = needs_image(4)  # two 2x2 poolings must leave at least one pixel
@@ -83,6 +83,20 @@ class FedADCCNN(FedModel):
         x = F.relu(self.dense1(x.flatten(-3)))
         x = F.relu(self.dense2(x))
         return self.proj(F.relu(self.dense3(x)))
+
+    def stacked_features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """The K clients as K channel groups (``models.base.FedModel.stacked``): each
+        convolution one call grouped by client, pooling per channel, each dense layer one
+        batched product."""
+        k, h = x.shape[0], channel_groups(x)
+        for pair in (("conv1", "conv2"), ("conv3", "conv4")):
+            for conv in pair:
+                h = F.relu(grouped_conv(h, p, conv, getattr(self, conv), k))
+            h = F.max_pool2d(h, 2)
+        h = clients_first(h, k)
+        for dense in ("dense1", "dense2", "dense3"):
+            h = F.relu(batched_linear(h, p, dense))
+        return h
 
 
 @register_model(

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedrift.models import register_model
-from fedrift.models.base import FedModel
+from fedrift.models.base import FedModel, batched_linear
 from fedrift.params import params
 
 
@@ -72,7 +72,7 @@ class MLP(_Flat):
     def stacked_features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         h = self._flatten(x)
         for i in range(len(self.layers)):
-            h = F.relu(torch.baddbmm(p[f"layers.{i}.bias"].unsqueeze(1), h, p[f"layers.{i}.weight"].transpose(1, 2)))
+            h = F.relu(batched_linear(h, p, f"layers.{i}"))
         return h
 
 

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedrift.models import needs_image, register_model
-from fedrift.models.base import FedModel
+from fedrift.models.base import FedModel, channel_groups, grouped_conv
 from fedrift.models.norm import BatchNorm2d
 from fedrift.params import params
 
@@ -144,13 +144,12 @@ class ResNet8(FedModel):
         if not isinstance(self.stem_norm, nn.GroupNorm):
             return None
         k, n = x.shape[:2]
-        h = x.transpose(0, 1).reshape(n, k * x.shape[2], *x.shape[3:])
+        h = channel_groups(x)
         if self.stacked_channels_last:
             h = h.contiguous(memory_format=torch.channels_last)
 
         def conv(h: torch.Tensor, name: str, module: nn.Conv2d) -> torch.Tensor:
-            w = p[f"{name}.weight"]
-            return F.conv2d(h, w.reshape(-1, *w.shape[2:]), stride=module.stride, padding=module.padding, groups=k)
+            return grouped_conv(h, p, name, module, k)
 
         def norm(h: torch.Tensor, name: str, module: nn.GroupNorm) -> torch.Tensor:
             return F.group_norm(h, k * module.num_groups, p[f"{name}.weight"].reshape(-1), p[f"{name}.bias"].reshape(-1),
