@@ -41,8 +41,8 @@ op) and replayed ``--reps`` times between CUDA events, at K in ``--widths``, fp3
 (autocast around forward and loss); a case that fails (memory, capture) is written with its
 error. Per case: ms a step, ms a client-step, us an image, images a second, and the ratio to
 ``vmap`` at the same K and precision. JSON and a markdown table to ``--out``. ``--model``: the
-FedAvg CNN, the MLP or logistic regression instead (their inputs 1x28x28), or FedADC's CNN (3x32x32;
-``vmap`` and ``stacked`` only): the figures behind ``FedModel.stacked_step``. ``--cudnn-benchmark``: cuDNN
+FedAvg CNN, the MLP or logistic regression instead (their inputs 1x28x28), or FedADC's CNN, ResNet-18 or
+ResNet-50 (3x32x32; ``vmap`` and ``stacked`` only): the figures behind ``FedModel.stacked_step``. ``--cudnn-benchmark``: cuDNN
 times its convolution algorithms on each shape (in the warm-up, before the capture) and keeps
 the fastest (``engine.cudnn_benchmark``), where by default it picks by heuristics (on the H200's
 profile: FFT and "alg0" kernels for one client, a direct grouped kernel at 1.5 ms a call for
@@ -78,7 +78,10 @@ GN_CHANNELS = 16  # channels per GroupNorm group (R1's ResNet-8)
 MODELS = {"resnet8": ({"name": "resnet8", "group_channels": GN_CHANNELS}, (3, 32, 32)),  # R1's
           "cnn": ({"name": "cnn"}, (1, 28, 28)), "mlp": ({"name": "mlp"}, (1, 28, 28)),  # workload A's, S2's
           "logreg": ({"name": "logreg"}, (1, 28, 28)),
-          "fedadc_cnn": ({"name": "fedadc_cnn"}, (3, 32, 32))}  # R2's (FedADC Table I)
+          "fedadc_cnn": ({"name": "fedadc_cnn"}, (3, 32, 32)),  # R2's (FedADC Table I)
+          # FedGKD's CIFAR-100 and Tiny-ImageNet, FedCSD's CIFAR-100 models (GroupNorm, 16 channels a group)
+          "resnet18": ({"name": "resnet18", "group_channels": GN_CHANNELS}, (3, 32, 32)),
+          "resnet50": ({"name": "resnet50", "group_channels": GN_CHANNELS}, (3, 32, 32))}
 SHAPE = MODELS["resnet8"][1]  # the input shape of the run's model (main sets it)
 
 

@@ -74,7 +74,7 @@ def check_compile(cfg: Config, executor_name: str, model: FedModel) -> None:
     why = form_refusal(model, cfg.privacy.level == "sample")
     if why is not None:
         raise ConfigError(f"engine.compile: {why}; allowed: engine.compile=false, or a model with a stacked form "
-                          "(resnet8, cnn, fedadc_cnn, mlp, logreg; no projection_dim)")
+                          "(resnet8, resnet18, resnet50, cnn, fedadc_cnn, mlp, logreg; no projection_dim)")
 
 
 def run(

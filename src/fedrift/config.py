@@ -182,8 +182,8 @@ class EngineConfig(_Section):
         "`batched` and `stacked` on a GPU: each vectorised step replayed as a captured CUDA graph (one launch, "
         "not one per operation; groups padded to a few widths); false: launched op by op. No effect on a CPU"))
     compile: bool = Field(False, description=(
-        "`batched` and `stacked`: the vectorised step's model call (its stacked form: ResNet-8, the CNNs, the "
-        "MLP, logreg) compiled by `torch.compile`, forward and backward; a compile per group width (tens of "
+        "`batched` and `stacked`: the vectorised step's model call (its stacked form: the ResNets, the CNNs, "
+        "the MLP, logreg) compiled by `torch.compile`, forward and backward; a compile per group width (tens of "
         "seconds each on a CPU, kept in torch's cache on disk), then faster steps; results within float "
         "rounding of uncompiled ones. Refused where the step has no stacked form"))
     cudnn_benchmark: bool = Field(False, description=(
