@@ -15,7 +15,7 @@ once; the gradients are then one ordinary backward of the clients' summed losses
 client's loss depends on its own parameters only, so the gradient of the sum with respect to
 a client's parameters is that client's gradient); each client's gradient correction and
 optimiser step follow under ``vmap``. Used where the model steps through its stacked form
-(``FedModel.stacked_step``: ResNet-8, where it was measured faster; under bf16 or
+(``FedModel.stacked_step``: the ResNets, where it was measured faster; under bf16 or
 ``engine.compile`` every model that has one) and the step has no BatchNorm statistics and no DP-SGD
 (``executors.batched``); the rest train as before. Same
 function as ``make_step(functional=True)`` under ``vmap``, other float rounding (other

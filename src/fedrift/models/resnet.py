@@ -95,11 +95,25 @@ def _stacked_conv_norm(h: torch.Tensor, p: dict[str, torch.Tensor], block: nn.Mo
                          block.get_submodule(norm), k)
 
 
-def _stacked_shortcut(h: torch.Tensor, p: dict[str, torch.Tensor], block: nn.Module, prefix: str, k: int) -> torch.Tensor:
+def _stacked_shortcut(h: torch.Tensor, p: dict[str, torch.Tensor], block: nn.Module, prefix: str,
+                      k: int) -> torch.Tensor:
     """A block's shortcut for K clients at once: ``h`` itself, or its 1x1 convolution and norm."""
     if isinstance(block.shortcut, nn.Identity):
         return h
     return _stacked_conv_norm(h, p, block, prefix, "shortcut.0", "shortcut.1", k)
+
+
+def _stacked_stem(model: FedModel, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
+    """A ResNet's stem (convolution, norm, ReLU) for K clients' images ``(K, N, C, H, W)`` as
+    channel groups, in channels-last memory format where the model says so; None under
+    BatchNorm (its running statistics: ``vmap`` batches each client's step instead)."""
+    if not isinstance(model.stem_norm, nn.GroupNorm):
+        return None
+    h = channel_groups(x)
+    if model.stacked_channels_last:
+        h = h.contiguous(memory_format=torch.channels_last)
+    return F.relu(_stacked_norm(grouped_conv(h, p, "stem", model.stem, x.shape[0]), p, "stem_norm", model.stem_norm,
+                                x.shape[0]))
 
 
 class BasicBlock(nn.Module):
@@ -178,19 +192,6 @@ class ResNet8(FedModel):
         return clients_first(h.mean(dim=(-2, -1)), x.shape[0])
 
 
-def _stacked_stem(model: FedModel, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
-    """A ResNet's stem (convolution, norm, ReLU) for K clients' images ``(K, N, C, H, W)`` as
-    channel groups, in channels-last memory format where the model says so; None under
-    BatchNorm (its running statistics: ``vmap`` batches each client's step instead)."""
-    if not isinstance(model.stem_norm, nn.GroupNorm):
-        return None
-    h = channel_groups(x)
-    if model.stacked_channels_last:
-        h = h.contiguous(memory_format=torch.channels_last)
-    return F.relu(_stacked_norm(grouped_conv(h, p, "stem", model.stem, x.shape[0]), p, "stem_norm", model.stem_norm,
-                                x.shape[0]))
-
-
 @register_model(
     "resnet8",
     "ResNet-8 with GroupNorm, or BatchNorm (model.norm) (FedDF/FedGKD CIFAR model); (C,H,W) input, H,W >= 8",
@@ -250,7 +251,8 @@ class Bottleneck(nn.Module):
         """:meth:`forward` for K clients' channel groups (as ``BasicBlock.stacked``)."""
         out = F.relu(_stacked_conv_norm(h, p, self, prefix, "conv1", "norm1", k))
         out = F.relu(_stacked_conv_norm(out, p, self, prefix, "conv2", "norm2", k))
-        return F.relu(_stacked_conv_norm(out, p, self, prefix, "conv3", "norm3", k) + _stacked_shortcut(h, p, self, prefix, k))
+        out = _stacked_conv_norm(out, p, self, prefix, "conv3", "norm3", k)
+        return F.relu(out + _stacked_shortcut(h, p, self, prefix, k))
 
 
 class ResNet(FedModel):
