@@ -106,7 +106,7 @@ def make_data(folder: Path, n_train: int, n_test: int) -> Path:
 
 
 def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed: int, out: Path,
-           graphs: bool = False, lr: float = 0.05, compiled: bool = False, cudnn: bool = False) -> dict[str, Any]:
+           mode: str = "eager", lr: float = 0.05) -> dict[str, Any]:
     return {
         "seed": seed,
         "data": {"name": "npz", "root": str(data), "augment": True},
@@ -116,8 +116,7 @@ def config(data: Path, args: argparse.Namespace, path: str, precision: str, seed
         "train": {"rounds": args.rounds, "clients_per_round": 4, "local_epochs": args.epochs, "batch_size": 64, "lr": lr,
                   "momentum": 0.9, "weight_decay": 1e-5, "clip_grad_norm": 10, "precision": precision},
         "eval": {"every": 1},  # a metrics line a round: its `seconds` (evaluation excluded) are what is timed
-        "engine": {"executor": "stacked" if path in STACKS else path, "device": args.device, "cuda_graphs": graphs,
-                   "compile": compiled, "cudnn_benchmark": cudnn},
+        "engine": {"executor": "stacked" if path in STACKS else path, "device": args.device, **mode_keys(mode)},
         "output": {"dir": str(out / f"s{seed}"), "progress": False, "save_model": False, "overwrite": True},
     }
 
@@ -225,32 +224,33 @@ def compiled_graphs() -> int:
     return dynamo.counters["stats"]["unique_graphs"] if dynamo else 0
 
 
-def parse_mode(mode: str) -> tuple[bool, bool, bool]:
-    """A row's 4th field, ``eager|graphs|compiled[+cudnn]``: (cuda_graphs, compile, cudnn_benchmark)."""
+def mode_keys(mode: str) -> dict[str, bool]:
+    """A row's 4th field, ``eager|graphs|compiled[+cudnn]``, as the engine keys it sets (each
+    row records them too): ``cuda_graphs``, ``compile``, ``cudnn_benchmark``."""
     base, _, extra = mode.partition("+")
     if base not in ("eager", "graphs", "compiled") or extra not in ("", "cudnn"):
         raise ValueError(f"row mode {mode!r}; allowed: eager, graphs or compiled, each with +cudnn or not")
-    return base in ("graphs", "compiled"), base == "compiled", extra == "cudnn"
+    return {"cuda_graphs": base in ("graphs", "compiled"), "compile": base == "compiled", "cudnn_benchmark": extra == "cudnn"}
 
 
 def mode_name(row: dict[str, Any]) -> str:
-    """:func:`parse_mode`'s inverse, from a row's fields."""
+    """:func:`mode_keys`' inverse, from a row's fields (a row written before a key existed: its
+    default then, off)."""
     base = "compiled" if row.get("compile") else "graphs" if row.get("cuda_graphs") else "eager"
     return base + ("+cudnn" if row.get("cudnn_benchmark") else "")
 
 
 def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precision: str, work: Path,
-            graphs: bool = False, barrier: Path | None = None, compiled: bool = False, cudnn: bool = False) -> dict[str, Any]:
+            mode: str = "eager", barrier: Path | None = None) -> dict[str, Any]:
     from fedrift.api import run_prepared
     from fedrift.engine.executors.batched import BatchedExecutor
     from fedrift.engine.step_graphs import eager_capture
 
     # on a CPU (the script's own check) captured steps are the tests' stand-in: the same buffers
-    capture = eager_capture if graphs and args.device == "cpu" else None
-    mode = mode_name({"compile": compiled, "cuda_graphs": graphs, "cudnn_benchmark": cudnn})
+    keys = mode_keys(mode)
+    capture = eager_capture if keys["cuda_graphs"] and args.device == "cpu" else None
     folder = work / f"{path}-{runs}-{precision}-{mode}"
-    configs = [config(data, args, path, precision, seed, folder, graphs, trial_lr(path, seed, runs), compiled, cudnn)
-               for seed in range(runs)]
+    configs = [config(data, args, path, precision, seed, folder, mode, trial_lr(path, seed, runs)) for seed in range(runs)]
     graphs_before = compiled_graphs()
     start = time.perf_counter()
     alone, engines = 0, []
@@ -264,7 +264,7 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
         if alone:
             print(f"stacked x{runs} {precision}: {alone} round(s) trained run by run (the stacked step raised)", flush=True)
     elif path == "batched":  # the executor made here, to read what its captured steps did
-        engines = [BatchedExecutor(None, capture or graphs, compiled)]
+        engines = [BatchedExecutor(None, capture or keys["cuda_graphs"], keys["compile"])]
         run_prepared(prepare(configs[0]), executor=engines[0])
     else:
         fedrift.run(configs[0])
@@ -275,8 +275,8 @@ def measure(data: Path, args: argparse.Namespace, path: str, runs: int, precisio
     per_run = [round_seconds(Path(c["output"]["dir"])) for c in configs]
     # the runs of a stack train together: the stack's round takes the longest of theirs
     seconds = sum(max(s[t] for s in per_run) for t in timed)
-    return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision, "cuda_graphs": graphs, "processes": 1,
-            "compile": compiled, "compiles": compiled_graphs() - graphs_before, "cudnn_benchmark": cudnn,
+    return {"path": path, "runs": runs, "clients": 4 * runs, "precision": precision, **keys, "processes": 1,
+            "compiles": compiled_graphs() - graphs_before,
             "graph_captures": sum(c["captures"] for c in counts), "graph_replays": sum(c["replays"] for c in counts),
             "capture_seconds": sum(c["capture_seconds"] for c in counts),
             "capture_failed": next((c["failed"] for c in counts if c["failed"]), None),
@@ -334,9 +334,7 @@ def measure_processes(data: Path, args: argparse.Namespace, path: str, runs: int
         why = bad[0].get("error") if bad else f"exit codes {codes}"
         raise RuntimeError(f"{procs} processes of {path} x{runs}: {len(got)} rows came back ({why})")
     samples, seconds = sum(g["samples"] for g in got), max(g["seconds"] for g in got)
-    graphs, compiled, cudnn = parse_mode(mode)
-    return {"path": path, "runs": runs, "clients": 4 * runs * procs, "precision": precision, "cuda_graphs": graphs,
-            "compile": compiled, "cudnn_benchmark": cudnn,
+    return {"path": path, "runs": runs, "clients": 4 * runs * procs, "precision": precision, **mode_keys(mode),
             "processes": procs, "samples_per_second": samples / seconds, "samples": samples, "seconds": seconds,
             "wall_seconds": max(g["wall_seconds"] for g in got), "rounds_timed": got[0]["rounds_timed"],
             "local_epochs": args.epochs, "rounds_trained_run_by_run": sum(g["rounds_trained_run_by_run"] for g in got),
@@ -376,14 +374,14 @@ class Window:
 
 
 def profiled_run(data: Path, args: argparse.Namespace, path: str, runs: int, work: Path, window: Window,
-                 graphs: bool = False, cudnn: bool = False) -> list[dict]:
-    """A 2-round run of ``path`` (``runs`` stacked runs; ``graphs``: steps captured; ``cudnn``:
-    engine.cudnn_benchmark) with ``window`` around round 2's training."""
+                 mode: str = "eager") -> list[dict]:
+    """A 2-round run of ``path`` (``runs`` stacked runs; ``mode``: :func:`mode_keys`) with
+    ``window`` around round 2's training."""
     from fedrift.api import run_prepared
     from fedrift.engine.executors.sequential import SequentialExecutor
 
     two = argparse.Namespace(**{**vars(args), "rounds": 2})
-    configs = [config(data, two, path, "fp32", seed, work, graphs, cudnn=cudnn) for seed in range(runs)]
+    configs = [config(data, two, path, "fp32", seed, work, mode) for seed in range(runs)]
     if path == "sequential":
         class Profiled(SequentialExecutor):
             def run_round(self, tools, payload, jobs, round_, take=None):  # noqa: ANN001, ANN202
@@ -410,12 +408,10 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
     for case in args.profile_cases.split(","):
         path, runs, mode = case.split(":")
         runs = min(int(runs), 3) if args.quick else int(runs)
-        graphs, _, cudnn = parse_mode(mode)
         try:
-            report["cases"].append(profile_case(data, args, work, path, runs, graphs, cudnn))
+            report["cases"].append(profile_case(data, args, work, path, runs, mode))
         except Exception as err:  # noqa: BLE001 - written down; the other cases go on
-            report["cases"].append({"path": path, "runs": runs, "cuda_graphs": graphs, "cudnn_benchmark": cudnn,
-                                    "error": f"{type(err).__name__}: {err}"})
+            report["cases"].append({"path": path, "runs": runs, **mode_keys(mode), "error": f"{type(err).__name__}: {err}"})
             print(f"profile {path} x{runs} {mode}: {type(err).__name__}: {err}", flush=True)
         (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"# G2 profile, {tag}: round 2's training (round 1 a warm-up)", ""]
@@ -435,11 +431,10 @@ def profile(data: Path, args: argparse.Namespace, work: Path, out: Path, tag: st
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
-def profile_case(data: Path, args: argparse.Namespace, work: Path, path: str, runs: int, graphs: bool,
-                 cudnn: bool = False) -> dict[str, Any]:
+def profile_case(data: Path, args: argparse.Namespace, work: Path, path: str, runs: int, mode: str) -> dict[str, Any]:
     """One case of :func:`profile`: its summary."""
     window = Window(args.device)
-    configs = profiled_run(data, args, path, runs, work / f"prof-{path}-{runs}-{graphs}-{cudnn}", window, graphs, cudnn)
+    configs = profiled_run(data, args, path, runs, work / f"prof-{path}-{runs}-{mode}", window, mode)
     prof, wall = window.prof, window.wall
     events = prof.key_averages()
     if not any(e.key.startswith("aten::") for e in events):  # a window around nothing: say so, write nothing false
@@ -463,9 +458,9 @@ def profile_case(data: Path, args: argparse.Namespace, work: Path, path: str, ru
             labels[e.name]["count"] += 1
             labels[e.name]["cpu_ms"] += e.cpu_time_total / 1e3
     samples = sum(samples_per_round(c, range(2, 3))[0] for c in configs)
-    print(f"profile {path} x{runs} graphs={graphs}: {steps} steps, {len(kernels)} kernels, wall {wall:.2f} s", flush=True)
+    print(f"profile {path} x{runs} {mode}: {steps} steps, {len(kernels)} kernels, wall {wall:.2f} s", flush=True)
     return {
-        "path": path, "runs": runs, "cuda_graphs": graphs, "cudnn_benchmark": cudnn, "wall_seconds": wall, "steps": steps, "samples": samples,
+        "path": path, "runs": runs, **mode_keys(mode), "wall_seconds": wall, "steps": steps, "samples": samples,
         "samples_per_second": samples / wall, "kernels": len(kernels),
         "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps,
         "kernels_per_step": len(kernels) / steps, "kernel_ms_per_step": 1e3 * kernel_s / steps,
@@ -516,12 +511,17 @@ def main() -> int:
     fps = flops_per_sample(args.device)
     doc["train_flops_per_sample"] = fps
     rows = [(*spec, 1)[:5] for spec in ([tuple(r.split(":")) for r in args.rows.split(",")] if args.rows else ORDER)]
+    try:
+        for row in rows:
+            mode_keys(row[3])  # a bad mode is said before any row runs
+    except ValueError as err:
+        print(f"gpu_throughput: --rows: {err}", file=sys.stderr)
+        return 2
     if args.quick:
         rows = [(p, min(int(r), 3), prec, mode, procs) for p, r, prec, mode, procs in rows]
     start = time.perf_counter()
     for p, r, prec, mode, procs in rows:
         r, procs = int(r), int(procs)
-        graphs, compiled, cudnn = parse_mode(mode)
         # rows of a file written before cuda_graphs (engine.compile, engine.cudnn_benchmark) existed were launched
         # op by op (uncompiled, cuDNN's heuristics)
         if any(x["path"] == p and x["runs"] == r and x["precision"] == prec and mode_name(x) == mode
@@ -534,10 +534,10 @@ def main() -> int:
             if procs > 1:
                 row = measure_processes(data, args, p, r, prec, mode, procs)
             else:
-                row = measure(data, args, p, r, prec, args.work, graphs, barrier=args.barrier, compiled=compiled, cudnn=cudnn)
+                row = measure(data, args, p, r, prec, args.work, mode, barrier=args.barrier)
         except Exception as err:  # noqa: BLE001 - one row's failure is written down, the rest go on
-            row = {"path": p, "runs": r, "clients": 4 * r, "precision": prec, "cuda_graphs": graphs, "processes": procs,
-                   "compile": compiled, "cudnn_benchmark": cudnn, "error": f"{type(err).__name__}: {err}"}
+            row = {"path": p, "runs": r, "clients": 4 * r, "precision": prec, **mode_keys(mode), "processes": procs,
+                   "error": f"{type(err).__name__}: {err}"}
         if "samples_per_second" in row:
             on_gpu = args.device == "cuda"
             row["fraction_of_peak"] = row["samples_per_second"] * fps / PEAK_FLOPS[prec] if on_gpu else None

@@ -35,7 +35,8 @@ AGREEMENT = [
     "tests/engine/test_batched.py::test_every_algorithm_gives_the_same_result_batched[ccvr-vmap]",
     "tests/engine/test_batched.py::test_every_algorithm_gives_the_same_result_batched[feddecorr-vmap]",
     "tests/engine/test_batched.py::test_every_algorithm_gives_the_same_result_batched[feddecorr-stacked]",
-    "tests/engine/test_stacked_step.py::test_resnet8_batched_equals_sequential_through_the_stacked_form",
+    "tests/engine/test_stacked_step.py::test_resnets_batched_equal_sequential_through_the_stacked_form[resnet8]",
+    "tests/engine/test_stacked_step.py::test_resnets_batched_equal_sequential_through_the_stacked_form[resnet18]",
     "tests/engine/test_batched.py::test_the_cnn_batched_is_within_the_stated_tolerance_after_one_round",
     "tests/engine/test_server_client.py::test_server_and_client_halves_equal_the_engine[fedavg]",
 ]

@@ -214,29 +214,21 @@ def images(tmp_path):
     return {"name": "npz", "root": str(path)}
 
 
-def test_resnet8_batched_equals_sequential_through_the_stacked_form(tiny, tmp_path, images):
-    """The engine end to end: a ResNet-8 (GroupNorm) federation batched, through its channel
+@pytest.mark.parametrize("model,train", [
+    ({"name": "resnet8", "width": 4, "group_channels": 2}, {}),
+    # ResNet-18 (two BasicBlocks a stage, four stages), narrowed, at a smaller learning rate and 5
+    # steps a round: at the tests' 0.05 this narrow, deep network trains chaotically on random
+    # labels, and rounding grows to 1e-2 in 10 steps under vmap's step as under the form's
+    # (4.7e-6 here)
+    ({"name": "resnet18", "width": 4, "group_channels": 4}, {"lr": 0.02, "local_steps": 5}),
+], ids=["resnet8", "resnet18"])
+def test_resnets_batched_equal_sequential_through_the_stacked_form(tiny, tmp_path, images, model, train):
+    """The engine end to end: a ResNet (GroupNorm) federation batched, through its channel
     groups, ends where the sequential executor does (float rounding)."""
     runs = {}
     for ex in ("sequential", "batched"):
-        runs[ex] = fedrift.run(tiny(data=images, engine={"executor": ex}, model={"name": "resnet8", "width": 4,
-                                                                                 "group_channels": 2},
-                                    train={"rounds": 2, "batch_size": 16}, output={"dir": str(tmp_path / ex)}))
-    for key, v in runs["sequential"].global_state.items():
-        _close(runs["batched"].global_state[key], v, 1e-4)
-
-
-def test_resnet18_batched_equals_sequential_through_the_stacked_form(tiny, tmp_path, images):
-    """The same for ResNet-18 (two BasicBlocks a stage, four stages), narrowed, at a smaller
-    learning rate and 5 steps a round: at the tests' 0.05 this narrow, deep network trains
-    chaotically on random labels, and rounding grows to 1e-2 in 10 steps under vmap's step as
-    under the form's (4.7e-6 here)."""
-    runs = {}
-    for ex in ("sequential", "batched"):
-        runs[ex] = fedrift.run(tiny(data=images, engine={"executor": ex}, model={"name": "resnet18", "width": 4,
-                                                                                 "group_channels": 4},
-                                    train={"rounds": 2, "batch_size": 16, "lr": 0.02, "local_steps": 5},
-                                    output={"dir": str(tmp_path / ex)}))
+        runs[ex] = fedrift.run(tiny(data=images, engine={"executor": ex}, model=model,
+                                    train={"rounds": 2, "batch_size": 16, **train}, output={"dir": str(tmp_path / ex)}))
     for key, v in runs["sequential"].global_state.items():
         _close(runs["batched"].global_state[key], v, 1e-4)
 

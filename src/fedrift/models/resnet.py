@@ -103,17 +103,24 @@ def _stacked_shortcut(h: torch.Tensor, p: dict[str, torch.Tensor], block: nn.Mod
     return _stacked_conv_norm(h, p, block, prefix, "shortcut.0", "shortcut.1", k)
 
 
-def _stacked_stem(model: FedModel, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
-    """A ResNet's stem (convolution, norm, ReLU) for K clients' images ``(K, N, C, H, W)`` as
-    channel groups, in channels-last memory format where the model says so; None under
-    BatchNorm (its running statistics: ``vmap`` batches each client's step instead)."""
+def _stacked_resnet(model: FedModel, p: dict[str, torch.Tensor], x: torch.Tensor, blocks: list[tuple[str, nn.Module]],
+                    pool: bool = False) -> torch.Tensor | None:
+    """A ResNet's features for K clients' images ``(K, N, C, H, W)`` as channel groups: the stem
+    (convolution, norm, ReLU; then a max-pool per channel where ``pool``: the ImageNet stem's),
+    each of ``blocks`` ((its parameters' prefix, the block), in order), the global average
+    pool; in channels-last memory format where the model says so. None under BatchNorm (its
+    running statistics: ``vmap`` batches each client's step instead)."""
     if not isinstance(model.stem_norm, nn.GroupNorm):
         return None
-    h = channel_groups(x)
+    k, h = x.shape[0], channel_groups(x)
     if model.stacked_channels_last:
         h = h.contiguous(memory_format=torch.channels_last)
-    return F.relu(_stacked_norm(grouped_conv(h, p, "stem", model.stem, x.shape[0]), p, "stem_norm", model.stem_norm,
-                                x.shape[0]))
+    h = F.relu(_stacked_norm(grouped_conv(h, p, "stem", model.stem, k), p, "stem_norm", model.stem_norm, k))
+    if pool:
+        h = F.max_pool2d(h, kernel_size=3, stride=2, padding=1)
+    for prefix, block in blocks:
+        h = block.stacked(h, p, prefix, k)
+    return clients_first(h.mean(dim=(-2, -1)), k)
 
 
 class BasicBlock(nn.Module):
@@ -184,12 +191,7 @@ class ResNet8(FedModel):
         throughout, each convolution one call grouped by client, each GroupNorm one call with
         K times its groups (a client's groups are its own channels: its own statistics).
         Not for BatchNorm (``norm: batch``)."""
-        h = _stacked_stem(self, p, x)
-        if h is None:
-            return None
-        for name in ("stage1", "stage2", "stage3"):
-            h = getattr(self, name).stacked(h, p, f"{name}.", x.shape[0])
-        return clients_first(h.mean(dim=(-2, -1)), x.shape[0])
+        return _stacked_resnet(self, p, x, [(f"{name}.", getattr(self, name)) for name in ("stage1", "stage2", "stage3")])
 
 
 @register_model(
@@ -307,15 +309,8 @@ class ResNet(FedModel):
     def stacked_features(self, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
         """As ``ResNet8.stacked_features``: the stem (the ImageNet stem's max-pool per
         channel), then every block as K channel groups. Not for BatchNorm."""
-        h = _stacked_stem(self, p, x)
-        if h is None:
-            return None
-        if self.stem_kind == "imagenet":
-            h = F.max_pool2d(h, kernel_size=3, stride=2, padding=1)
-        for i in range(1, 5):
-            for j, block in enumerate(getattr(self, f"layer{i}")):
-                h = block.stacked(h, p, f"layer{i}.{j}.", x.shape[0])
-        return clients_first(h.mean(dim=(-2, -1)), x.shape[0])
+        blocks = [(f"layer{i}.{j}.", b) for i in range(1, 5) for j, b in enumerate(getattr(self, f"layer{i}"))]
+        return _stacked_resnet(self, p, x, blocks, pool=self.stem_kind == "imagenet")
 
 
 class ResNet18(ResNet):
