@@ -18,11 +18,12 @@
 # first, in parts, each skipped where its file is in $OUT, a few cases of each profiled (their
 # kernels by name): "main" (vmap, the stacked form, the channel groups in both layouts;
 # MAIN_TIMEOUT 120 s), "tuned" (vmap, the form and channels-last with engine.cudnn_benchmark:
-# cuDNN's algorithms timed, not picked by heuristics; TUNED_TIMEOUT 90 s), "compiled-tuned" (the
+# cuDNN's algorithms timed, not picked by heuristics; TUNED_TIMEOUT 90 s), "gemm" (the channel groups'
+# convolutions as cuBLAS's batched products of patches and kernels; GEMM_TIMEOUT 45 s), "compiled-tuned" (the
 # form compiled, K = 48; COMPILED_TIMEOUT 180 s), FedADC's CNN's form (R2's model; 40 s)),
 # THROUGHPUT (1: G1's rows after the kernels; 0: none).
-# The ninth session's calls (two; the machine stays warm between them):
-#   SERIES=graphs3 THROUGHPUT=0 PROFILE=0 bash benchmarks/gpu_throughput.sh            (timeout_s 480)
+# The next GPU session's calls (two; the machine stays warm between them):
+#   SERIES=graphs3 THROUGHPUT=0 PROFILE=0 bash benchmarks/gpu_throughput.sh            (timeout_s 520)
 #   SERIES=graphs3 KERNELS=0 PROFILE=0 BUDGET=200 ROWS=cudnn bash benchmarks/gpu_throughput.sh   (timeout_s 330)
 # (ROWS=cudnn: G1's sequential and 48-run rows with cuDNN's heuristics and with its algorithms timed)
 # The third H200 call (captured steps): SERIES=graphs PROFILE_CASES=sequential:1:eager,stacked:12:graphs;
@@ -60,6 +61,11 @@ if [ "${KERNELS:-1}" = 1 ]; then
   # "alg0" and a direct grouped kernel at 1.5 ms a call on the last profile (BENCHMARKS.md G)
   kernels tuned "${TUNED_TIMEOUT:-90}" --variants vmap,stacked,channels_last --widths 1,16,48,192 --cudnn-benchmark \
     --profile stacked:48:fp32,channels_last:48:fp32,stacked:1:fp32
+  # the channel groups' convolutions as batched products of each image's patches and each
+  # client's kernel (cuBLAS's batched GEMM in place of cuDNN's grouped kernels, at kh*kw times
+  # the activations' memory): whether another formulation of the vectorised convolution is
+  # what the 10x needs, where cuDNN's grouped kernels cost as much an image as one client's
+  kernels gemm "${GEMM_TIMEOUT:-45}" --variants gemm --widths 16,48,192 --profile gemm:48:fp32
   # the stacked form compiled (engine.compile: inductor's fused kernels; its convolutions are
   # cuDNN's), at one width only: a compile a case, tens of seconds each, and two more for the
   # checks against vmap and float64 (K = 3); 48 clients is about a 48-run stack's usual group

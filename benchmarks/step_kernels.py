@@ -32,6 +32,12 @@ gradients clipped at norm 10; fedrift's ResNet-8, GroupNorm 16, batch ``--batch`
   (``ResNet8.stacked_channels_last``: cuDNN's NHWC grouped kernels without conversions;
   GroupNorm may convert instead), with a stacked SGD update of their own: what the layout
   alone would give.
+- ``gemm``: the channel-group network alone with each convolution as a batched product of
+  each image's patches (``F.unfold``) and each client's kernel (:func:`gemm_conv`): cuBLAS's
+  batched GEMM in place of cuDNN's grouped kernels, at kh*kw times the activations' memory.
+  Another formulation of the vectorised convolution, where cuDNN's grouped kernels cost as
+  much an image as one client's convolutions (on this CPU, 0.37-0.55x ``vmap``'s speed at 1-16
+  clients: oneDNN's direct convolutions win there).
 
 Before timing, the variants are checked against ``vmap`` at K = 3 (the engine's steps'
 parameters after one step, the standalone variants' gradients; each tensor within 1e-4 of
@@ -152,16 +158,39 @@ def vmap_grads(model: torch.nn.Module) -> Callable[..., dict[str, torch.Tensor]]
     return vmap(grad(loss))
 
 
-def channels_grads(model: torch.nn.Module, channels_last: bool) -> Callable[..., dict[str, torch.Tensor]]:
+def gemm_conv(h: torch.Tensor, p: dict[str, torch.Tensor], name: str, module: torch.nn.Conv2d, k: int) -> torch.Tensor:
+    """``models.base.grouped_conv`` without a grouped convolution: each image's patches
+    (``F.unfold``: ``(N, K*C*kh*kw, L)``) times each client's kernel, one batched product over
+    images and clients (cuBLAS's batched GEMM, where cuDNN's grouped kernels cost on the H200's
+    profile as much an image as K separate convolutions); the patches take kh*kw times the
+    activations' memory, and their gradient is a ``fold``."""
+    w, b = p[f"{name}.weight"], p.get(f"{name}.bias")
+    (kh, kw), (sh, sw), (ph, pw) = module.kernel_size, module.stride, module.padding
+    n, _, hi, wi = h.shape
+    ho, wo = (hi + 2 * ph - kh) // sh + 1, (wi + 2 * pw - kw) // sw + 1
+    cols = F.unfold(h, (kh, kw), padding=(ph, pw), stride=(sh, sw))
+    out = torch.matmul(w.reshape(1, k, w.shape[1], -1), cols.view(n, k, -1, ho * wo))  # (N, K, C_out, L)
+    if b is not None:
+        out = out + b.view(1, k, -1, 1)
+    return out.reshape(n, -1, ho, wo)
+
+
+def channels_grads(model: torch.nn.Module, channels_last: bool,
+                   conv: Callable[..., torch.Tensor] | None = None) -> Callable[..., dict[str, torch.Tensor]]:
     """Per-client gradients from one backward of the clients' summed losses through the
-    model's stacked form alone (``ResNet8.stacked``, no ``vmap``), in ``channels_last`` or not."""
+    model's stacked form alone (``ResNet8.stacked``, no ``vmap``), in ``channels_last`` or not,
+    its convolutions by ``conv`` where given (in place of ``grouped_conv``)."""
+    from fedrift.models import resnet
+
     def grads(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
         leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
-        model.stacked_channels_last = channels_last
+        model.stacked_channels_last, grouped = channels_last, resnet.grouped_conv
+        resnet.grouped_conv = conv or grouped
         try:
             logits = model.stacked(leaves, x)  # (K, N, classes)
         finally:
             del model.stacked_channels_last  # the class's again
+            resnet.grouped_conv = grouped
         ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
         total = (ce * w.flatten()).sum()
         return dict(zip(leaves, torch.autograd.grad(total, list(leaves.values()))))
@@ -186,6 +215,7 @@ def update(params: dict[str, torch.Tensor], mom: dict[str, torch.Tensor], grads:
 STANDALONE: dict[str, Callable[[torch.nn.Module], Callable[..., dict[str, torch.Tensor]]]] = {
     "channels": lambda model: channels_grads(model, False),
     "channels_last": lambda model: channels_grads(model, True),
+    "gemm": lambda model: channels_grads(model, False, gemm_conv),
 }
 ENGINE = ("vmap", "stacked", "compiled")  # the engine's steps (compiled: engine.compile)
 VARIANTS = (*ENGINE, *STANDALONE)
@@ -397,11 +427,11 @@ def main() -> int:
                     case["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 if args.device == "cuda":
                     torch.cuda.empty_cache()
+                doc["cases"].append(case)
                 base = next((c for c in doc["cases"] if c["variant"] == "vmap" and c["clients"] == k
                              and c["precision"] == precision and "ms_per_step" in c), None)
                 if base and "ms_per_step" in case:
                     case["x_vmap"] = base["ms_per_step"] / case["ms_per_step"]
-                doc["cases"].append(case)
                 path.write_text(json.dumps(doc, indent=1) + "\n")
                 print(json.dumps(case), flush=True)
     lines = [f"# Step kernels, {args.model}, {name} (torch {torch.__version__}, batch {args.batch}, "
@@ -413,9 +443,10 @@ def main() -> int:
         if "error" in c:
             lines.append(f"| {c['precision']} | {c['clients']} | {c['variant']} | {c['error']} | | | | |")
         else:
+            ratio = f"{c['x_vmap']:.2f}" if "x_vmap" in c else ""  # none where vmap was not timed at this K
             lines.append(f"| {c['precision']} | {c['clients']} | {c['variant']} | {c['ms_per_step']:.2f} | "
                          f"{c['ms_per_client_step']:.3f} | {c['us_per_image']:.2f} | {c['images_per_second']:,.0f} | "
-                         f"{c.get('x_vmap', 1.0):.2f} |")
+                         f"{ratio} |")
     for c in doc["cases"]:
         if "profile" in c:
             prof = c["profile"]
