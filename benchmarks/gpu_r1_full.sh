@@ -12,6 +12,12 @@
 # Device, a call for each part but the last (carry [".gpu/cifarA"] ...):  STEP=stash bash benchmarks/gpu_r1_full.sh
 #         (each call at once after the last: the machine is held 30 s idle; about 15 s of device time each)
 # Device, last call (carry [WHL, ".gpu/cifar<last>"]):   bash benchmarks/gpu_r1_full.sh
+# A table longer than a call (paper scale: about 49 device-minutes for R1's three methods at
+# alpha 0.1; a session lends 15) runs over several: each call's archives ($OUT/<grid>.tar.gz)
+# hold the unfinished runs' last checkpoints; here, copy them into STATE (.gpu/r1-state, git
+# ignores .gpu) and carry it in the next call's last call (STEP=parts leaves room for it):
+# the grids are unpacked into $OUT first, compare reuses the finished runs and continues the
+# others from their checkpoints (engine.checkpoint_every=1: a cut call loses one round a run).
 # The last call joins the parts into one zip with the published layout (60,000 images), then runs
 # one of three things. By default `fedrift compare` for $ALGORITHMS, seeds $SEEDS, at each alpha of $ALPHAS (R1's settings, the
 # CPU tune's learning rates: tuned=benchmarks/results/r1-tune), engine.device=cuda, $JOBS
@@ -19,7 +25,8 @@
 # (0,1,2), ALPHAS (0.1 0.5), JOBS (3), DEVICE (cuda), INSTALL (1: $WHL into $SITE), BUDGET (500 s for the compares; SIGINT at the end of it,
 # so that finished runs and the report stay), PY (python3), SITE (/tmp/site), R1_MORE (more key=value for
 # the alpha compares: paper scale is "engine.executor=stacked train.local_epochs=20 train.rounds=100
-# data.augment=true engine.checkpoint_every=5", a setting's seeds then one stack, JOBS stacks at once).
+# data.augment=true engine.checkpoint_every=1", a setting's seeds then one stack, JOBS stacks at once),
+# STATE (.gpu/r1-state: the archives an earlier call brought back, unpacked into $OUT first).
 # CHAIN="...": a tune-and-compare chain (the block below says what it runs; R1 by default, any
 # workload by CFG and the rest).
 # R2_ROUNDS=N: FedADC Table I at s = 2, C = 0.2 without tuning (the block below): R2_ROUNDS (the
@@ -37,20 +44,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}; SITE=${SITE:-/tmp/site}; OUT=${OUT:-$PWD/runs/gpu-out}; STASH=/tmp/r1-halves
 ALGORITHMS=${ALGORITHMS:-fedavg,fedgkd,fedadc}; SEEDS=${SEEDS:-0,1,2}; ALPHAS=${ALPHAS:-0.1 0.5}
-JOBS=${JOBS:-3}; BUDGET=${BUDGET:-500}; START=$(date +%s)
+JOBS=${JOBS:-3}; BUDGET=${BUDGET:-500}; START=$(date +%s); STATE=${STATE:-.gpu/r1-state}
 mkdir -p "$OUT" "$STASH"
 if [ "${STEP:-run}" = parts ]; then
   rm -rf .gpu/cifar[A-Z]
   exec "${PREP_PY:-.venv/bin/python}" - "${CIFAR_ZIP:-../shared/data/cifar10-jpeg/cifar10-jpeg.zip}" "${WHL:-.gpu/whl}" \
-    "${TRAVEL_LIMIT:-64000000}" "${MARGIN:-2000000}" <<'PY'
+    "${TRAVEL_LIMIT:-64000000}" "${MARGIN:-2000000}" "$STATE" <<'PY'
 import pathlib, string, subprocess, sys, zipfile
-src, whl, limit, margin = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+src, whl, limit, margin, state = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), pathlib.Path(sys.argv[5])
 names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True).stdout
 tree = sum(p.stat().st_size for n in names.split(b"\0") if n and (p := pathlib.Path(n.decode())).is_file())
-wheels = sum(p.stat().st_size for p in whl.glob("*.whl"))
+wheels = sum(p.stat().st_size for p in whl.glob("*.whl")) + sum(p.stat().st_size for p in state.glob("*.tar.gz"))
 room, last_room = limit - margin - tree, limit - margin - tree - wheels
 if last_room < 1_000_000:
-    sys.exit(f"gpu_r1_full: the tree ({tree / 1e6:.1f} MB) and {whl} ({wheels / 1e6:.1f} MB) leave no room for a part")
+    sys.exit(f"gpu_r1_full: the tree ({tree / 1e6:.1f} MB), {whl} and {state} ({wheels / 1e6:.1f} MB) leave no room for a part")
 cost = lambda i: i.file_size + 100 + 2 * len(i.filename)  # a stored member: its bytes, its two headers
 with zipfile.ZipFile(src) as zin:
     members = sorted((i for i in zin.infolist() if not i.is_dir()), key=lambda i: i.filename)
@@ -73,7 +80,8 @@ print(f"gpu_r1_full: {len(members)} images in {len(groups)} parts under .gpu/ (t
       f"{whl} {wheels / 1e6:.1f} MB); the calls:")
 for k in range(len(groups) - 1):
     print(f'  carry [".gpu/cifar{string.ascii_uppercase[k]}"]: STEP=stash bash benchmarks/gpu_r1_full.sh')
-print(f'  carry ["{whl}", ".gpu/cifar{string.ascii_uppercase[len(groups) - 1]}"]: WHL={whl} ... bash benchmarks/gpu_r1_full.sh')
+last = f'"{whl}", ".gpu/cifar{string.ascii_uppercase[len(groups) - 1]}"' + (f', "{state}"' if any(state.glob("*.tar.gz")) else "")
+print(f'  carry [{last}]: WHL={whl} ... bash benchmarks/gpu_r1_full.sh')
 PY
 fi
 # the parts carried in this call (.gpu/cifarA/a.zip, .gpu/cifarB/b.zip, or more parts when the
@@ -88,6 +96,14 @@ export PYTHONPATH="$PWD/src:$SITE" PYTHONUNBUFFERED=1
 mkdir -p /tmp/cifar10-jpeg
 "$PY" benchmarks/join_parts.py /tmp/cifar10-jpeg/cifar10-jpeg.zip 60000 "$STASH"/*.zip || exit 1
 nvidia-smi -L
+# the grids an earlier call brought back (STATE: their archives, each unfinished run's last
+# checkpoint within): compare reuses the finished runs and continues the others from their
+# checkpoints, so a table longer than a call (or than a session's quarter hour) runs over several
+for t in "$STATE"/*.tar.gz; do
+  [ -f "$t" ] || continue
+  tar -xzf "$t" -C "$OUT" || { echo "gpu_r1_full: $t does not unpack"; exit 1; }
+  echo "gpu_r1_full: $(basename "$t") unpacked into $OUT: its finished runs reused, the others continued"
+done
 FEDRIFT=("$PY" -c 'import sys; from fedrift.cli import main; sys.exit(main(sys.argv[1:]))')
 # the joined zip where the configs name it (../shared/data/cifar10-jpeg), so that a run's config
 # equals the CPU's (the chain and R2; the alphas pass data.root=/tmp/cifar10-jpeg instead)
@@ -203,12 +219,15 @@ for alpha in $ALPHAS; do
     output.progress=false ${R1_MORE:-} --out "$OUT/r1-gpu-a$alpha"
   echo "== exit $? after $(($(date +%s) - START)) s"
 done
-# what comes back from the device is limited in number of files (8 came back in one call) and in
+# what comes back from the device is limited in number of files (8), size (16 MiB each) and
 # depth: each grid keeps results.md and travels as one archive (its report, csv, figures and run
-# folders: metrics, configs, logs; no checkpoints)
+# folders: metrics, configs, logs, and an unfinished run's last checkpoint, which the next call
+# continues from when the archive is carried back in STATE; no final models)
 for d in "$OUT"/r1-gpu-a* "$OUT"/*-chain "$OUT"/*-tune "$OUT"/r2-gpu*; do
   [ -d "$d" ] || continue
   rm -f "$d/.fedrift.lock"
   g=$(basename "$d")
-  tar -czf "$OUT/$g.tar.gz" --exclude='*.pt' -C "$OUT" "$g" && find "$d" -mindepth 1 ! -name results.md -delete
+  tar -czf "$OUT/$g.tar.gz" --exclude='final_model.pt' -C "$OUT" "$g" && find "$d" -mindepth 1 ! -name results.md -delete
+  size=$(stat -c %s "$OUT/$g.tar.gz")
+  [ "$size" -le 16777216 ] || echo "gpu_r1_full: $g.tar.gz is $size bytes, over the 16 MiB a file that comes back may have"
 done

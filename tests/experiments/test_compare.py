@@ -264,6 +264,30 @@ def test_ctrl_c_on_a_parallel_compare_records_its_runs_as_interrupted(tmp_path, 
     assert not alive, f"still running 30 s after the Ctrl-C: {alive}"
 
 
+def test_ctrl_c_on_a_parallel_compare_of_stacks_records_their_runs_as_interrupted(tmp_path):
+    """The same with each setting's seeds one stack (``engine.executor: stacked``: a pool
+    task a stack, its runs threads of one worker): the pool's stop interrupts the stack, and
+    every run of both stacks writes its interrupted summary within the grace (before, the stack
+    did not hear the stop: its worker was ended after the grace, the runs said nothing)."""
+    from conftest import ctrl_c_cli
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(grid_config(tmp_path, train={"rounds": 100000},
+                                              engine={"checkpoint_every": 1, "executor": "stacked"})))
+    root = tmp_path / "g"
+
+    def all_train() -> bool:
+        return len([m for m in root.glob("*/seed*/metrics.jsonl") if m.read_text().count("\n") >= 2]) >= 4
+
+    r = ctrl_c_cli(["compare", "-c", str(cfg), "--out", str(root), "algorithms=fedavg,fedprox", "seeds=0,1",
+                    "--jobs", "2", "--no-report"], all_train, terminal=False)
+    assert r.code == 130 and "recorded as interrupted" in r.err, r.err
+    runs = sorted(p.parent for p in root.glob("*/seed*/config.yaml"))
+    assert len(runs) == 4 and [json.loads((d / "summary.json").read_text())["status"] for d in runs
+                               if (d / "summary.json").is_file()] == ["interrupted"] * 4, r.err
+    assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"
+
+
 def test_an_older_runs_relative_data_root_is_the_same_folder_seen_from_here(tmp_path, monkeypatch):
     """A run folder written before data.root was stored absolute holds the relative root: the
     same run when it names the same folder from where compare runs, another one elsewhere."""

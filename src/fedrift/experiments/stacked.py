@@ -217,9 +217,11 @@ def stack_results(configs: Sequence[Mapping[str, Any]], resume: Sequence[bool]) 
     returns (``experiments.pool.execute_run``): a divergence is a result, not an error; any
     other error of a run is raised (the first, once all have ended)."""
     from fedrift.errors import DivergenceError
+    from fedrift.experiments.pool import interruptible
 
     start = time.perf_counter()
-    results = run_stacked(configs, resume)
+    with interruptible():  # in a pool worker, the pool's stop is the stack's Ctrl-C: every run writes its summary
+        results = run_stacked(configs, resume)
     seconds = time.perf_counter() - start
     lines = []
     for r in results:
