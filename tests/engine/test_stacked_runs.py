@@ -157,6 +157,37 @@ def test_stacked_runs_resume_from_their_checkpoints(tiny, tmp_path, monkeypatch)
         _same_history(w.history, r.history)
 
 
+def test_stacked_runs_stop_within_a_step_of_a_ctrl_c_while_the_stack_trains(tiny, tmp_path, monkeypatch):
+    """A Ctrl-C (``RunStack.stop``, from another thread) while the stack trains a round stops
+    the runs at the next step, not at the end of the round: the run that trains the meeting
+    holds the stack's lock for all of its steps (before, ``stop`` waited for that lock: a
+    paper-scale round's training, minutes on a CPU, longer than a pool's grace)."""
+    import threading
+    import time
+
+    seen = {"steps": 0, "after": None}
+    check = stacked_executor.RunStack._check_stop
+
+    def counted(self):
+        seen["steps"] += 1
+        if seen["steps"] == 3:  # mid-round: the Ctrl-C comes from another thread, this one holds the lock
+            threading.Thread(target=self.stop, daemon=True).start()
+            for _ in range(500):  # at most 5 s for the flag
+                if self._stopped:
+                    break
+                time.sleep(0.01)
+            seen["after"] = seen["steps"]
+        check(self)
+
+    monkeypatch.setattr(stacked_executor.RunStack, "_check_stop", counted)
+    sections = {"train": {"rounds": 2, "local_steps": 40}, "engine": {"executor": "stacked", "checkpoint_every": 1}}
+    results = run_stacked([tiny(seed=s, output={"dir": str(tmp_path / f"r{s}")}, **sections) for s in (0, 1)])
+    assert all(isinstance(r, KeyboardInterrupt) for r in results), results
+    assert seen["steps"] == seen["after"] == 3, seen  # no step trained after the stop
+    for s in (0, 1):
+        assert json.loads((tmp_path / f"r{s}" / "summary.json").read_text())["status"] == "interrupted"
+
+
 def _stack_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "fedrift" and r.getMessage().startswith("stacked runs:")]
 

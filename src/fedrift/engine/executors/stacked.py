@@ -89,10 +89,16 @@ class RunStack:
             self._cond.notify_all()
 
     def stop(self) -> None:
-        """Ctrl-C: every run stops at its next local step or meeting (``KeyboardInterrupt``)."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
+        """Ctrl-C: every run stops at its next local step or meeting (``KeyboardInterrupt``).
+        The flag is set without the lock: the run that trains a meeting's rounds holds it for
+        all of their steps (it reads the flag at each), and the others read it each second of
+        their wait; waking them at once where the lock is free only saves that second."""
+        self._stopped = True
+        if self._cond.acquire(blocking=False):
+            try:
+                self._cond.notify_all()
+            finally:
+                self._cond.release()
 
     def _check_stop(self) -> None:
         if self._stopped:
