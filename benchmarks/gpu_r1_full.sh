@@ -26,7 +26,8 @@
 # so that finished runs and the report stay), PY (python3), SITE (/tmp/site), R1_MORE (more key=value for
 # the alpha compares: paper scale is "engine.executor=stacked train.local_epochs=20 train.rounds=100
 # data.augment=true engine.checkpoint_every=1", a setting's seeds then one stack, JOBS stacks at once),
-# STATE (.gpu/r1-state: the archives an earlier call brought back, unpacked into $OUT first).
+# STATE (.gpu/r1-state: the archives an earlier call brought back, unpacked into $OUT first; the
+# alphas and R2 continue from them, a CHAIN starts again from TUNE_FROM and FROM).
 # CHAIN="...": a tune-and-compare chain (the block below says what it runs; R1 by default, any
 # workload by CFG and the rest).
 # R2_ROUNDS=N: FedADC Table I at s = 2, C = 0.2 without tuning (the block below): R2_ROUNDS (the

@@ -256,8 +256,14 @@ def test_ctrl_c_on_a_parallel_compare_records_its_runs_as_interrupted(tmp_path, 
     runs = sorted(p.parent for p in root.glob("*/seed*/config.yaml"))
     assert runs == started and len(runs) == 2, (runs, started)  # the queued runs never started
     assert [json.loads((d / "summary.json").read_text())["status"] for d in runs] == ["interrupted"] * 2
+    _none_left(r.pid)
+
+
+def _none_left(sid: int) -> None:
+    """No process of session ``sid`` (a Ctrl-C'd command's) is left 30 s after the signal;
+    any that is, is killed and named."""
     deadline = time.monotonic() + 30
-    while (alive := _session_alive(r.pid)) and time.monotonic() < deadline:
+    while (alive := _session_alive(sid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     for line in alive:
         os.kill(int(line.split()[0]), signal.SIGKILL)
@@ -286,6 +292,7 @@ def test_ctrl_c_on_a_parallel_compare_of_stacks_records_their_runs_as_interrupte
     assert len(runs) == 4 and [json.loads((d / "summary.json").read_text())["status"] for d in runs
                                if (d / "summary.json").is_file()] == ["interrupted"] * 4, r.err
     assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"
+    _none_left(r.pid)
 
 
 def test_an_older_runs_relative_data_root_is_the_same_folder_seen_from_here(tmp_path, monkeypatch):
