@@ -32,7 +32,8 @@
 # workload by CFG and the rest).
 # R2_ROUNDS=N: FedADC Table I at s = 2, C = 0.2 without tuning (the block below): R2_ROUNDS (the
 # most rounds), R2_ALGORITHMS (fedavg,fedadc), R2_EXECUTORS (the probe's: batched sequential),
-# R2_FIXED (1: exactly R2_ROUNDS, else what the budget fits; with one executor named, no probe),
+# R2_FIXED (1: exactly R2_ROUNDS, else what the budget fits; with one executor named, no probe:
+# how a call continues Table I's 500 rounds from STATE, R2_ROUNDS=500 R2_FIXED=1 R2_EXECUTORS=batched),
 # R2_REFERENCE (fedavg), PROBE_TIMEOUT, R2_CFG (examples/papers/fedadc-table1-cifar10-c0.2.yaml; the
 # c0.1 file is Table I's C = 0.1), R2_OUT (r2-gpu), R2_FIRST (0: the seed run first; empty: none, e.g. a
 # second call for SEEDS=3,4,5). An entry may name its own sampling
