@@ -188,6 +188,27 @@ def test_stacked_runs_stop_within_a_step_of_a_ctrl_c_while_the_stack_trains(tiny
         assert json.loads((tmp_path / f"r{s}" / "summary.json").read_text())["status"] == "interrupted"
 
 
+def test_stacked_runs_stop_in_their_evaluation_on_a_ctrl_c(tiny, tmp_path, monkeypatch):
+    """A Ctrl-C that comes once the stack's round has trained stops each run in its evaluation
+    (``fedrift.stopping``), as a run in the main thread stops wherever it is: no metrics row
+    for the round, each summary interrupted. Before, each run evaluated every set first (a
+    large test set with a large model on a CPU: past a ``--jobs`` pool's grace)."""
+    train = stacked_executor.RunStack._train_together
+
+    def then_stop(self, requests):
+        train(self, requests)
+        self.stop()
+
+    monkeypatch.setattr(stacked_executor.RunStack, "_train_together", then_stop)
+    results = run_stacked([tiny(seed=s, output={"dir": str(tmp_path / f"r{s}")}, engine={"executor": "stacked"})
+                           for s in (0, 1)])
+    assert all(isinstance(r, KeyboardInterrupt) for r in results), results
+    for s in (0, 1):
+        run = tmp_path / f"r{s}"
+        assert not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip()
+        assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+
+
 def _stack_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "fedrift" and r.getMessage().startswith("stacked runs:")]
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from fedrift import stopping
 from fedrift.api import RunResult, prepare, resolved_yaml, run_prepared
 from fedrift.engine.build import Prepared, cudnn_choice
 from fedrift.engine.checkpoint import CheckpointError
@@ -180,12 +181,13 @@ def stacked_outcomes(
     def one(i: int) -> None:
         member = stack.member(i)
         try:
-            try:
-                out[i] = run_prepared(preps[i], resume=flags[i], executor=member, on_round=hooks[i])
-            except CheckpointError as err:
-                note = f"checkpoint not used ({err}), ran again from round 1"
-                out[i] = run_prepared(preps[i], executor=member, on_round=hooks[i])
-                out[i].summary.setdefault("note", note)  # type: ignore[union-attr]
+            with stopping.stopped_by(lambda: stack.stopped):  # its evaluation hears a Ctrl-C too
+                try:
+                    out[i] = run_prepared(preps[i], resume=flags[i], executor=member, on_round=hooks[i])
+                except CheckpointError as err:
+                    note = f"checkpoint not used ({err}), ran again from round 1"
+                    out[i] = run_prepared(preps[i], executor=member, on_round=hooks[i])
+                    out[i].summary.setdefault("note", note)  # type: ignore[union-attr]
         except BaseException as err:  # noqa: BLE001 - the run's own ending, handed to the caller
             out[i] = err
         finally:

@@ -8,6 +8,8 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn.functional as F
 
+from fedrift import stopping
+
 # extra predictors: (params, x) -> {name: predicted classes}, e.g. FedProto's nearest prototype
 Predict = Callable[[dict[str, torch.Tensor], torch.Tensor], dict[str, torch.Tensor]]
 
@@ -28,6 +30,7 @@ def outcomes(
     right: dict[str, torch.Tensor] = {"": torch.empty(n, dtype=torch.bool, device=y.device)}
     losses = torch.empty(n, dtype=torch.float64, device=y.device)
     for i in range(0, n, batch_size):
+        stopping.check()  # a stacked run's Ctrl-C lands here too, not after the whole set
         xb, target = x[i : i + batch_size], y[i : i + batch_size]
         logits = apply(params, xb)
         torch.eq(logits.argmax(1), target, out=right[""][i : i + len(target)])

@@ -100,6 +100,11 @@ class RunStack:
             finally:
                 self._cond.release()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called (each run's own work reads it: ``fedrift.stopping``)."""
+        return self._stopped
+
     def _check_stop(self) -> None:
         if self._stopped:
             raise KeyboardInterrupt
