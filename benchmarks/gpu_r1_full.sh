@@ -56,10 +56,10 @@ import pathlib, string, subprocess, sys, zipfile
 src, whl, limit, margin, state = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), pathlib.Path(sys.argv[5])
 names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True).stdout
 tree = sum(p.stat().st_size for n in names.split(b"\0") if n and (p := pathlib.Path(n.decode())).is_file())
-wheels = sum(p.stat().st_size for p in whl.glob("*.whl")) + sum(p.stat().st_size for p in state.glob("*.tar.gz"))  # the last call's
-room, last_room = limit - margin - tree, limit - margin - tree - wheels
+beside = sum(p.stat().st_size for p in [*whl.glob("*.whl"), *state.glob("*.tar.gz")])  # what the last call carries too
+room, last_room = limit - margin - tree, limit - margin - tree - beside
 if last_room < 1_000_000:
-    sys.exit(f"gpu_r1_full: the tree ({tree / 1e6:.1f} MB), {whl} and {state} ({wheels / 1e6:.1f} MB) leave no room for a part")
+    sys.exit(f"gpu_r1_full: the tree ({tree / 1e6:.1f} MB), {whl} and {state} ({beside / 1e6:.1f} MB) leave no room for a part")
 cost = lambda i: i.file_size + 100 + 2 * len(i.filename)  # a stored member: its bytes, its two headers
 with zipfile.ZipFile(src) as zin:
     members = sorted((i for i in zin.infolist() if not i.is_dir()), key=lambda i: i.filename)
@@ -79,7 +79,7 @@ with zipfile.ZipFile(src) as zin:
             for info in group:
                 out.writestr(info, zin.read(info))
 print(f"gpu_r1_full: {len(members)} images in {len(groups)} parts under .gpu/ (tree {tree / 1e6:.1f} MB, "
-      f"{whl} and {state} {wheels / 1e6:.1f} MB); the calls:")
+      f"{whl} and {state} {beside / 1e6:.1f} MB); the calls:")
 for k in range(len(groups) - 1):
     print(f'  carry [".gpu/cifar{string.ascii_uppercase[k]}"]: STEP=stash bash benchmarks/gpu_r1_full.sh')
 last = f'"{whl}", ".gpu/cifar{string.ascii_uppercase[len(groups) - 1]}"' + (f', "{state}"' if any(state.glob("*.tar.gz")) else "")

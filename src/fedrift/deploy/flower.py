@@ -506,7 +506,7 @@ class Device:
     def __init__(self, doc: dict[str, Any], root: str | None, k: int, expected: str | None = None) -> None:
         import torch
 
-        from fedrift.engine.build import build_run, build_tools, prepare
+        from fedrift.engine.build import build_run, build_tools, prepare, set_cudnn_choice
         from fedrift.engine.federation import Federation
 
         if root is not None:
@@ -519,7 +519,7 @@ class Device:
             check_data(prep, k, expected, root)
         if self.cfg.engine.threads is not None:
             torch.set_num_threads(self.cfg.engine.threads)
-        torch.backends.cudnn.benchmark = self.cfg.engine.cudnn_benchmark  # the node's process trains this run alone
+        set_cudnn_choice(self.cfg)  # the node's process trains this run alone
         model, self.algorithm = build_run(prep)
         self.tools = build_tools(prep, model, self.algorithm)
         self.fed = Federation(prep.dataset, prep.partition, prep.device)

@@ -90,14 +90,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def set_cudnn_choice(cfg: Config) -> bool:
+    """``engine.cudnn_benchmark`` put into torch's flag (the process's); returns the flag as it
+    was. A process that trains one run's clients alone (a ``processes`` worker, a Ray actor, a
+    Flower node) keeps it set."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = cfg.engine.cudnn_benchmark
+    return before
+
+
 @contextmanager
 def cudnn_choice(cfg: Config) -> Iterator[None]:
     """``engine.cudnn_benchmark`` in effect for the block, torch's flag as it was afterwards.
-    The flag is the process's: stacked runs, each in a thread of its own, share one value (their
-    engine sections are equal), and their caller holds it around them all, so that no run's end
-    turns it back while another still trains."""
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = cfg.engine.cudnn_benchmark
+    Stacked runs, each in a thread of its own, share one value (their engine sections are
+    equal), and their caller holds it around them all, so that no run's end turns it back while
+    another still trains."""
+    before = set_cudnn_choice(cfg)
     try:
         yield
     finally:
@@ -233,8 +241,7 @@ def client_tools(config: Config | Prepared) -> RoundTools:
         prep = config
     else:
         prep = prepare(config)  # loads the config's plugins
-    # a worker's process trains this run's clients alone: the run's cuDNN choice stays set
-    torch.backends.cudnn.benchmark = prep.config.engine.cudnn_benchmark
+    set_cudnn_choice(prep.config)  # a worker's process trains this run's clients alone
     model, algorithm = build_run(prep)
     return build_tools(prep, model, algorithm)
 

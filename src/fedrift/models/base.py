@@ -79,7 +79,7 @@ class FedModel(nn.Module):
     projection_dim: int | None = None
     takes_tokens: bool = False  # True: input is int token ids from a text dataset (models/text.py)
     # whether the vectorised executors step through stacked_features (engine/stacked_step.py),
-    # set where it was measured faster than vmap (resnet8); a model may have the form without
+    # set where it was measured faster than vmap (the ResNets); a model may have the form without
     # (benchmarks/step_kernels.py --model, this CPU: the FedAvg CNN's step 0.86-0.92x vmap's
     # speed at 4-16 clients, the MLP's 0.83-0.85x, logreg's 0.67x, FedADC's CNN's 0.87-1.08x at
     # 1-16; BENCHMARKS.md G); under bf16
