@@ -1,10 +1,11 @@
-# make demo: set up .venv and run the main job (a comparison); make test: set up and run the tests.
+# make demo: set up .venv and run the main job (a comparison); make test: set up and run the tests;
+# make check: the inner loop (the tests that start no process).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup browser clean docs docs-serve
+.PHONY: demo test check setup browser clean docs docs-serve
 
 setup: $(STAMP)
 
@@ -37,8 +38,22 @@ demo: $(STAMP)
 # Two test processes (pytest-xdist), each test file whole in one of them (its module fixtures
 # built once); the Ray cluster's and the Flower federations' files count as one file, started
 # first and run one after another, never beside each other (tests/conftest.py).
+# Then the agreement tests (@pytest.mark.agreement: two computations of the same thing held to
+# tests/agreement.py's rule) once more under AVX2's kernels, where this CPU's own are wider
+# (AVX-512): a promise that holds only under one vector width's rounding fails here, not on the
+# next machine. Where this CPU's own kernels are AVX2 (or narrower) the first pass was that run.
 test: $(STAMP) browser
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest tests -n 2 --dist loadfile
+	@own=$$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability())"); \
+	if [ "$$own" = AVX512 ]; then \
+	  echo "make test: the agreement tests again, under AVX2's kernels (this CPU's own are $$own)"; \
+	  ATEN_CPU_CAPABILITY=avx2 PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest tests -m agreement -n 2 --dist loadfile; \
+	else echo "make test: this CPU's own kernels are $$own: the agreement tests ran under them"; fi
+
+# The inner loop: every test that starts no process (no CLI run, Ray cluster, Flower
+# federation, browser or docs build: @pytest.mark.process, checked as each test runs).
+check: $(STAMP)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest tests -m "not process" -n 2 --dist loadfile
 
 # The report's browser test renders report.html in Debian's headless chromium: installed
 # here when no browser is on PATH and this user may install packages (root, or sudo without

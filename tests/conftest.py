@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from agreement import Declaration
 
 
 def tiny_config(tmp_path, **sections) -> dict:
@@ -61,6 +63,60 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return ClusterFirst(config, log)
+
+
+# Declared kinds of test (markers in pyproject.toml), each checked as the test runs:
+# - ``agreement``: compares two computations of the same thing with ``agreement.agree``;
+#   ``make test`` runs every one of them again under AVX2's kernels (Makefile).
+# - ``process``: starts a process through ``subprocess`` (a CLI run, a Ray cluster, a Flower
+#   federation, a browser); ``make check``, the inner loop, leaves these out.
+# A test that compares or starts a process without its mark fails, and so does a test marked
+# ``agreement`` that never compares: the marks are the lists, and nobody keeps them by hand.
+_popen_init = subprocess.Popen.__init__
+
+
+class _Started:
+    """Processes started through ``subprocess`` since the running test's set-up began."""
+
+    count = 0
+
+
+def _counted_popen_init(self, *args, **kwargs):
+    _Started.count += 1
+    _popen_init(self, *args, **kwargs)
+
+
+subprocess.Popen.__init__ = _counted_popen_init
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _Started.count = 0
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    Declaration.declared, Declaration.used = item.get_closest_marker("agreement") is not None, False
+    try:
+        result = yield
+    finally:
+        declared, used = Declaration.declared, Declaration.used
+        Declaration.declared = None
+    if declared and not used:
+        raise AssertionError("this test is marked @pytest.mark.agreement but compares nothing with agree(): "
+                             "take the mark off, or compare with agree()")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    if _Started.count and item.get_closest_marker("process") is None:
+        raise AssertionError(f"this test started {_Started.count} process(es) through subprocess but is not "
+                             "marked @pytest.mark.process: make check (no servers, clusters or CLI processes) "
+                             "would run it")
+    return result
 
 
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "fedrift-example-plugin"

@@ -77,6 +77,7 @@ def test_partition_prints_the_table_and_writes_the_plot(capsys, tmp_path):
     assert (out_dir / "partition.json").is_file()
 
 
+@pytest.mark.process
 def test_console_script_exit_status(tmp_path):
     """The installed entry point, as a user runs it: exit 2 and no traceback."""
     exe = Path(sys.executable).with_name("fedrift")
@@ -177,6 +178,7 @@ def test_a_relative_data_root_is_stored_absolute_so_a_resume_works_from_another_
     assert absolute_root("data") == os.path.join(os.getcwd(), "data")
 
 
+@pytest.mark.process
 def test_a_real_ctrl_c_writes_an_interrupted_summary_and_says_how_to_continue(tmp_path):
     """SIGINT (what Ctrl-C sends) to a real `fedrift run` mid-run: exit 130, the interrupted
     summary with the rounds done, and the --resume command on stderr."""

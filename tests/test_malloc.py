@@ -48,6 +48,7 @@ def _loop(package: bool = False, **env: str) -> tuple[bool, int]:
     return applied == "True", int(faults)
 
 
+@pytest.mark.process
 def test_freed_blocks_are_reused_not_faulted_in_again():
     applied, faults = _loop(package=True)  # import fedrift applies it
     assert applied == GLIBC
@@ -57,6 +58,7 @@ def test_freed_blocks_are_reused_not_faulted_in_again():
         assert faults < 16384 // 4, (faults, default_faults)
 
 
+@pytest.mark.process
 def test_the_users_own_glibc_settings_and_the_opt_out_are_kept():
     assert _loop(MALLOC_TRIM_THRESHOLD_="131072")[0] is False
     assert _loop(MALLOC_MMAP_THRESHOLD_="131072")[0] is False

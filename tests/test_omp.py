@@ -16,6 +16,7 @@ def _child(env_policy: str | None) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.process
 def test_import_fedrift_sets_passive_wait_policy_and_keeps_the_users():
     assert _child(None) == "PASSIVE"
     assert _child("ACTIVE") == "ACTIVE"
@@ -35,6 +36,7 @@ print(seen[0])
 """
 
 
+@pytest.mark.process
 def test_the_policy_is_set_before_torch_is_first_imported():
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     proc = subprocess.run([sys.executable, "-c", WATCH], env=env, capture_output=True, text=True, timeout=120)

@@ -262,6 +262,7 @@ def _final(run: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
     return [r["test_accuracy"] for r in rows], torch.load(run / "final_model.pt", weights_only=True)
 
 
+@pytest.mark.process
 def test_example_plugin_on_the_command_line_under_every_executor(example, tmp_path):
     """sequential and batched in this process, processes in a fresh ``fedrift run`` (its
     workers import the plugin from the run's config): processes equals one-thread sequential
@@ -279,6 +280,7 @@ def test_example_plugin_on_the_command_line_under_every_executor(example, tmp_pa
     assert json.loads((tmp_path / "processes" / "summary.json").read_text())["executor"] == "processes"
 
 
+@pytest.mark.process
 def test_example_plugin_beside_fedavg_in_compare_with_two_jobs(example, tmp_path):
     out = tmp_path / "grid"
     proc = _cli(["compare", "plugins=[fedrift_example_plugin]", *[a for a in EXAMPLE_RUN if not a.startswith("algorithm.")],
@@ -292,6 +294,7 @@ def test_example_plugin_beside_fedavg_in_compare_with_two_jobs(example, tmp_path
     assert _final(out / "fedla-tau=0.5" / "seed0")[0] == _final(tmp_path / "alone")[0]
 
 
+@pytest.mark.process
 def test_installed_example_plugin_through_its_entry_point(installed_example_plugin, tmp_path, capsys):
     """An installed plugin package (here the example, as ``pip install -e`` would put it: its
     dist-info and source on the path, not in the environment) is found through its

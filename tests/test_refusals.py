@@ -92,6 +92,7 @@ def test_yaml_errors_name_the_file(capsys, tmp_path):
     assert f'in "{bad}", line' in line and "<unicode string>" not in line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args", [["list"], ["run", *FAST, "train.clients_per_round=2", "output.dir={out}"]])
 def test_a_closed_pipe_ends_quietly(tmp_path, args):
     """fedrift list | head -3 and fedrift run ... | head -1: the reader is gone before we write."""

@@ -167,6 +167,7 @@ def _repo(path: Path) -> str:
     return _git(path, "rev-parse", "HEAD").strip()
 
 
+@pytest.mark.process
 def test_the_recipe_rebuilds_a_tree_tinyimagenet_reads(tmp_path):
     """benchmarks/tiny_imagenet_tree.sh on two small repositories laid out as the two public
     ones: the image repository's wnids.txt edited (one line), the other's with the classes

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # a cluster, a federation, a browser or a docs build: left out of make check
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

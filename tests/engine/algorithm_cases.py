@@ -2,6 +2,7 @@
 checked against each other on all of them."""
 
 import torch
+from agreement import ILL_CONDITIONED, ROUNDING, Promise
 
 from fedrift.algorithms import ALGORITHMS, make
 from fedrift.algorithms.base import Algorithm, Setup
@@ -12,7 +13,7 @@ from fedrift.algorithms.base import Algorithm, Setup
 # against float64, the sequential and the vectorised step alike), which the next steps grow;
 # vectorised kernels (vmap's, a model's stacked form: engine/stacked_step.py) round
 # otherwise, so after 3 rounds the models are a few 1e-4 apart
-ILL_CONDITIONED = {"feddecorr": 1e-3}
+ILL_CONDITIONED_NAMES = {"feddecorr"}
 
 OPTIONS = {
     "fedprox": {"mu": 0.1},
@@ -68,6 +69,11 @@ NAMES = [e.name for e in ALGORITHMS if e.source == "built in"]  # not an install
 SETUP = Setup(num_classes=10, num_clients=6, feature_dim=16, lr=0.05, momentum=0.9, weight_decay=0.0,
               clip_grad_norm=None, seed=0, projection_dim=16,
               holdout_x=torch.zeros(4, 64), holdout_y=torch.zeros(4, dtype=torch.int64))
+
+
+def promise(name: str) -> Promise:
+    """What two executors' runs of algorithm ``name`` promise each other (tests/agreement.py)."""
+    return ILL_CONDITIONED if name in ILL_CONDITIONED_NAMES else ROUNDING
 
 
 def build(name: str) -> Algorithm:

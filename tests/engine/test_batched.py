@@ -9,18 +9,13 @@ import pytest
 import torch
 
 import fedrift
-from algorithm_cases import ILL_CONDITIONED, NAMES, case
+from agreement import BITS, ROUNDING, agree, largest_difference, through_square_root, untimed
+from algorithm_cases import NAMES, case, promise
 from fedrift.api import prepare, run_prepared
 from fedrift.data.partition_base import Partition
 from fedrift.engine.executors.batched import BatchedExecutor, _rows
 
 batched_module = importlib.import_module("fedrift.engine.executors.batched")
-
-
-def _close(a, b, rtol=1e-4):
-    for k in a:
-        scale = a[k].abs().max().clamp(min=1e-3)
-        assert ((a[k] - b[k]).abs().max() / scale).item() < rtol, k
 
 
 def test_rows_of_a_batched_tree_and_its_unbatched_leaves():
@@ -64,6 +59,7 @@ def test_a_group_shrinks_by_one_plan_made_at_its_start():
     assert len({t.untyped_storage().data_ptr() for t in (rows, at, pad)}) == 1  # one tensor
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.1}])
 @pytest.mark.parametrize("max_parallel", [None, 2])
 def test_uneven_clients_one_sample_to_fifty_times_more(tiny, tmp_path, algorithm, max_parallel, monkeypatch):
@@ -95,9 +91,8 @@ def test_uneven_clients_one_sample_to_fifty_times_more(tiny, tmp_path, algorithm
         test = [np.arange(10)] * 4
         prep = dataclasses.replace(prep, partition=Partition("manual", train, test))
         results[ex] = run_prepared(prep)
-    _close(results["sequential"].global_state, results["batched"].global_state)
-    for a, b in zip(results["sequential"].history, results["batched"].history):
-        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    agree(results["sequential"].global_state, results["batched"].global_state)
+    agree(untimed(results["sequential"].history), untimed(results["batched"].history))
     # the vectorised steps trained only clients with steps left: 2, 2, 2 and 38 steps a round
     # (2 epochs of batch 8), 44 client-steps a round, not 4 x 38
     assert sum(trained) == 2 * sum(math.ceil(n / 8) * 2 for n in sizes) == 88, trained
@@ -113,21 +108,17 @@ def test_auto_parallel_is_bounded():
     assert small == 256 and big == 1
 
 
-def _rel_diff(a, b) -> float:
-    """The largest difference of ``a`` and ``b``'s tensors, relative to each tensor's largest value."""
-    return max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-3)).item() for k in a)
-
-
+@pytest.mark.agreement
 @pytest.mark.parametrize("form", ["vmap", "stacked"])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_algorithm_gives_the_same_result_batched(tiny, tmp_path, name, form, monkeypatch):
-    """Trained models within 1e-4 of each other (float rounding: other kernels under vmap),
-    metrics within 1e-3. A calibrated model (CCVR: ``global_state``; the trained one is
-    ``server_state["params"]``) is a function of the trained model, computed in the server's
-    process for every executor: equal inputs give it bit for bit (the next test), and trained
-    models ``eps`` apart give calibrated ones within ``max(1e-4, sqrt(eps))`` (its draws use
-    the covariance's symmetric square root, for which ``||A^(1/2) - B^(1/2)|| <= ||A - B||^(1/2)``;
-    algorithms/ccvr.py), as are its ``calibrated_*`` metrics within ``max(1e-3, sqrt(eps))``.
+    """Trained models and metrics equal to float rounding (other kernels under vmap; the
+    algorithm's promise, tests/agreement.py). A calibrated model (CCVR: ``global_state``; the
+    trained one is ``server_state["params"]``) is a function of the trained model, computed in
+    the server's process for every executor: equal inputs give it bit for bit (the next test),
+    and trained models ``eps`` apart give calibrated ones and ``calibrated_*`` metrics within a
+    square root of ``eps`` (its draws use the covariance's symmetric square root;
+    algorithms/ccvr.py).
     ``stacked``: the MLP steps through its stacked form (engine/stacked_step.py; ResNet-8's
     default), every hook of the algorithm with it."""
     from fedrift.engine import stacked_step
@@ -151,18 +142,16 @@ def test_every_algorithm_gives_the_same_result_batched(tiny, tmp_path, name, for
     assert form == "vmap" or any(m is not None for m in made) == has_form
     calibrated = name == "ccvr"
     trained = (seq.server_state["params"], bat.server_state["params"]) if calibrated else (seq.global_state, bat.global_state)
-    _close(*trained, rtol=ILL_CONDITIONED.get(name, 1e-4))
-    eps = _rel_diff(*trained)
+    agree(*trained, promise(name))
     if calibrated:
-        _close(seq.global_state, bat.global_state, rtol=max(1e-4, eps ** 0.5))
-    for a, b in zip(seq.history, bat.history):
-        assert a["bytes_down"] == b["bytes_down"] and a["bytes_up"] == b["bytes_up"]
-        for key in a:
-            if key not in ("seconds", "wall_seconds", "round", "clients", "bytes_down", "bytes_up"):
-                rel = max(1e-3, eps ** 0.5) if key.startswith("calibrated_") else 1e-3
-                assert a[key] == pytest.approx(b[key], rel=rel, abs=1e-6), key
+        calibration = through_square_root(promise(name), largest_difference(*trained))
+        agree(seq.global_state, bat.global_state, calibration)
+        agree(untimed(seq.history), untimed(bat.history), calibration)
+    else:
+        agree(untimed(seq.history), untimed(bat.history), promise(name))
 
 
+@pytest.mark.agreement
 def test_a_calibration_is_the_same_for_equal_trained_models(tiny, tmp_path):
     """CCVR's calibrated model is a function of the trained model alone: the server's
     calibration of each executor's trained model, done again here in a fresh server, is that
@@ -188,10 +177,9 @@ def test_a_calibration_is_the_same_for_equal_trained_models(tiny, tmp_path):
             server.release()
             writer.close()
             writer.release()
-        for k, v in run.global_state.items():
-            assert torch.equal(v, server.calibrated[k]), (ex, k)
-        assert row["calibrated_accuracy"] == run.history[-1]["calibrated_accuracy"]
-        assert row["calibrated_loss"] == run.history[-1]["calibrated_loss"]
+        agree(run.global_state, server.calibrated, BITS, where=ex)
+        agree([row["calibrated_accuracy"], row["calibrated_loss"]],
+              [run.history[-1]["calibrated_accuracy"], run.history[-1]["calibrated_loss"]], BITS, where=ex)
 
 
 def test_auto_rule():
@@ -241,12 +229,13 @@ def test_auto_sends_the_cnn_to_processes_only_when_clients_have_enough_work():
     assert chosen(500) == "sequential"  # 8: shipping the model costs more than training it
 
 
+@pytest.mark.agreement
 def test_the_cnn_batched_is_within_the_stated_tolerance_after_one_round(tiny, tmp_path):
     """docs/concepts/executors.md: the FedAvg CNN, batched against sequential, after one round: every
-    parameter within 1e-4 of its tensor's largest value (convolutions: other kernels under vmap)."""
+    parameter equal to float rounding (convolutions: other kernels under vmap)."""
     results = {}
     for ex in ("sequential", "batched"):
         cfg = tiny(model={"name": "cnn", "hidden": 64}, engine={"executor": ex}, train={"rounds": 1, "batch_size": 16},
                    output={"dir": str(tmp_path / ex)})
         results[ex] = fedrift.run(cfg)
-    _close(results["sequential"].global_state, results["batched"].global_state, rtol=1e-4)
+    agree(results["sequential"].global_state, results["batched"].global_state, ROUNDING)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from agreement import BITS, agree, untimed
 from conftest import ctrl_c_in_round, one_line_refusal
 
 import fedrift
@@ -42,14 +43,7 @@ def _stats(state: dict) -> dict:
     return {k: v for k, v in state.items() if k.endswith(("running_mean", "running_var"))}
 
 
-def _close(a: dict, b: dict, rtol: float = 1e-4) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        if a[k].is_floating_point():
-            scale = a[k].abs().max().clamp(min=1e-3)
-            assert ((a[k] - b[k]).abs().max() / scale).item() < rtol, k
-
-
+@pytest.mark.agreement
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "moon", "mu": 1.0}])
 def test_executors_agree_and_statistics_travel(tiny, tmp_path, algorithm):
     """Two rounds: processes equals sequential bit for bit (statistics, MOON's previous models
@@ -64,16 +58,13 @@ def test_executors_agree_and_statistics_travel(tiny, tmp_path, algorithm):
     assert not torch.equal(stats["stem_norm.running_mean"], torch.zeros(4))
     assert not torch.equal(stats["stem_norm.running_var"], torch.ones(4))
     assert int(seq.global_state["stem_norm.num_batches_tracked"]) == 0
-    for key, value in seq.global_state.items():
-        assert torch.equal(value, par.global_state[key]), key
-    assert seq.history == [{**r, "seconds": s["seconds"], "wall_seconds": s["wall_seconds"]}
-                           for r, s in zip(par.history, seq.history)]
-    _close(seq.global_state, bat.global_state)
-    for a, b in zip(seq.history, bat.history):
-        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
-        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-4)
+    agree(seq.global_state, par.global_state, BITS)
+    agree(untimed(seq.history), untimed(par.history), BITS)
+    agree(seq.global_state, bat.global_state)
+    agree(untimed(seq.history), untimed(bat.history))
 
 
+@pytest.mark.agreement
 def test_padded_and_masked_steps_leave_statistics_as_sequential(tiny, tmp_path):
     """Clients of 1, 2, 3 and 150 samples in one vectorised group: padded last batches (zero
     weight rows kept out of the batch statistics) and masked steps (statistics kept)."""
@@ -86,9 +77,8 @@ def test_padded_and_masked_steps_leave_statistics_as_sequential(tiny, tmp_path):
         train = [np.sort(ix[a:b]) for a, b in zip(cuts, cuts[1:])]
         prep = dataclasses.replace(prep, partition=Partition("manual", train, [np.arange(10)] * 4))
         results[ex] = run_prepared(prep)
-    _close(results["sequential"].global_state, results["batched"].global_state)
-    for a, b in zip(results["sequential"].history, results["batched"].history):
-        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    agree(results["sequential"].global_state, results["batched"].global_state)
+    agree(untimed(results["sequential"].history), untimed(results["batched"].history))
 
 
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedavgm", "beta": 0.9, "eta_s": 2.0},
@@ -141,6 +131,7 @@ def _toy(params_calls: list[str]) -> Algorithm:
     return Algorithm(name="toy", hparams=None, local_loss=local_loss)
 
 
+@pytest.mark.agreement
 def test_only_the_trained_models_call_updates_statistics():
     """One local step: the statistics it returns are torch.nn.BatchNorm2d's train-mode update
     from the trained model's call alone (the two fixed models' calls leave them and their own
@@ -173,8 +164,7 @@ def test_only_the_trained_models_call_updates_statistics():
     ref.train()
     logits = ref(x)
     torch.nn.functional.cross_entropy(logits, y).backward()
-    for k in running_stat_names(model):
-        assert torch.allclose(new[k], dict(ref.named_buffers())[k], rtol=1e-5, atol=1e-6), k
+    agree({k: new[k] for k in running_stat_names(model)}, {k: dict(ref.named_buffers())[k] for k in running_stat_names(model)})
     grads = dict(ref.named_parameters())
     first = "stem.weight"  # SGD from zero momentum: w - lr (g + wd w)
     expected = state[first] - 0.1 * (grads[first].grad + 0.1 * state[first])
@@ -183,6 +173,7 @@ def test_only_the_trained_models_call_updates_statistics():
     assert list(new) == list(state)  # the model state's order: parameters, then statistics
 
 
+@pytest.mark.agreement
 def test_evaluation_and_teachers_use_running_statistics(tiny, tmp_path):
     """The reported test accuracy and loss are those of the final model in eval mode (torch's
     own BatchNorm loaded with final_model.pt), which differ from batch statistics' outputs."""
@@ -207,9 +198,10 @@ def test_evaluation_and_teachers_use_running_statistics(tiny, tmp_path):
     apply = make_apply(model, dict(model.named_buffers()))
     final = {k: v for k, v in result.global_state.items() if not k.endswith("num_batches_tracked")}
     with torch.no_grad():
-        assert torch.allclose(apply(final, x[:50]), logits[:50], rtol=1e-5, atol=1e-5)
+        agree(apply(final, x[:50]), logits[:50])
 
 
+@pytest.mark.agreement
 def test_checkpoint_and_resume_carry_statistics_exactly(tiny, tmp_path):
     """Ctrl-C in round 3, resumed from round 2's checkpoint: the same bits as an uninterrupted
     run, global statistics and MOON's previous models (client states) with theirs."""
@@ -224,12 +216,11 @@ def test_checkpoint_and_resume_carry_statistics_exactly(tiny, tmp_path):
     resumed = fedrift.resume(cfg["output"]["dir"])
     assert resumed.summary["resumed_from_round"] == 2
     assert _stats(resumed.global_state)
-    for key, value in ref.global_state.items():
-        assert torch.equal(value, resumed.global_state[key]), key
-    strip = lambda row: {k: v for k, v in row.items() if k not in ("seconds", "wall_seconds")}  # noqa: E731
-    assert [strip(r) for r in resumed.history] == [strip(r) for r in ref.history]
+    agree(ref.global_state, resumed.global_state, BITS)
+    agree(untimed(ref.history), untimed(resumed.history), BITS)
 
 
+@pytest.mark.agreement
 def test_the_cnn_with_batchnorm_keeps_every_layers_statistics_and_executors_agree(tiny, tmp_path):
     """``cnn`` with ``norm: batch`` (FedBN's model on workload D): BatchNorm after both
     convolutions, carried like ResNet-8's; processes equals sequential bit for bit, batched to
@@ -241,9 +232,8 @@ def test_the_cnn_with_batchnorm_keeps_every_layers_statistics_and_executors_agre
     assert sorted(stats) == sorted(f"{n}.{s}" for n in ("norm1", "norm2") for s in ("running_mean", "running_var"))
     assert stats["norm2.running_mean"].shape == (64,)
     assert not torch.equal(stats["norm2.running_var"], torch.ones(64))
-    for key, value in seq.global_state.items():
-        assert torch.equal(value, runs["processes"].global_state[key]), key
-    _close(seq.global_state, runs["batched"].global_state)
+    agree(seq.global_state, runs["processes"].global_state, BITS)
+    agree(seq.global_state, runs["batched"].global_state)
     fedbn = fedrift.run(_bn(tiny, tmp_path / "fedbn", model=cnn, algorithm={"name": "fedbn"}))
     for key in stats:  # the server's are the initial statistics: every client keeps its own
         initial = torch.zeros(32 if "norm1" in key else 64) if key.endswith("mean") else torch.ones(32 if "norm1" in key else 64)
@@ -252,13 +242,14 @@ def test_the_cnn_with_batchnorm_keeps_every_layers_statistics_and_executors_agre
     assert not _stats(plain.global_state) and not any("norm" in k for k in plain.global_state)
 
 
+@pytest.mark.agreement
 def test_norm_group_is_the_default_and_unchanged(tiny, tmp_path):
     """``norm`` left out is ``group``: the same run, bit for bit, as ``norm: group`` spelled out,
     with no statistics in the model state."""
     a = fedrift.run(_bn(tiny, tmp_path / "a", model={"name": "resnet8", "width": 4}))
     b = fedrift.run(_bn(tiny, tmp_path / "b", model={"name": "resnet8", "width": 4, "norm": "group"}))
-    assert not _stats(a.global_state) and a.global_state.keys() == b.global_state.keys()
-    assert all(torch.equal(v, b.global_state[k]) for k, v in a.global_state.items())
+    assert not _stats(a.global_state)
+    agree(a.global_state, b.global_state, BITS)
 
 
 @pytest.mark.parametrize("args, key", [
@@ -274,6 +265,7 @@ def test_refusals_are_one_line(tmp_path, capsys, args, key):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.agreement
 def test_flower_records_carry_statistics(tiny, tmp_path):
     """The Flower transport (deploy/flower.py): the payload, the uploads and the devices' own
     client states (MOON's previous models) go through Flower records, the devices start from
@@ -316,6 +308,5 @@ def test_flower_records_carry_statistics(tiny, tmp_path):
         writer.release()
     final = server.result().global_params
     assert _stats(final)
-    for key, value in final.items():
-        assert torch.equal(value, ref.global_state[key]), key
+    agree(final, {k: ref.global_state[k] for k in final}, BITS)
     assert any(not torch.equal(s["prev"]["stem_norm.running_var"], torch.ones(4)) for s in held.values())

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import fedrift
+from agreement import BITS, agree, untimed
 from algorithm_cases import NAMES, case
 from conftest import ctrl_c_in_round
 from fedrift.engine import outputs
@@ -82,19 +83,18 @@ def _kill_after(proc_pid, is_alive, metrics, k, timeout=120):
     raise AssertionError(f"round {k} never came")
 
 
-def _same(reference, resumed, run_dir):
-    for key, value in reference.global_state.items():
-        assert torch.equal(value, resumed.global_state[key]), key
-    strip = lambda row: {k: v for k, v in row.items() if k not in ("seconds", "wall_seconds")}  # noqa: E731
-    assert [strip(r) for r in resumed.history] == [strip(r) for r in reference.history]
+def _ends_as_reference(reference, resumed, run_dir):
+    agree(reference.global_state, resumed.global_state, BITS)
+    agree(untimed(reference.history), untimed(resumed.history), BITS)
     written = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [strip(r) for r in written] == [strip(r) for r in reference.history]  # no round twice, none torn
+    agree(untimed(reference.history), untimed(written), BITS)  # no round twice, none torn
     for key in ("final_accuracy", "best_accuracy", "best_round", "rounds", "bytes_down_total", "bytes_up_total"):
         assert resumed.summary[key] == reference.summary[key], key
     assert resumed.summary["status"] == "completed"
     assert not (run_dir / "checkpoint").exists()  # a finished run keeps no checkpoint
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", list(CASES))
 def test_killed_sequential_run_resumes_to_the_same_bits(tiny, tmp_path, name):
     ref = _reference(tiny, tmp_path, name)
@@ -109,9 +109,11 @@ def test_killed_sequential_run_resumes_to_the_same_bits(tiny, tmp_path, name):
     resumed = fedrift.resume(run_dir)
     start = resumed.summary["resumed_from_round"]
     assert start % 2 == 0 and start >= k - k % 2 - 2  # a checkpoint, at most one older than round k's
-    _same(ref, resumed, run_dir)
+    _ends_as_reference(ref, resumed, run_dir)
 
 
+@pytest.mark.process
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", ["fedgkd_vote", "scaffold"])
 def test_killed_processes_run_resumes_to_the_same_bits(tiny, tmp_path, name):
     """A ``fedrift run`` subprocess killed with SIGKILL; resumed with the processes executor.
@@ -130,7 +132,7 @@ def test_killed_processes_run_resumes_to_the_same_bits(tiny, tmp_path, name):
     assert proc.returncode == -signal.SIGKILL, err.decode()
     resumed = fedrift.resume(run_dir)
     assert resumed.summary["executor"] == "processes" and resumed.summary["resumed_from_round"] >= 0
-    _same(ref, resumed, run_dir)
+    _ends_as_reference(ref, resumed, run_dir)
 
 
 def _stopped_run(tiny, tmp_path, rounds=4, cfg=None, **engine):
@@ -144,6 +146,7 @@ def _stopped_run(tiny, tmp_path, rounds=4, cfg=None, **engine):
     return cfg, run_dir, info.value
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("executor, name", [("processes", "fedavg"), ("processes", "fedadc"),
                                             ("processes", "fedproto"), ("batched", "fedgkd_vote")])
 def test_interrupted_run_resumes_to_the_same_bits(tiny, tmp_path, executor, name):
@@ -152,7 +155,7 @@ def test_interrupted_run_resumes_to_the_same_bits(tiny, tmp_path, executor, name
     _, run_dir, _ = _stopped_run(tiny, tmp_path, cfg=_config(tiny, name, executor, tmp_path / "stopped"))
     resumed = fedrift.resume(run_dir)
     assert resumed.summary["executor"] == executor and resumed.summary["resumed_from_round"] == 2
-    _same(ref, resumed, run_dir)
+    _ends_as_reference(ref, resumed, run_dir)
 
 
 def test_ctrl_c_inside_a_checkpoint_save_stops_the_run_cleanly(tiny, tmp_path, monkeypatch, capsys):
@@ -186,6 +189,7 @@ def test_ctrl_c_inside_a_checkpoint_save_stops_the_run_cleanly(tiny, tmp_path, m
     assert fedrift.resume(run_dir).summary["resumed_from_round"] == 1
 
 
+@pytest.mark.agreement
 def test_interrupted_run_writes_its_status_and_points_to_resume(tiny, tmp_path):
     cfg, run_dir, err = _stopped_run(tiny, tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -198,7 +202,7 @@ def test_interrupted_run_writes_its_status_and_points_to_resume(tiny, tmp_path):
     resumed = fedrift.resume(run_dir)
     whole = fedrift.run({**cfg, "output": {"dir": str(tmp_path / "whole"), "progress": False}})
     assert resumed.summary["resumed_from_round"] == 2
-    _same(whole, resumed, run_dir)
+    _ends_as_reference(whole, resumed, run_dir)
 
 
 def test_checkpoint_of_another_config_is_refused_naming_the_key(tiny, tmp_path):
@@ -222,6 +226,7 @@ def test_resumable_keys_say_what_a_resume_may_change():
         assert resumable_keys({**base, **other}) != resumable_keys({**moved, **other}), other
 
 
+@pytest.mark.agreement
 def test_a_resume_may_change_the_executor_where_results_are_equal(tiny, tmp_path):
     """FedGKD-Vote stopped under processes (its workers' teacher memos in the checkpoint)
     continues under sequential, one thread: the same bits as the run never stopped."""
@@ -229,7 +234,7 @@ def test_a_resume_may_change_the_executor_where_results_are_equal(tiny, tmp_path
     _, run_dir, _ = _stopped_run(tiny, tmp_path, cfg=_config(tiny, "fedgkd_vote", "processes", tmp_path / "stopped"))
     resumed = fedrift.resume(run_dir, ["engine.executor=sequential"])
     assert resumed.summary["executor"] == "sequential" and resumed.summary["resumed_from_round"] == 2
-    _same(ref, resumed, run_dir)
+    _ends_as_reference(ref, resumed, run_dir)
 
 
 def test_another_executor_is_refused_where_results_could_differ(tiny, tmp_path):
@@ -288,10 +293,11 @@ def _stop_in_3_and_resume(monkeypatch, tmp_path, cfg):
     undo()
     resumed = fedrift.resume(tmp_path / "stopped")
     assert resumed.summary["resumed_from_round"] == 2
-    _same(whole, resumed, tmp_path / "stopped")
+    _ends_as_reference(whole, resumed, tmp_path / "stopped")
     return whole, resumed
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in CASES])
 def test_every_other_algorithm_resumes_to_the_same_bits(tiny, tmp_path, name, monkeypatch):
     """Ctrl-C in round 3 and resume from round 2's checkpoint, for every registered algorithm
@@ -303,6 +309,7 @@ def test_every_other_algorithm_resumes_to_the_same_bits(tiny, tmp_path, name, mo
     _stop_in_3_and_resume(monkeypatch, tmp_path, cfg)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("level", ["client", "sample"])
 def test_resume_with_failures_and_privacy_to_the_same_bits(tiny, tmp_path, level, monkeypatch):
     """Dropout, stragglers and DP noise are drawn per (seed, round, client): nothing to save;

@@ -9,15 +9,18 @@ import pytest
 import torch
 
 import fedrift
+from agreement import BITS, agree, untimed
 from fedrift.api import check_compile, prepare
 from fedrift.engine.checkpoint import resumable_keys
 from fedrift.engine.stacked_step import make_vstep
 from fedrift.errors import ConfigError
 from fedrift.models.mlp import MLP
 from fedrift.models.resnet import ResNet8
-from test_stacked_step import _close, _tools  # the stacked step's tests' helpers
+from test_stacked_step import _tools  # the stacked step's tests' helper
 
 
+@pytest.mark.process  # inductor compiles its kernels with the C++ compiler
+@pytest.mark.agreement
 def test_a_compiled_run_ends_where_the_uncompiled_run_does_and_again_bit_for_bit(tiny, tmp_path):
     """Batched, the tests' MLP federation under FedSAM (its ascent's gradient, taken inside the
     loss, goes through the stacked call's own backward, uncompiled; the descent through the
@@ -38,11 +41,9 @@ def test_a_compiled_run_ends_where_the_uncompiled_run_does_and_again_bit_for_bit
     made = counters["stats"]["unique_graphs"]
     runs.update({tag: run(tag) for tag in ("first", "again")})
     assert counters["stats"]["unique_graphs"] > made  # the step did go through torch.compile
-    for key, v in runs["plain"].global_state.items():
-        _close(runs["first"].global_state[key], v, 1e-4)  # the batched executor's tolerance (docs/concepts/executors.md)
-        assert torch.equal(runs["again"].global_state[key], runs["first"].global_state[key])
-    assert runs["again"].history == [{**r, **{k: runs["again"].history[i][k] for k in ("seconds", "wall_seconds")}}
-                                      for i, r in enumerate(runs["first"].history)]
+    agree(runs["first"].global_state, runs["plain"].global_state)  # as the batched executor (docs/concepts/executors.md)
+    agree(runs["again"].global_state, runs["first"].global_state, BITS)
+    agree(untimed(runs["again"].history), untimed(runs["first"].history), BITS)
 
 
 @pytest.mark.parametrize("sections,said", [
@@ -78,6 +79,8 @@ def test_a_checkpoint_from_before_the_key_resumes_as_uncompiled():
     assert resumable_keys(old) != resumable_keys({**old, "engine.compile": True})
 
 
+@pytest.mark.process  # inductor compiles its kernels with the C++ compiler
+@pytest.mark.agreement
 def test_stacked_runs_compiled_equal_the_runs_alone(tiny, tmp_path):
     """``stacked`` hands the key to its stack's step: two runs at other learning rates and
     FedProx mu, compiled, each client at its own values (engine.step_values), end where each
@@ -95,10 +98,10 @@ def test_stacked_runs_compiled_equal_the_runs_alone(tiny, tmp_path):
     assert counters["stats"]["unique_graphs"] > made
     for s, got in enumerate(together):
         alone = fedrift.run(config(s, "batched", "a"))
-        for key, v in alone.global_state.items():
-            _close(got.global_state[key], v, 1e-4)
+        agree(got.global_state, alone.global_state)
 
 
+@pytest.mark.agreement
 def test_a_compiled_group_is_padded_to_a_few_widths(tiny, tmp_path, monkeypatch):
     """Clients leave a group as their steps end; compiled, the group is padded to one of a few
     widths (as for captured graphs: ``step_graphs.width``), a compile each, not one for each
@@ -121,8 +124,7 @@ def test_a_compiled_group_is_padded_to_a_few_widths(tiny, tmp_path, monkeypatch)
                               **sections))
     assert widths[0] == 12 and set(widths) <= {width(n) for n in range(1, 10)} and len(set(widths)) > 2
     plain = fedrift.run(tiny(engine={"executor": "batched"}, output={"dir": str(tmp_path / "p")}, **sections))
-    for key, v in plain.global_state.items():
-        _close(padded.global_state[key], v, 1e-4)
+    agree(padded.global_state, plain.global_state)
 
 
 def test_a_cpu_capability_of_its_own_compiles_into_a_cache_of_its_own():

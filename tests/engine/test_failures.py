@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fedrift
+from agreement import BITS, agree
 from fedrift.config import EngineConfig
 from fedrift.engine.failures import fates
 from fedrift.engine.sampling import SAMPLERS, uniform
@@ -28,12 +29,6 @@ _FIXED: dict[int, list[int]] = {}  # round -> the clients the "fixed" sampler re
 @SAMPLERS.register("test_fixed", "tests: the clients _FIXED names for each round")
 def _fixed(num_clients, m, seed, round_, label_counts, retries=0):
     return _FIXED[round_]
-
-
-def _same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 def test_fates_are_a_pure_function_of_seed_round_client():
@@ -63,6 +58,7 @@ def test_dropout_and_straggler_rates(p):
     assert set(fates(eng, 0, 1, list(range(100))).work.values()) == {0.5}
 
 
+@pytest.mark.agreement
 def test_dropout_equals_sampling_only_the_clients_that_return(tiny):
     """The dropped clients neither train nor count: the round is the returning clients' round,
     their weights renormalised, bit for bit; the broadcast still reached every sampled client."""
@@ -78,7 +74,7 @@ def test_dropout_equals_sampling_only_the_clients_that_return(tiny):
     fixed = fedrift.run(tiny(train={"rounds": 4, "clients_per_round": 4}, algorithm={"name": "scaffold"},
                              engine={"sampling": "test_fixed", "executor": "sequential"},
                              output={"dir": cfg["output"]["dir"] + "-fixed"}))
-    _same(dropped.global_state, fixed.global_state)
+    agree(dropped.global_state, fixed.global_state, BITS)
     for row, ref in zip(dropped.history, fixed.history):
         assert row["clients"] == 4 and row["clients_returned"] == len(_FIXED[row["round"]])
         assert row["clients_dropped"] == 4 - row["clients_returned"] and row["clients_failed"] == 0
@@ -87,6 +83,7 @@ def test_dropout_equals_sampling_only_the_clients_that_return(tiny):
     assert dropped.summary["clients_dropped_total"] == 16 - sum(len(v) for v in _FIXED.values())
 
 
+@pytest.mark.agreement
 def test_a_straggler_runs_the_first_part_of_its_schedule(tiny):
     """Every client a straggler at half its work, 4 planned steps: the run is the 2-step run
     (the same first batches), bit for bit, and FedNova's normaliser sees the 2 steps."""
@@ -97,12 +94,13 @@ def test_a_straggler_runs_the_first_part_of_its_schedule(tiny):
     base = str(tiny()["output"]["dir"])
     half = go(base + "-s", 4, stragglers=1.0, straggler_work=0.5)
     two = go(base + "-2", 2)
-    _same(half.global_state, two.global_state)
+    agree(half.global_state, two.global_state, BITS)
     assert all(r["clients_straggling"] == r["clients_returned"] == 3 for r in half.history)
     four = go(base + "-4", 4).global_state
     assert not any(torch.equal(v, four[k]) for k, v in two.global_state.items())
 
 
+@pytest.mark.agreement
 def test_executors_agree_under_dropout_and_stragglers(tiny):
     """processes equals sequential bit for bit at one thread, failures included."""
     eng = {"dropout": 0.3, "stragglers": 0.5, "straggler_work": "uniform", "threads": 1}
@@ -110,7 +108,7 @@ def test_executors_agree_under_dropout_and_stragglers(tiny):
                              engine={**eng, "executor": ex, **({"workers": 2} if ex == "processes" else {})},
                              output={"dir": str(tiny()["output"]["dir"]) + ex}))
             for ex in ("sequential", "processes")]
-    _same(runs[0].global_state, runs[1].global_state)
+    agree(runs[0].global_state, runs[1].global_state, BITS)
     assert [r["clients_returned"] for r in runs[0].history] == [r["clients_returned"] for r in runs[1].history]
 
 
@@ -137,6 +135,7 @@ def victim_fails(monkeypatch):
     return set_
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("how", ["raise", "nan"])
 def test_accept_failures_leaves_the_failing_client_out(tiny, victim_fails, how, caplog):
     victim_fails(how)
@@ -149,7 +148,7 @@ def test_accept_failures_leaves_the_failing_client_out(tiny, victim_fails, how, 
     assert hit, "the victim is sampled in some round"
     ref = fedrift.run(tiny(train={"rounds": 4, "clients_per_round": 4}, engine={"sampling": "test_fixed", "executor": "sequential"},
                            output={"dir": cfg["output"]["dir"] + "-ref"}))
-    _same(res.global_state, ref.global_state)
+    agree(res.global_state, ref.global_state, BITS)
     assert [r["clients_failed"] for r in res.history] == [int(t in hit) for t in range(1, 5)]
     assert res.summary["clients_failed_total"] == len(hit)
     assert f"client {VICTIM} " in caplog.text and "left out" in caplog.text

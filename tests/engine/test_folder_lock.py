@@ -42,6 +42,7 @@ def _one_line_exit_2(capsys, args, *expect):
     return err[0]
 
 
+@pytest.mark.process
 def test_a_compare_root_in_use_is_refused_then_free_when_its_holder_dies(capsys, tmp_path, holder):
     root = tmp_path / "conc"
     p = holder(root)
@@ -55,6 +56,7 @@ def test_a_compare_root_in_use_is_refused_then_free_when_its_holder_dies(capsys,
     assert not (root / LOCK_NAME).exists()  # released at the end
 
 
+@pytest.mark.process
 def test_a_run_folder_in_use_is_refused_even_with_overwrite(capsys, tmp_path, holder):
     out = tmp_path / "r"
     assert main(["run", *FAST, f"output.dir={out}"]) == 0

@@ -79,6 +79,7 @@ print("trained")
 """
 
 
+@pytest.mark.process
 def test_a_narrow_resnet_trains_with_two_threads_without_corrupting_the_heap():
     """ResNet-8 of width 4: strided 1x1 shortcut convolutions of 4 and 8 input channels,
     differentiated with two threads. Channels-last kernels crashed torch 2.13 here (oneDNN's

@@ -1,6 +1,8 @@
+import pytest
 import torch
 
 from fedrift.functional.optim import apply_updates, sgd
+from agreement import BITS, agree
 
 
 def _torch_sgd_run(params0, grads_seq, **kw):
@@ -76,6 +78,7 @@ def test_adam_is_torch_adam():
     assert state["count"] == 5
 
 
+@pytest.mark.agreement
 def test_in_place_sgd_is_the_functional_sgd_bit_for_bit_and_leaves_the_gradients_alone():
     params, grads_seq = _problem(3)
     for kw in SGD_SETTINGS:
@@ -90,8 +93,7 @@ def test_in_place_sgd_is_the_functional_sgd_bit_for_bit_and_leaves_the_gradients
             before = {k: v.clone() for k, v in grads.items()}
             q_state = opt.apply_inplace(grads, q_state, q)
             assert all(torch.equal(grads[k], before[k]) for k in grads)
-        for k in p:
-            assert torch.equal(p[k], q[k]), (kw, k)
+        agree(p, q, BITS, where=str(kw))
 
 
 def test_an_expanded_gradient_is_fine_for_the_in_place_step():
@@ -127,6 +129,7 @@ def test_adamw_step_by_hand():
     assert int(state["count"]) == 2
 
 
+@pytest.mark.agreement
 def test_adamw_is_torch_adamw_and_sgd_stays_the_default():
     from types import SimpleNamespace
 
@@ -143,9 +146,8 @@ def test_adamw_is_torch_adamw_and_sgd_stays_the_default():
         for r, g in zip(ref, grads.values()):
             r.grad = g.clone()
         torch_opt.step()
-    for mine, theirs in zip(p.values(), ref):
-        torch.testing.assert_close(mine, theirs.detach(), rtol=1e-6, atol=1e-6)
+    agree(p, {k: r.detach() for k, r in zip(p, ref)})
     train = SimpleNamespace(lr=0.05, momentum=0.9, weight_decay=1e-5, clip_grad_norm=None, optimizer="sgd")
     one, two = local_optimizer(train), sgd(0.05, 0.9, 1e-5)
     a, b = one.update(grads_seq[0], one.init(params), params), two.update(grads_seq[0], two.init(params), params)
-    assert all(torch.equal(a[0][k], b[0][k]) for k in params)  # train.optimizer=sgd: the same SGD, bit for bit
+    agree(a[0], b[0], BITS)  # train.optimizer=sgd: the same SGD, bit for bit

@@ -12,6 +12,7 @@ from fedrift.engine.executors import EXECUTORS
 from fedrift.engine.executors.batched import BatchedExecutor
 from fedrift.engine.executors.sequential import SequentialExecutor
 from fedrift.registry import Entry
+from agreement import BITS, agree
 from algorithm_cases import NAMES, build, case
 
 LR, MOMENTUM, EPOCHS = 0.05, 0.9, 2
@@ -58,7 +59,7 @@ def _body_is_global_and_head_moved(r, outs):
             if _is_head(k):
                 assert not torch.equal(v, r.global_state[k]), k
             else:
-                assert torch.equal(v, r.global_state[k]), k  # bit for bit
+                agree(v, r.global_state[k], BITS, where=k)
 
 
 def _hand_run(apply, glob, schedule, x, y, loss, wd):
@@ -89,6 +90,7 @@ def _ce(apply):
     return lambda p, x, y: F.cross_entropy(apply(p, x), y)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("variant", ["heavy_ball", "nesterov"])
 def test_fedadc_calibration_is_plain_sgd_on_ce_of_the_classifier(tiny, tmp_path, recorded, variant):
     # (a) no embedded server momentum, no Nesterov shift, no SGD momentum on top of either
@@ -98,6 +100,7 @@ def test_fedadc_calibration_is_plain_sgd_on_ce_of_the_classifier(tiny, tmp_path,
     _check_hand_run(r, tools, jobs, outs, lambda job: _ce(tools.apply), wd=0.0)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("variant", ["heavy_ball", "nesterov"])
 def test_fedadc_calibration_decays_once(tiny, tmp_path, recorded, variant):
     # (b) train.weight_decay once: FedADC's own gradient correction (which decays too) is not used
@@ -114,11 +117,10 @@ def test_fedadc_calibration_decays_once(tiny, tmp_path, recorded, variant):
     a = json.loads((r.output_dir / "personalization.json").read_text())
     b = json.loads((r_ce.output_dir / "personalization.json").read_text())
     assert a == b
-    for o, o_ce in zip(outs, CALLS[-1][4]):
-        for k in o.end_params:
-            assert torch.equal(o.end_params[k], o_ce.end_params[k]), k
+    agree([o.end_params for o in outs], [o.end_params for o in CALLS[-1][4]], BITS)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("t_squared", [False, True])
 def test_fedadc_plus_calibration_is_its_self_confidence_loss(tiny, tmp_path, recorded, t_squared):
     # (c) (1 - lam) CE + lam [T^2] KL(p_hat || softmax(z / T)), the teacher the global model w_T,
@@ -149,6 +151,7 @@ def test_fedadc_plus_calibration_is_its_self_confidence_loss(tiny, tmp_path, rec
     _check_hand_run(r, tools, jobs, outs, loss_for, wd=wd)
 
 
+@pytest.mark.agreement
 def test_fedprox_calibration_anchors_to_the_global_model(tiny, tmp_path, recorded):
     mu = 0.5
     r, tools, jobs, outs = _run(tiny, tmp_path, {"name": "fedprox", "mu": mu})
@@ -172,6 +175,7 @@ def test_personalize_mu_adds_the_proximal_term_to_the_ce(tiny, tmp_path, recorde
     _check_hand_run(r, tools, jobs, outs, lambda job: prox, wd=0.0)
 
 
+@pytest.mark.agreement
 def test_batched_calibration_keeps_the_body_and_equals_sequential(tiny, tmp_path, recorded):
     alg = {"name": "fedadc_plus", "variant": "nesterov", "lam": 0.5}
     r_seq, _, _, seq = _run(tiny, tmp_path, alg, wd=0.01, out="seq")
@@ -182,6 +186,7 @@ def test_batched_calibration_keeps_the_body_and_equals_sequential(tiny, tmp_path
             torch.testing.assert_close(b.end_params[k], a.end_params[k], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", [n for n in NAMES if not build(n).personal and build(n).client_model is None])
 def test_every_algorithm_calibrates_with_its_loss_and_moves_only_the_classifier(tiny, tmp_path, recorded, name):
     # its loss reads what it needs (payload, client state, client_start, teacher, noise, pre-phase)
@@ -191,6 +196,7 @@ def test_every_algorithm_calibrates_with_its_loss_and_moves_only_the_classifier(
     assert 0.0 <= r.summary["personalized_accuracy"] <= 1.0
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("alg", [{"name": "scaffold"}, {"name": "fedadc", "variant": "double_momentum"}, {"name": "slowmo"}],
                          ids=["scaffold", "fedadc_double_momentum", "slowmo"])
 def test_update_rules_of_ce_algorithms_are_left_out(tiny, tmp_path, recorded, alg):
@@ -198,6 +204,4 @@ def test_update_rules_of_ce_algorithms_are_left_out(tiny, tmp_path, recorded, al
     # optimiser all left out, calibrating with the algorithm's loss is calibrating with ce, bit for bit
     _, _, _, outs = _run(tiny, tmp_path, alg, wd=0.01)
     _, _, _, outs_ce = _run(tiny, tmp_path, alg, wd=0.01, loss="ce", out="ce")
-    for a, b in zip(outs, outs_ce):
-        for k in a.end_params:
-            assert torch.equal(a.end_params[k], b.end_params[k]), k
+    agree([o.end_params for o in outs], [o.end_params for o in outs_ce], BITS)

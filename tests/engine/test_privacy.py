@@ -13,6 +13,7 @@ import torch
 from torch.func import grad
 
 import fedrift
+from agreement import BITS, agree
 from fedrift.algorithms import make
 from fedrift.algorithms.base import Setup
 from fedrift.config import PrivacyConfig
@@ -20,12 +21,6 @@ from fedrift.data.partition_base import Partition
 from fedrift.functional import rng
 from fedrift.engine.privacy import clip_change, dp_grad_and_value, private_mean
 from fedrift.errors import ConfigError
-
-
-def _same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 def _run(tiny, d, **sections):
@@ -48,13 +43,14 @@ def test_clip_change_by_hand():
     assert clip_change(moved, ref, None) is moved
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg", "aggregation": "uniform"},
                                        {"name": "fedgkd", "M": 2, "aggregation": "uniform"}])
 def test_client_level_without_clip_or_noise_is_exactly_uniform_fedavg(tiny, algorithm):
     plain = _run(tiny, "a", algorithm=algorithm, train={"rounds": 3})
     private = _run(tiny, "b", algorithm=algorithm, train={"rounds": 3},
                    privacy={"level": "client", "clip": None, "noise_multiplier": 0.0})
-    _same(plain.global_state, private.global_state)
+    agree(plain.global_state, private.global_state, BITS)
     assert private.summary["epsilon"] is None  # no noise: no finite guarantee
 
 
@@ -139,10 +135,11 @@ def test_dp_sgd_without_clipping_or_noise_is_the_batch_gradient():
         torch.testing.assert_close(grads[k], want[k], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.agreement
 def test_sample_level_without_clip_or_noise_is_exactly_fedavg(tiny):
     plain = _run(tiny, "a", train={"rounds": 2})
     private = _run(tiny, "b", train={"rounds": 2}, privacy={"level": "sample", "clip": None, "noise_multiplier": 0.0})
-    _same(plain.global_state, private.global_state)
+    agree(plain.global_state, private.global_state, BITS)
 
 
 def test_step_noise_is_standard_normal_and_pure():
@@ -155,6 +152,7 @@ def test_step_noise_is_standard_normal_and_pure():
     assert torch.equal(n1["a"], n2["a"]) and not torch.equal(n1["a"], n3["a"])
 
 
+@pytest.mark.agreement
 def test_sample_level_epsilon_and_executors_agree(tiny):
     """epsilon: the smallest client's rate B/n and steps, every round; processes equals
     sequential bit for bit (one thread); batched agrees within 1e-3, far below what one step
@@ -162,7 +160,7 @@ def test_sample_level_epsilon_and_executors_agree(tiny):
     runs = {ex: _run(tiny, ex, train={"rounds": 2, "batch_size": 8}, privacy={"level": "sample", "noise_multiplier": 1.1},
                      engine={"executor": ex, "threads": 1, **({"workers": 2} if ex == "processes" else {})})
             for ex in ("sequential", "processes", "batched")}
-    _same(runs["sequential"].global_state, runs["processes"].global_state)
+    agree(runs["sequential"].global_state, runs["processes"].global_state, BITS)
     for k, v in runs["sequential"].global_state.items():  # vmap sums in another order; the noise's
         torch.testing.assert_close(runs["batched"].global_state[k], v, rtol=0, atol=1e-3)  # step is lr z C / B = 7e-3
     n = int(Partition.load(runs["sequential"].output_dir / "partition.json").sizes().min())
@@ -207,6 +205,7 @@ def test_client_level_refuses_uploads_beyond_the_model(tiny, algorithm, monkeypa
         fedrift.run(cfg)
 
 
+@pytest.mark.process
 def test_cli_refusal_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fedrift.cli", "run", "-c", "examples/demo.yaml", "privacy.level=client",
                            "privacy.clip=null", f"output.dir={tmp_path / 'r'}"], capture_output=True, text=True)

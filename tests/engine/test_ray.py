@@ -28,9 +28,12 @@ import torch
 import yaml
 
 import fedrift
+from agreement import BITS, agree, untimed
 from conftest import EXAMPLE_PLUGIN, one_line_refusal
 from fedrift.deploy.loopback import free_port
 from fedrift.engine.executors.ray_actors import RayExecutor
+
+pytestmark = pytest.mark.process  # a cluster, a federation, a browser or a docs build: left out of make check
 
 # ray is an optional extra that `make test` installs: its absence is a set-up error, not a
 # reason to skip. It is imported only once the cluster's environment is set: ray reads
@@ -162,13 +165,13 @@ def seen_nodes(monkeypatch):
 # broadcast (FedACG), a sensitivity upload (Elastic), the feature statistics (CCVR). Entries
 # that change only the server's step (FedAdam, FedExP) or the local loss (FedSAM, FedDecorr)
 # send nothing else: the processes executor's test holds every entry
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", ["fedbn", "scaffold", "fedcsd", "fedcsd_released", "fedgkd_vote", "scaffold_step", "fedacg", "feddc", "elastic", "ccvr"])
 def test_ray_cluster_equals_sequential_bit_for_bit(cluster, tiny, name, seen_nodes):
     ref = _run(tiny, name, "sequential")
     got = _run(tiny, name, "ray", ray_address=cluster, workers=2)
-    for k in ref.global_state:
-        assert torch.equal(ref.global_state[k], got.global_state[k]), k
-    assert [r["test_accuracy"] for r in got.history] == [r["test_accuracy"] for r in ref.history]
+    agree(ref.global_state, got.global_state, BITS)
+    agree([r["test_accuracy"] for r in got.history], [r["test_accuracy"] for r in ref.history], BITS)
     assert [r["lr"] for r in got.history] == [r["lr"] for r in ref.history] == ([0.05, 0.025] if name in SCHEDULES else [0.05] * 2)
     assert len(seen_nodes["nodes"]) == 2  # the two actors ran on both nodes
 
@@ -189,6 +192,7 @@ def _kill_once_busy(pid: int, also: int | None = None) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.agreement
 def test_an_actor_killed_mid_round_changes_nothing(cluster, tiny, monkeypatch, seen_nodes):
     """Round 2: one actor's process gets SIGKILL while it trains; its clients train again on a
     new actor and the final model is the sequential run's."""
@@ -208,10 +212,10 @@ def test_an_actor_killed_mid_round_changes_nothing(cluster, tiny, monkeypatch, s
     cfg["output"]["dir"] += "-killed"
     got = fedrift.run(cfg)
     assert seen_nodes["replaced"] >= 1
-    for k in ref.global_state:
-        assert torch.equal(ref.global_state[k], got.global_state[k]), k
+    agree(ref.global_state, got.global_state, BITS)
 
 
+@pytest.mark.agreement
 def test_the_next_run_takes_the_last_runs_actors_and_idle_ones_are_killed(cluster, tiny, monkeypatch):
     """A run on the cluster leaves its actors for the next run of this driver, which rebuilds
     its own tools in them (the same processes; results equal sequential, another algorithm's
@@ -231,8 +235,7 @@ def test_the_next_run_takes_the_last_runs_actors_and_idle_ones_are_killed(cluste
     for name in ("fedavg", "scaffold"):  # another algorithm: the tools are rebuilt, not reused
         ref = _run(tiny, name, "sequential")
         got = _run(tiny, name, "ray", ray_address=cluster, workers=2)
-        for k in ref.global_state:
-            assert torch.equal(ref.global_state[k], got.global_state[k]), (name, k)
+        agree(ref.global_state, got.global_state, BITS, where=name)
     assert pids[0] == pids[1]  # the second run trained in the first run's actor processes
     gcs, kept = next(iter(ray_actors._KEPT.items()))
     assert len(kept) == 2
@@ -247,6 +250,7 @@ def test_the_next_run_takes_the_last_runs_actors_and_idle_ones_are_killed(cluste
     assert not ray_actors._KEPT[gcs]
 
 
+@pytest.mark.agreement
 def test_a_plugin_algorithm_model_and_dataset_on_the_cluster(cluster, tiny, monkeypatch):
     """The example plugin (importable from its source folder, here and on the nodes, as an
     installed one is): actors on both nodes import it from the run's config before they
@@ -259,9 +263,8 @@ def test_a_plugin_algorithm_model_and_dataset_on_the_cluster(cluster, tiny, monk
         cfg["output"]["dir"] += f"-plugin-{executor}"
         runs[executor] = fedrift.run(cfg)
     ref, got = runs["sequential"], runs["ray"]
-    for k in ref.global_state:
-        assert torch.equal(ref.global_state[k], got.global_state[k]), k
-    assert [r["test_accuracy"] for r in got.history] == [r["test_accuracy"] for r in ref.history]
+    agree(ref.global_state, got.global_state, BITS)
+    agree([r["test_accuracy"] for r in got.history], [r["test_accuracy"] for r in ref.history], BITS)
 
 
 def test_no_address_starts_a_ray_of_its_own_where_ray_would_join_another(tmp_path):
@@ -412,6 +415,7 @@ def _kill_head(port: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.agreement
 def test_a_lost_head_stops_the_run_in_one_line_and_it_resumes_elsewhere(cluster, tiny, tmp_path):
     """The head of the run's cluster is killed in round 3: the driver says so in one line with
     the resume command (exit 4, no Ray log line, no wait for Ray's 60 s), summary.json says
@@ -465,14 +469,12 @@ def test_a_lost_head_stops_the_run_in_one_line_and_it_resumes_elsewhere(cluster,
     no_ray = fedrift.resume(tmp_path / "copy", ["engine.executor=sequential", "engine.ray_address=null"])
     for got in (elsewhere, no_ray):
         assert got.summary["resumed_from_round"] == 2 and got.summary["status"] == "completed"
-        for k in ref.global_state:
-            assert torch.equal(ref.global_state[k], got.global_state[k]), k
-        drop = ("seconds", "wall_seconds")
-        assert [{k: v for k, v in r.items() if k not in drop} for r in got.history] == \
-               [{k: v for k, v in r.items() if k not in drop} for r in ref.history]
+        agree(ref.global_state, got.global_state, BITS)
+        agree(untimed(got.history), untimed(ref.history), BITS)
     assert elsewhere.summary["executor"] == "ray" and no_ray.summary["executor"] == "sequential"
 
 
+@pytest.mark.agreement
 def test_a_lost_worker_node_changes_nothing_and_says_so(cluster, tiny, monkeypatch, caplog, seen_nodes):
     """A third node joins the cluster; in round 2 its raylet is killed (the node lost) while its
     actor trains: that actor's clients train again on an actor that survived, one line says
@@ -508,8 +510,7 @@ def test_a_lost_worker_node_changes_nothing_and_says_so(cluster, tiny, monkeypat
     ended = time.monotonic()
     assert killed and ended - killed[0] < 60, ended - killed[0]
     assert len(seen_nodes["nodes"]) == 3
-    for k in ref.global_state:
-        assert torch.equal(ref.global_state[k], got.global_state[k]), k
+    agree(ref.global_state, got.global_state, BITS)
     said = [x for x in _fedrift_lines(caplog) if "an actor was lost" in x]
     assert len(said) == 1 and said[0].startswith("ray executor: round 2: an actor was lost (its process or its node gone)")
     assert "train again on the first actor free" in said[0] and "2 actor(s) left" in said[0]

@@ -31,18 +31,18 @@ def _copy(tree):
     return {k: _copy(v) if isinstance(v, dict) else v.clone() if isinstance(v, torch.Tensor) else v for k, v in tree.items()}
 
 
-def _equal(a, b):
-    return all(_equal(a[k], b[k]) if isinstance(a[k], dict) else torch.equal(a[k], b[k]) for k in a
+def _identical(a, b):
+    return all(_identical(a[k], b[k]) if isinstance(a[k], dict) else torch.equal(a[k], b[k]) for k in a
                if isinstance(a[k], (dict, torch.Tensor)))
 
 
 def test_the_broadcast_model_is_not_trained_in_place(tiny):
     (payload0, _), (payload, _), outs = _round(tiny, "fedavg")
-    assert _equal(payload["params"], payload0["params"])
-    assert not _equal(outs[0].end_params, payload0["params"])  # while the client did train
+    assert _identical(payload["params"], payload0["params"])
+    assert not _identical(outs[0].end_params, payload0["params"])  # while the client did train
 
 
 def test_a_personal_model_in_the_store_is_not_trained_in_place(tiny):
     (_, states0), (_, states), outs = _round(tiny, "fedproto")
-    assert _equal(states[0], states0[0]) and _equal(states[1], states0[1])
-    assert not _equal(outs[0].end_params, states0[0]["params"])
+    assert _identical(states[0], states0[0]) and _identical(states[1], states0[1])
+    assert not _identical(outs[0].end_params, states0[0]["params"])

@@ -15,33 +15,20 @@ import pytest
 import torch
 
 import fedrift
-from algorithm_cases import ILL_CONDITIONED, NAMES, case
+from agreement import BITS, ROUNDING, agree, untimed
+from algorithm_cases import NAMES, case, promise
 from fedrift.errors import ConfigError, DivergenceError
 from fedrift.experiments import stacked
 from fedrift.experiments.stacked import run_stacked
 
 stacked_executor = importlib.import_module("fedrift.engine.executors.stacked")
 batched = importlib.import_module("fedrift.engine.executors.batched")
-SKIP_KEYS = ("seconds", "wall_seconds")
 
 
-def _close(a, b, rtol=1e-4):
-    for k in a:
-        scale = a[k].abs().max().clamp(min=1e-3)
-        assert ((a[k].float() - b[k].float()).abs().max() / scale).item() < rtol, k
-
-
-def _same_history(a, b):
-    assert len(a) == len(b)
-    for ra, rb in zip(a, b):
-        assert ra.keys() == rb.keys()
-        for key in ra:
-            if key in SKIP_KEYS:
-                continue
-            if isinstance(ra[key], float):
-                assert ra[key] == pytest.approx(rb[key], rel=1e-3, abs=1e-6), key
-            else:
-                assert ra[key] == rb[key], key
+def _same_run(a, b, promise=ROUNDING, rows=None) -> None:
+    """Run ``b`` (or its metrics ``rows``) is run ``a`` as ``promise`` says."""
+    agree(a.global_state, b.global_state, promise)
+    agree(untimed(a.history), untimed(b.history if rows is None else rows), promise)
 
 
 @pytest.fixture
@@ -84,6 +71,7 @@ def _other_values(name):
             "train": {"rounds": 2, "batch_size": 32, "lr": 0.02, "clients_per_round": 4, "local_epochs": 2}}
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", NAMES)
 def test_stacked_runs_equal_one_by_one_for_every_algorithm(tiny, tmp_path, stacks, name, caplog):
     """Two runs of each algorithm, at other seeds, partitions, cohorts, local epochs, learning
@@ -101,12 +89,12 @@ def test_stacked_runs_equal_one_by_one_for_every_algorithm(tiny, tmp_path, stack
     assert stacks[0].live == 0  # each run left the stack once
     for t, a in zip(together, alone):
         assert not isinstance(t, BaseException), t
-        _close(a.global_state, t.global_state, rtol=ILL_CONDITIONED.get(name, 1e-4))
-        _same_history(a.history, t.history)
+        _same_run(a, t, promise(name))
         assert t.summary["executor"] == "stacked" and t.summary["status"] == "completed"
     assert together[1].config.train.lr == 0.02
 
 
+@pytest.mark.agreement
 def test_stacked_runs_write_each_run_folder_as_alone(tiny, tmp_path, stacks):
     sections = {"train": {"rounds": 3}}
     together = run_stacked(_configs(tiny, tmp_path, [0, 1, 2], **sections))
@@ -118,7 +106,7 @@ def test_stacked_runs_write_each_run_folder_as_alone(tiny, tmp_path, stacks):
             assert (folder / name).is_file(), name
         assert (folder / "partition.json").read_text() == (tmp_path / f"a{s}" / "partition.json").read_text()
         rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-        _same_history(a.history, rows)
+        agree(untimed(a.history), untimed(rows))
         assert json.loads((folder / "summary.json").read_text())["seed"] == s
     # different seeds, different runs: the stack did not mix them up
     assert together[0].summary["final_accuracy"] != together[1].summary["final_accuracy"] or \
@@ -133,6 +121,7 @@ def test_stacked_runs_are_reproducible(tiny, tmp_path):
             assert torch.equal(a.global_state[k], b.global_state[k]), k
 
 
+@pytest.mark.agreement
 def test_stacked_runs_resume_from_their_checkpoints(tiny, tmp_path, monkeypatch):
     """Ctrl-C in round 3 stops every run of the stack (each writes its interrupted summary);
     resumed, each ends where the unstopped stack ends."""
@@ -153,8 +142,7 @@ def test_stacked_runs_resume_from_their_checkpoints(tiny, tmp_path, monkeypatch)
     for w, r in zip(whole, resumed):
         assert not isinstance(r, BaseException), r
         assert r.summary["resumed_from_round"] == 2
-        _close(w.global_state, r.global_state, rtol=1e-6)
-        _same_history(w.history, r.history)
+        _same_run(w, r)
 
 
 def test_stacked_runs_stop_within_a_step_of_a_ctrl_c_while_the_stack_trains(tiny, tmp_path, monkeypatch):
@@ -213,6 +201,7 @@ def _stack_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "fedrift" and r.getMessage().startswith("stacked runs:")]
 
 
+@pytest.mark.agreement
 def test_stacked_runs_a_failed_client_is_its_runs_alone(tiny, tmp_path, monkeypatch, caplog):
     """Under engine.accept_failures a client that raises is left out of its own run only: the
     stack's round is trained again run by run (said in a line), and each run equals its run alone."""
@@ -238,9 +227,10 @@ def test_stacked_runs_a_failed_client_is_its_runs_alone(tiny, tmp_path, monkeypa
                                     "this round trains each run alone"]
     monkeypatch.setattr(batched.BatchedExecutor, "train_group", real)
     alone = _alone(tiny, tmp_path, [0], **{"train": {"rounds": 3}})
-    _close(alone[0].global_state, together[0].global_state)
+    agree(alone[0].global_state, together[0].global_state)
 
 
+@pytest.mark.agreement
 def test_stacked_runs_an_error_of_the_stacks_own_trains_the_round_alone_and_says_so(tiny, tmp_path, monkeypatch, stacks,
                                                                                       caplog):
     """The stacked step itself failing (a device out of memory for the whole stack, a bug in
@@ -264,8 +254,7 @@ def test_stacked_runs_an_error_of_the_stacks_own_trains_the_round_alone_and_says
     monkeypatch.setattr(batched.BatchedExecutor, "train_group", real)
     for alone, got in zip(_alone(tiny, tmp_path, (0, 1), train={"rounds": 3}), together):
         assert got.summary["status"] == "completed" and got.summary["clients_failed_total"] == 0
-        _close(alone.global_state, got.global_state)
-        _same_history(alone.history, got.history)
+        _same_run(alone, got)
 
 
 def test_stacked_runs_one_diverging_run_ends_alone(tiny, tmp_path):
@@ -304,13 +293,14 @@ def test_stacked_runs_refuse_runs_that_differ_in_more_than_the_seed_and_values(t
         run_stacked(configs)
 
 
+@pytest.mark.agreement
 def test_a_stack_of_one_is_the_batched_executor(tiny, tmp_path):
     alone = fedrift.run(tiny(engine={"executor": "batched"}, output={"dir": str(tmp_path / "b")}))
     one = fedrift.run(tiny(engine={"executor": "stacked"}, output={"dir": str(tmp_path / "s")}))
-    for k in alone.global_state:
-        assert torch.equal(alone.global_state[k], one.global_state[k]), k
+    agree(alone.global_state, one.global_state, BITS)
 
 
+@pytest.mark.agreement
 def test_stacked_runs_in_compare_equal_the_runs_one_by_one_and_resume(tiny, tmp_path, stacks):
     """``fedrift compare ... engine.executor=stacked``: a setting's seeds as one stack, and the
     settings that differ only in each run's own keys (the partition's alpha) and values of the
@@ -325,9 +315,8 @@ def test_stacked_runs_in_compare_equal_the_runs_one_by_one_and_resume(tiny, tmp_
     stacked_rows = compare(base, overrides=["engine.executor=stacked"], out=tmp_path / "stacked", **kw)
     alone_rows = compare(base, overrides=["engine.executor=batched"], out=tmp_path / "alone", **kw)
     assert [s.size for s in stacks] == [8] and stacks[0].rounds_trained == 2  # the 8 runs: one stack
-    for a, b in zip(alone_rows, stacked_rows):
-        assert a["setting"] == b["setting"]
-        assert a["best_accuracy_mean"] == pytest.approx(b["best_accuracy_mean"], abs=1e-6)
+    agree([(a["setting"], a["best_accuracy_mean"]) for a in alone_rows],
+          [(b["setting"], b["best_accuracy_mean"]) for b in stacked_rows])
     again = compare(base, overrides=["engine.executor=stacked"], out=tmp_path / "stacked", **kw)
     assert len(stacks) == 1  # nothing ran again
     assert again == stacked_rows
@@ -351,6 +340,7 @@ def test_stacked_runs_share_one_device_copy_of_their_data():
     assert len(_COPIES) == held - 1  # gone with its source
 
 
+@pytest.mark.agreement
 def test_stacked_runs_of_methods_that_train_clients_as_fedavg_share_one_step(tiny, tmp_path, stacks):
     """FedAvg, FedAvgM, FedAdam and FedNova differ on the server only: in a compare their
     settings' seeds are one stack (each run's server its own), the table as the runs one by
@@ -364,9 +354,8 @@ def test_stacked_runs_of_methods_that_train_clients_as_fedavg_share_one_step(tin
     stacked_rows = compare(base, overrides=["engine.executor=stacked"], out=tmp_path / "stacked", **kw)
     alone_rows = compare(base, overrides=["engine.executor=batched"], out=tmp_path / "alone", **kw)
     assert [s.size for s in stacks] == [8] and stacks[0].rounds_trained == 2 and stacks[0].rounds_alone == 0
-    for a, b in zip(alone_rows, stacked_rows):
-        assert a["setting"] == b["setting"]
-        assert a["final_accuracy_mean"] == pytest.approx(b["final_accuracy_mean"], rel=1e-3, abs=1e-6)
+    agree([(a["setting"], a["final_accuracy_mean"]) for a in alone_rows],
+          [(b["setting"], b["final_accuracy_mean"]) for b in stacked_rows])
     assert len({r["final_accuracy_mean"] for r in stacked_rows}) > 1  # four methods, not one run four times
     configs = [tiny(seed=0, engine={"executor": "stacked"}, output={"dir": str(tmp_path / "a")}),
                tiny(seed=1, engine={"executor": "stacked"}, algorithm={"name": "fedprox", "mu": 0.1},

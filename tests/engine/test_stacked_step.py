@@ -7,6 +7,7 @@ from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_map
 
 import fedrift
+from agreement import BITS, agree
 from fedrift.api import prepare
 from fedrift.engine.executors.batched import BatchedExecutor
 from fedrift.engine.local import make_apply, make_step, optimizer_init
@@ -27,11 +28,7 @@ def _rows(model, k, scale=0.05):
     return {n: p.detach().unsqueeze(0) + scale * torch.randn(k, *p.shape, generator=g) for n, p in model.named_parameters()}
 
 
-def _close(a, b, rtol):
-    for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
-        assert (x - y).abs().max() <= rtol * y.abs().max(), (x - y).abs().max()
-
-
+@pytest.mark.agreement
 @pytest.mark.parametrize("mode", ["logits", "features", "both"])
 def test_resnet8_as_channel_groups_is_each_clients_model(mode):
     """Three clients' ResNet-8s (GroupNorm of 2 channels a group, strides, shortcuts) as one
@@ -39,11 +36,12 @@ def test_resnet8_as_channel_groups_is_each_clients_model(mode):
     model = ResNet8((3, 8, 8), 5, width=4, group_channels=2)
     p, x = _rows(model, 3), torch.randn(3, 6, 3, 8, 8)
     own = vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": mode}))(p, x)
-    _close(model.stacked(p, x, mode), own, 1e-5)
+    agree(model.stacked(p, x, mode), own)
     h = torch.randn(3, 6, model.feature_dim)
-    _close(model.stacked(p, h, "head"), vmap(lambda q, hi: functional_call(model, q, (hi,), {"mode": "head"}))(p, h), 1e-5)
+    agree(model.stacked(p, h, "head"), vmap(lambda q, hi: functional_call(model, q, (hi,), {"mode": "head"}))(p, h))
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name,shape", [("resnet18", (3, 32, 32)), ("resnet50", (3, 64, 64))])
 def test_resnet18_and_50_as_channel_groups_are_each_clients_model(name, shape):
     """ResNet-18 (BasicBlocks, the CIFAR stem) and ResNet-50 (Bottlenecks, the ImageNet stem and
@@ -55,19 +53,21 @@ def test_resnet18_and_50_as_channel_groups_are_each_clients_model(name, shape):
     cls = {"resnet18": ResNet18, "resnet50": ResNet50}[name]
     model = cls(shape, 5, width=4, group_channels=4, stem="auto")
     p, x = _rows(model, 3), torch.randn(3, 4, *shape, generator=torch.Generator().manual_seed(1))
-    _close(model.stacked(p, x, "both"), vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": "both"}))(p, x), 1e-5)
+    agree(model.stacked(p, x, "both"), vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": "both"}))(p, x))
     assert cls(shape, 5, width=4, norm="batch").stacked_features({}, x) is None
 
 
+@pytest.mark.agreement
 def test_the_fedavg_cnn_as_channel_groups_is_each_clients_model():
     from fedrift.models.cnn import CNN
 
     model = CNN((1, 8, 8), 5, hidden=12)
     p, x = _rows(model, 3), torch.randn(3, 6, 1, 8, 8)
-    _close(model.stacked(p, x, "both"), vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": "both"}))(p, x), 1e-5)
+    agree(model.stacked(p, x, "both"), vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": "both"}))(p, x))
     assert CNN((1, 8, 8), 5, norm="batch").stacked_features({}, x) is None
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("mode", ["logits", "features", "both"])
 def test_fedadcs_cnn_as_channel_groups_is_each_clients_model(mode):
     """FedADC's CNN (four convolutions, two poolings, three dense layers; R2's model), odd sides
@@ -76,7 +76,7 @@ def test_fedadcs_cnn_as_channel_groups_is_each_clients_model(mode):
 
     model = FedADCCNN((3, 9, 9), 5, channels=(4, 4, 6, 6), hidden=(12, 10, 8))
     p, x = _rows(model, 3), torch.randn(3, 6, 3, 9, 9)
-    _close(model.stacked(p, x, mode), vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": mode}))(p, x), 1e-5)
+    agree(model.stacked(p, x, mode), vmap(lambda q, xi: functional_call(model, q, (xi,), {"mode": mode}))(p, x))
 
 
 def test_models_without_a_stacked_form_say_so():
@@ -99,6 +99,7 @@ def _tools(name, model, precision="fp32", **algorithm):
     return make_tools(net, alg, prep.config.train, prep.dataset.x_train, prep.dataset.y_train, seed=0), net
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name,options,precision", [("fedavg", {}, "fp32"), ("fedprox", {"mu": 0.5}, "fp32"),
                                                     ("fedsam", {"rho": 0.05}, "fp32"), ("fedprox", {"mu": 0.5}, "bf16")])
 def test_the_stacked_step_is_each_clients_step(name, options, precision, mlp_steps_stacked):
@@ -131,11 +132,11 @@ def test_the_stacked_step_is_each_clients_step(name, options, precision, mlp_ste
     for _ in range(2):
         a = fast(a[0], a[1], batch, payload, ctx)[:2]
         b = slow(b[0], b[1], batch, payload, ctx)[:2]
-    for key in params:
-        _close(a[0][key], b[0][key], 1e-5)
-        assert not torch.equal(a[0][key], params[key])  # trained
+    agree(a[0], b[0])
+    assert all(not torch.equal(a[0][key], params[key]) for key in params)  # trained
 
 
+@pytest.mark.agreement
 def test_the_stacked_step_at_each_clients_values(mlp_steps_stacked):
     """Stacked runs at other learning rates and options (engine.step_values): each client's
     algorithm and optimiser built at its values, as the vmapped valued step builds them."""
@@ -157,8 +158,7 @@ def test_the_stacked_step_at_each_clients_values(mlp_steps_stacked):
     fast = make_vstep(tools, None, valued=True)(params, opt, batch, payload, ctx)
     slow = vmap(step_values.valued(partial(_functional_step, tools), tools.rebuild), in_dims=(0, 0, 0, None, 0))(
         params, opt, batch, payload, ctx)
-    for key in params:
-        _close(fast[0][key], slow[0][key], 1e-5)
+    agree(fast[0], slow[0])
     plain = make_vstep(tools, None)(params, opt, batch, payload, {})
     assert not torch.allclose(plain[0]["fc.weight"], fast[0]["fc.weight"])  # the values did change the step
 
@@ -183,6 +183,7 @@ def test_the_stacked_step_is_left_where_it_does_not_apply(monkeypatch):
     assert make_vstep(replace(tools, dp=(1.0, 1.0)), None) is None
 
 
+@pytest.mark.agreement
 def test_a_stacked_call_alone_is_the_models_call():
     """Outside vmap (a hook's own call): the model's call, differentiable."""
     net = MLP((4,), 3, [5])
@@ -190,11 +191,10 @@ def test_a_stacked_call_alone_is_the_models_call():
     p = {kk: v.detach().requires_grad_() for kk, v in net.named_parameters()}
     x = torch.randn(6, 4)
     out = stacked_call(apply)(p, x)
-    assert torch.equal(out, apply(p, x))
+    agree(out, apply(p, x), BITS)
     g = torch.autograd.grad(out.sum(), list(p.values()))
     ref = torch.autograd.grad(apply(p, x).sum(), list(p.values()))
-    for u, v in zip(g, ref):
-        _close(u, v, 1e-6)
+    agree(dict(zip(p, g)), dict(zip(p, ref)))
 
 
 @pytest.fixture
@@ -214,6 +214,7 @@ def images(tmp_path):
     return {"name": "npz", "root": str(path)}
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("model,train", [
     ({"name": "resnet8", "width": 4, "group_channels": 2}, {}),
     # ResNet-18 (two BasicBlocks a stage, four stages), narrowed, at a smaller learning rate and 5
@@ -229,10 +230,10 @@ def test_resnets_batched_equal_sequential_through_the_stacked_form(tiny, tmp_pat
     for ex in ("sequential", "batched"):
         runs[ex] = fedrift.run(tiny(data=images, engine={"executor": ex}, model=model,
                                     train={"rounds": 2, "batch_size": 16, **train}, output={"dir": str(tmp_path / ex)}))
-    for key, v in runs["sequential"].global_state.items():
-        _close(runs["batched"].global_state[key], v, 1e-4)
+    agree(runs["batched"].global_state, runs["sequential"].global_state)
 
 
+@pytest.mark.agreement
 def test_stacked_resnet8_runs_at_other_values_equal_the_runs_alone(tiny, tmp_path, images):
     """A stack of two ResNet-8 runs at other learning rates and FedProx mu: one step through
     the channel groups, each client at its own values; each run ends where it ends alone."""
@@ -247,5 +248,4 @@ def test_stacked_resnet8_runs_at_other_values_equal_the_runs_alone(tiny, tmp_pat
     together = run_stacked([config(s, "stacked", "t") for s in (0, 1)])
     for s, got in enumerate(together):
         alone = fedrift.run(config(s, "batched", "a"))
-        for key, v in alone.global_state.items():
-            _close(got.global_state[key], v, 1e-4)
+        agree(got.global_state, alone.global_state)

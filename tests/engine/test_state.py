@@ -13,6 +13,7 @@ from fedrift.engine.sampling import SAMPLERS
 from fedrift.engine.state import ClientStateError, ClientStateStore
 from fedrift.functional.tree import leaves, weighted_sum
 from fedrift.registry import Entry
+from agreement import BITS, agree, untimed
 from algorithm_cases import NAMES, build, case
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -233,6 +234,7 @@ def _stateful(hp, setup):
                      client_result=client_result, aggregate=aggregate)
 
 
+@pytest.mark.agreement
 def test_disk_and_memory_runs_are_identical(tiny, tmp_path, monkeypatch):
     monkeypatch.setitem(ALGORITHMS._entries, "stateful", Entry("stateful", _stateful, "test only", AlgorithmParams))
     opened, real_open = [], ClientStateStore._open
@@ -253,11 +255,9 @@ def test_disk_and_memory_runs_are_identical(tiny, tmp_path, monkeypatch):
             expected[k] += 1
     assert torch.equal(disk.server_state["visits"], expected)  # states persisted across rounds
     assert expected.max() > 1  # some client came back, so its state steered its training
-    for k in mem.global_state:
-        assert torch.equal(mem.global_state[k], disk.global_state[k]), k
-    strip = lambda rows: [{k: v for k, v in r.items() if "seconds" not in k} for r in rows]  # noqa: E731
-    assert strip(mem.history) == strip(disk.history)
-    assert mem.summary["personalized_accuracy"] == disk.summary["personalized_accuracy"]
+    agree(mem.global_state, disk.global_state, BITS)
+    agree(untimed(mem.history), untimed(disk.history), BITS)
+    agree(mem.summary["personalized_accuracy"], disk.summary["personalized_accuracy"], BITS)
     assert all(torch.isfinite(t).all() for t in leaves(disk.global_state))
 
 
@@ -268,6 +268,7 @@ def test_the_stateful_methods_keep_their_state_in_the_store():
     assert {"scaffold", "feddyn", "moon", "fedproto"} <= set(STATEFUL)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", STATEFUL)
 def test_disk_client_state_gives_the_same_run_as_memory(tiny, tmp_path, monkeypatch, name):
     """4 rounds of 3 of 6 clients: clients come back, so their stored state is read again."""
@@ -280,10 +281,8 @@ def test_disk_client_state_gives_the_same_run_as_memory(tiny, tmp_path, monkeypa
         runs[mode] = fedrift.run(cfg)
     assert opened == [tmp_path / "disk" / "client_state.bin"]  # the disk run kept its states in the file
     mem, disk = runs["memory"], runs["disk"]
-    for k in mem.global_state:
-        assert torch.equal(mem.global_state[k], disk.global_state[k]), k
-    for a, b in zip(mem.history, disk.history, strict=True):
-        assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
+    agree(mem.global_state, disk.global_state, BITS)
+    agree(untimed(mem.history), untimed(disk.history), BITS)
 
 
 @pytest.mark.parametrize("src", ["memory", "disk"])

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from agreement import agree, untimed
 from algorithm_cases import case
+
 from fedrift.api import prepare, run_prepared
 from fedrift.data.partition_base import Partition
 from fedrift.engine.executors.batched import BatchedExecutor
@@ -24,12 +26,6 @@ from fedrift.experiments import stacked
 from fedrift.experiments.stacked import run_stacked
 
 stacked_executor = importlib.import_module("fedrift.engine.executors.stacked")
-
-
-def _close(a, b, rtol=1e-4):
-    for k in a:
-        scale = a[k].abs().max().clamp(min=1e-3)
-        assert ((a[k].float() - b[k].float()).abs().max() / scale).item() < rtol, k
 
 
 def test_widths_are_few_and_waste_at_most_a_third():
@@ -72,6 +68,7 @@ def test_a_capture_that_raises_is_said_once_and_the_step_runs_uncaptured(caplog)
     assert graphs.failed and graphs.captures == 0 and graphs.replays == 0
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedgkd", "fedadc", "fedbn", "fedprox-resnet8"])
 def test_a_captured_group_equals_the_uncaptured_one(tiny, tmp_path, name):
     """Eight clients of 1 to 150 samples: finishing clients leave the group and the rest are
@@ -91,9 +88,8 @@ def test_a_captured_group_equals_the_uncaptured_one(tiny, tmp_path, name):
         executors[graphs] = BatchedExecutor(None, graphs)
         results[graphs] = run_prepared(prep, executor=executors[graphs])
     plain, captured = results[False], results[eager_capture]
-    _close(plain.global_state, captured.global_state)
-    for a, b in zip(plain.history, captured.history):
-        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    agree(plain.global_state, captured.global_state)
+    agree(untimed(plain.history), untimed(captured.history))
     counts = executors[eager_capture].graph_counts()
     # 2 epochs of 16: 2, 2, 2, 4, 6, 8, 10 and 20 steps a round; 8, 5, 4, 3, 2 and 1 clients
     # training, in widths 8, 6, 4, 3, 2, 1: 6 graphs a payload's signature (FedGKD's round 2 holds
@@ -102,6 +98,7 @@ def test_a_captured_group_equals_the_uncaptured_one(tiny, tmp_path, name):
     assert executors[False].graph_counts()["captures"] == 0
 
 
+@pytest.mark.agreement
 def test_stacked_runs_captured_equal_the_uncaptured_stack(tiny, tmp_path, monkeypatch):
     """Three runs stacked (each client its run's payload, padded rows included) with the step
     replayed from graphs: each run as the uncaptured stack leaves it."""
@@ -122,13 +119,13 @@ def test_stacked_runs_captured_equal_the_uncaptured_stack(tiny, tmp_path, monkey
                         output={"dir": str(tmp_path / f"{graphs}-{s}")}) for s in range(3)]
         results[graphs] = run_stacked(configs)
     for plain, captured in zip(results[False], results[True]):
-        _close(plain.global_state, captured.global_state)
-        for a, b in zip(plain.history, captured.history):
-            assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+        agree(plain.global_state, captured.global_state)
+        agree(untimed(plain.history), untimed(captured.history))
     counts = made[0]._engine.graph_counts()
     assert made[0].rounds_trained == 2 and counts["replays"] > 0 and counts["failed"] is None, counts
 
 
+@pytest.mark.agreement
 def test_a_learning_rate_schedule_keeps_its_graphs_from_round_to_round(tiny, tmp_path):
     """Under train.lr_schedule the captured step reads each round's rate as a tensor
     (engine.step_values), so a round of the same shapes replays the graphs the first captured,
@@ -144,8 +141,8 @@ def test_a_learning_rate_schedule_keeps_its_graphs_from_round_to_round(tiny, tmp
         executors[graphs] = BatchedExecutor(None, graphs)
         results[graphs] = run_prepared(prep, executor=executors[graphs])
     plain, captured = results[False], results[eager_capture]
-    _close(plain.global_state, captured.global_state)
-    assert [r["lr"] for r in plain.history] == [r["lr"] for r in captured.history]
+    agree(plain.global_state, captured.global_state)
+    agree(untimed(plain.history), untimed(captured.history))
     assert len({r["lr"] for r in plain.history}) == 4  # a new rate every round
     counts = executors[eager_capture].graph_counts()
     assert counts["captures"] == 1 and counts["replays"] == 4 * 3 and counts["failed"] is None, counts

@@ -138,6 +138,7 @@ def test_interrupted_grid_resumes_without_repeating_finished_runs(tmp_path, monk
     assert calls == []
 
 
+@pytest.mark.process
 def test_killed_process_resumes(tmp_path):
     """A real interruption: the CLI process is killed after its first run finished (runs
     long enough that a busy machine cannot finish them all unseen)."""
@@ -191,6 +192,7 @@ def _session_alive(sid: int) -> list[str]:
     return out
 
 
+@pytest.mark.process
 def test_a_killed_parallel_compare_leaves_no_worker_running(tmp_path, capsys):
     """`compare --jobs 2` killed with SIGKILL while both workers train: the workers stop too
     (their lifeline closes) instead of finishing runs nobody waits for, and the next compare
@@ -229,6 +231,7 @@ def test_a_killed_parallel_compare_leaves_no_worker_running(tmp_path, capsys):
     assert [json.loads(p.read_text())["status"] for p in root.glob("*/seed0/summary.json")] == ["completed"] * 2
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "process"])
 def test_ctrl_c_on_a_parallel_compare_records_its_runs_as_interrupted(tmp_path, terminal):
     """Ctrl-C on `compare --jobs 2` with 4 runs, while the first two train: a terminal's
@@ -270,6 +273,7 @@ def _none_left(sid: int) -> None:
     assert not alive, f"still running 30 s after the Ctrl-C: {alive}"
 
 
+@pytest.mark.process
 def test_ctrl_c_on_a_parallel_compare_of_stacks_records_their_runs_as_interrupted(tmp_path):
     """The same with each setting's seeds one stack (``engine.executor: stacked``: a pool
     task a stack, its runs threads of one worker): the pool's stop interrupts the stack, and

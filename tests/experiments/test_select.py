@@ -479,6 +479,7 @@ def test_parse_duration_refuses_what_is_no_duration(text):
         parse_duration(text)
 
 
+@pytest.mark.process
 def test_ctrl_c_on_a_parallel_select_stops_its_trials_as_interrupted(tmp_path):
     """A terminal's Ctrl-C on `select --jobs 2` while two trials train (the pool is compare's
     and tune's, whose tests also send `kill -INT` to the command alone): one line on stderr

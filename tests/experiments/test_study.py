@@ -162,6 +162,7 @@ def _kill_when(proc: subprocess.Popen, pattern: str, root: Path, path: Path) -> 
     proc.wait()
 
 
+@pytest.mark.process
 def test_killed_in_its_tune_and_in_its_compare_it_resumes_to_the_same_results(finished, tmp_path, calls):
     path = write_study(tmp_path)
     out = tmp_path / "out"

@@ -446,6 +446,7 @@ def test_an_older_best_yaml_without_a_base_still_works_and_is_said_unchecked(tin
     assert base_check(committed, [("fedavg", _cfg(tiny))]) == {"differences": {}, "unrecorded": ["fedavg"]}
 
 
+@pytest.mark.process
 def test_ctrl_c_on_a_parallel_tune_records_its_trials_as_interrupted(tiny, tmp_path):
     """A terminal's Ctrl-C on `tune --jobs 2` with 4 trials while the first two train: no
     other trial starts, the two are in the study as interrupted (state fail: the next tune
@@ -551,6 +552,7 @@ def test_stacked_runs_of_a_tune_take_tpe_proposals_jobs_at_a_time(tiny, tmp_path
     assert len({t["params"]["train.lr"] for t in trials}) == 5
 
 
+@pytest.mark.process
 def test_stacked_runs_of_a_tune_ctrl_c_records_its_trials_as_interrupted(tiny, tmp_path):
     """A terminal's Ctrl-C while a stack of three trials trains: each run stops and writes its
     interrupted summary, each trial is in the study as interrupted, one line, exit 130."""

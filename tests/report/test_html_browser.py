@@ -15,6 +15,8 @@ import subprocess
 import pytest
 from matplotlib.image import imread
 
+pytestmark = pytest.mark.process  # a cluster, a federation, a browser or a docs build: left out of make check
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
          "--hide-scrollbars"]
