@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from agreement import BITS, agree, untimed
 from conftest import one_line_refusal
 
 import fedrift
@@ -53,6 +54,7 @@ def test_merge_by_hand_in_one_dimension():
     assert torch.equal(mu[1], torch.zeros(1)) and torch.equal(sigma[1], torch.zeros(1, 1))  # nobody holds class 1
 
 
+@pytest.mark.agreement
 def test_merge_is_the_papers_equation_and_the_pooled_covariance():
     g = torch.Generator().manual_seed(0)
     clients = [(torch.randn(n, 4, generator=g, dtype=torch.float64) * 3 + 1, torch.randint(0, 3, (n,), generator=g))
@@ -70,9 +72,9 @@ def test_merge_is_the_papers_equation_and_the_pooled_covariance():
                - nc / (nc - 1) * torch.outer(mc, mc))
         pooled = torch.cat([h[y == c] for h, y in clients])
         assert n[c] == len(pooled) == nc
-        torch.testing.assert_close(mu[c], mc)
-        torch.testing.assert_close(sigma[c], eq4)
-        torch.testing.assert_close(sigma[c], torch.from_numpy(np.cov(pooled.numpy().T, ddof=1)))
+        agree(mu[c], mc, where=f"mean {c}")
+        agree(sigma[c], eq4, where=f"covariance {c}")
+        agree(sigma[c], torch.from_numpy(np.cov(pooled.numpy().T, ddof=1)), where=f"pooled covariance {c}")
 
 
 def test_virtual_features_have_the_moments():
@@ -113,6 +115,7 @@ def test_calibration_changes_only_the_classifier():
             assert out[k] is params[k], k  # the global model's own tensor
 
 
+@pytest.mark.agreement
 def test_retraining_is_sgd_with_momentum_on_the_virtual_features():
     """The same steps as torch.optim.SGD on an nn.Linear, in the seeded batch order."""
     model, apply, params = _model()
@@ -129,8 +132,7 @@ def test_retraining_is_sgd_with_momentum_on_the_virtual_features():
             opt.zero_grad()
             torch.nn.functional.cross_entropy(fc(x[idx].float()), y[idx]).backward()
             opt.step()
-    torch.testing.assert_close(out["fc.weight"], fc.weight.detach(), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out["fc.bias"], fc.bias.detach(), rtol=1e-5, atol=1e-6)
+    agree({k: out[k] for k in ("fc.weight", "fc.bias")}, {"fc.weight": fc.weight.detach(), "fc.bias": fc.bias.detach()})
 
 
 def test_deterministic_under_a_seed_and_keyed_by_round():
@@ -160,24 +162,25 @@ def _runs(tiny, tmp_path, **ccvr):
     return run({"name": "fedavg"}, "fedavg"), run(every, "ccvr"), run
 
 
+@pytest.mark.agreement
 def test_training_is_fedavg_bit_for_bit_and_every_row_has_both_accuracies(tiny, tmp_path):
     """``calibrate_at: every`` (the behaviour before ``final`` became the default): every
     evaluated row carries the calibrated model's metrics beside the global model's."""
     fedavg, ccvr, _ = _runs(tiny, tmp_path)
-    for a, b in zip(fedavg.history, ccvr.history, strict=True):
-        for key in a:
-            if key not in ("seconds", "wall_seconds"):
-                assert a[key] == b[key], key  # the global model, its traffic and its metrics: FedAvg's
+    # the global model, its traffic and its metrics: FedAvg's
+    agree(untimed(fedavg.history), [_uncalibrated(r) for r in untimed(ccvr.history)], BITS)
+    for b in ccvr.history:
         assert {"calibrated_accuracy", "calibrated_loss", "calibrated_local_accuracy"} <= b.keys()
         assert 0 <= b["calibrated_accuracy"] <= 1
-    for k, v in fedavg.global_state.items():
-        assert torch.equal(v, ccvr.server_state["params"][k]), k  # the trained model: FedAvg's
-        # the final model is the calibrated one: FedAvg's body, its own classifier
-        assert torch.equal(v, ccvr.global_state[k]) != k.startswith("fc."), k
+    agree(fedavg.global_state, ccvr.server_state["params"], BITS)  # the trained model: FedAvg's
+    # the final model is the calibrated one: FedAvg's body, its own classifier
+    body = lambda state: {k: v for k, v in state.items() if not k.startswith("fc.")}  # noqa: E731
+    agree(body(fedavg.global_state), body(ccvr.global_state), BITS)
+    assert all(not torch.equal(v, ccvr.global_state[k]) for k, v in fedavg.global_state.items() if k.startswith("fc."))
     last = ccvr.history[-1]
     assert ccvr.summary["calibrated_accuracy"] == last["calibrated_accuracy"]
     assert ccvr.summary["calibrated_local_accuracy"] == last["calibrated_local_accuracy"]
-    assert ccvr.summary["final_accuracy"] == fedavg.summary["final_accuracy"]
+    agree(ccvr.summary["final_accuracy"], fedavg.summary["final_accuracy"], BITS)
     assert any(r["calibrated_accuracy"] != r["test_accuracy"] for r in ccvr.history)
     # the final model file scores the calibrated accuracy
     data = fedrift.api.prepare(tiny()).dataset
@@ -185,7 +188,12 @@ def test_training_is_fedavg_bit_for_bit_and_every_row_has_both_accuracies(tiny, 
     model.load_state_dict(ccvr.global_state)
     apply = make_apply(model, {}, prepare=data.prepare)
     score = evaluate(apply, ccvr.global_state, data.x_test, data.y_test, 1024)["test_accuracy"]
-    assert score == last["calibrated_accuracy"]
+    agree(score, last["calibrated_accuracy"], BITS)
+
+
+def _uncalibrated(row):
+    """A history row without the calibration's metrics and bytes."""
+    return {k: v for k, v in row.items() if not k.startswith("calibrat")}
 
 
 def test_bytes_of_the_statistics(tiny, tmp_path):
@@ -211,6 +219,7 @@ def _counting_stats(monkeypatch):
     return calls
 
 
+@pytest.mark.agreement
 def test_final_is_the_default_and_calibrates_at_the_last_round_only(tiny, tmp_path, monkeypatch):
     """The default calibrates once, after the last round: earlier rows have no calibrated
     metric and no statistics were gathered for them; the last row and the final model are
@@ -222,18 +231,17 @@ def test_final_is_the_default_and_calibrates_at_the_last_round_only(tiny, tmp_pa
     assert [("calibrated_accuracy" in r) for r in final.history] == [False, False, True]
     for r in final.history[:-1]:
         assert not any(k.startswith("calibrat") for k in r), r.keys()  # no bytes, no metrics
-        assert r == {k: v for k, v in every.history[r["round"] - 1].items() if not k.startswith("calibrat")
-                     } | {"seconds": r["seconds"], "wall_seconds": r["wall_seconds"]}
-    assert final.history[-1] == {**every.history[-1], "seconds": final.history[-1]["seconds"],
-                                 "wall_seconds": final.history[-1]["wall_seconds"]}
-    assert all(torch.equal(v, every.global_state[k]) for k, v in final.global_state.items())
-    assert final.summary["calibrated_accuracy"] == every.summary["calibrated_accuracy"]
+    agree(untimed(final.history[:-1]), [_uncalibrated(r) for r in untimed(every.history[:-1])], BITS)
+    agree(untimed(final.history[-1:]), untimed(every.history[-1:]), BITS)
+    agree(final.global_state, every.global_state, BITS)
+    agree(final.summary["calibrated_accuracy"], every.summary["calibrated_accuracy"], BITS)
     # the option's old name still reads: when: final is final, when: eval is every
     old = run({"name": "ccvr", "M": 40, "epochs": 2, "when": "eval"}, "old-eval")
-    assert [r["calibrated_accuracy"] for r in old.history] == [r["calibrated_accuracy"] for r in every.history]
+    agree([r["calibrated_accuracy"] for r in old.history], [r["calibrated_accuracy"] for r in every.history], BITS)
     assert CCVRParams(when="final").rounds() == () and CCVRParams(when="eval").rounds() is None
 
 
+@pytest.mark.agreement
 def test_a_list_of_rounds_calibrates_there_and_at_the_last(tiny, tmp_path, monkeypatch):
     """``[1]`` with ``eval.every: 2`` over 3 rounds: round 1 is evaluated for its calibration,
     round 2 is evaluated without one, round 3 (the last) calibrates; the calibrated scores are
@@ -246,7 +254,7 @@ def test_a_list_of_rounds_calibrates_there_and_at_the_last(tiny, tmp_path, monke
     assert len(calls) == 2 * 6
     assert "calibration_bytes_up" not in out.history[1]
     for r in (out.history[0], out.history[2]):
-        assert r["calibrated_accuracy"] == every.history[r["round"] - 1]["calibrated_accuracy"]
+        agree(r["calibrated_accuracy"], every.history[r["round"] - 1]["calibrated_accuracy"], BITS, where=f"round {r['round']}")
         assert r["calibration_bytes_up"] == every.history[r["round"] - 1]["calibration_bytes_up"] > 0
 
 
@@ -260,6 +268,7 @@ def test_calibrate_at_refuses_what_is_not_a_schedule(tiny):
         fedrift.run(tiny(algorithm={"name": "ccvr", "calibrate_at": "every", "when": "final"}))
 
 
+@pytest.mark.agreement
 def test_diagonal_statistics_are_the_full_covariances_diagonal():
     """A client's variances are its covariance's diagonal, the server's pooled variances the
     pooled covariance's (eq. 4's diagonal), and a diagonal draw is the full draw from
@@ -270,16 +279,17 @@ def test_diagonal_statistics_are_the_full_covariances_diagonal():
     for h, y in clients:
         full, diag = class_stats(h, y), class_stats(h, y, diagonal=True)
         assert "cov" not in diag and diag["var"].shape == (len(full["classes"]), 5)
-        torch.testing.assert_close(diag["var"], torch.diagonal(full["cov"], dim1=1, dim2=2), rtol=1e-12, atol=0)
-        assert all(torch.equal(full[k], diag[k]) for k in ("classes", "count", "mean"))
+        agree(diag["var"], torch.diagonal(full["cov"], dim1=1, dim2=2))
+        agree({k: full[k] for k in ("classes", "count", "mean")}, {k: diag[k] for k in ("classes", "count", "mean")}, BITS)
     n, mu, sigma = global_stats(fold(*clients))
     nd, mud, var = global_stats(fold(*clients, diagonal=True))
-    assert torch.equal(n, nd) and var.shape == (3, 5)
-    torch.testing.assert_close(mud, mu, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(var, torch.diagonal(sigma, dim1=1, dim2=2), rtol=1e-10, atol=1e-12)
+    agree(n, nd, BITS)
+    assert var.shape == (3, 5)
+    agree(mud, mu)
+    agree(var, torch.diagonal(sigma, dim1=1, dim2=2))
     x = virtual_features(mu[0], var[0], 50, generator(0, CCVR_RNG, 1, 0, 0))
     x_full = virtual_features(mu[0], torch.diag(var[0]), 50, generator(0, CCVR_RNG, 1, 0, 0))
-    torch.testing.assert_close(x, x_full, rtol=1e-9, atol=1e-9)
+    agree(x, x_full)
     # a rounding negative is a zero variance, not a NaN
     assert torch.equal(virtual_features(mu[0][:2], torch.tensor([-1e-18, 0.0], dtype=torch.float64), 3,
                                         generator(0, CCVR_RNG, 1, 0, 0)), mu[0][:2].expand(3, 2))
@@ -291,6 +301,7 @@ def test_auto_is_diagonal_above_the_threshold():
     assert CCVRParams(covariance="diagonal").diagonal(2) and not CCVRParams().diagonal(10_000)  # full: the default
 
 
+@pytest.mark.agreement
 def test_bytes_of_diagonal_statistics(tiny, tmp_path):
     """With ``covariance: diagonal`` each client sends, per class it holds, its class id and
     count (int64), a mean and the variances (32 floats each): no 32 x 32 matrix. Training is
@@ -300,11 +311,12 @@ def test_bytes_of_diagonal_statistics(tiny, tmp_path):
     prep = fedrift.api.prepare(tiny())
     held = (prep.partition.counts(prep.dataset.y_train.numpy(), 10) > 0).sum()
     assert diag.history[-1]["calibration_bytes_up"] == held * (8 + 8 + 4 * 32 + 4 * 32)
-    assert diag.history[-1]["test_accuracy"] == full.history[-1]["test_accuracy"]
-    assert all(torch.equal(v, fedavg.global_state[k]) for k, v in diag.server_state["params"].items())
+    agree(diag.history[-1]["test_accuracy"], full.history[-1]["test_accuracy"], BITS)
+    agree(diag.server_state["params"], fedavg.global_state, BITS)
     assert not torch.equal(diag.global_state["fc.weight"], full.global_state["fc.weight"])
 
 
+@pytest.mark.agreement
 def test_validation_and_personalisation_side_by_side(tiny, tmp_path):
     """With a validation split the calibrated model is scored there too (what tunes CCVR); with
     eval.personalize, FedADC's per-client calibration is reported beside CCVR's on the same splits."""
@@ -316,7 +328,7 @@ def test_validation_and_personalisation_side_by_side(tiny, tmp_path):
     assert score_of(row) == ("calibrated_val_accuracy", row["calibrated_val_accuracy"])
     s = out.summary
     assert {"personalized_accuracy", "global_local_accuracy", "calibrated_local_accuracy", "final_local_accuracy"} <= s.keys()
-    assert s["global_local_accuracy"] == pytest.approx(s["final_local_accuracy"], abs=1e-9)  # the same splits
+    agree(s["global_local_accuracy"], s["final_local_accuracy"])  # the same splits
 
 
 def test_refused_with_privacy_and_in_a_flower_deployment(tiny, capsys):

@@ -11,6 +11,7 @@ from fedrift.algorithms.fedavg import ce_loss
 from fedrift.engine.build import build_run, prepare
 from fedrift.functional.tree import stack
 from fedrift.errors import ConfigError
+from agreement import BITS, agree
 from linear_model import apply, rand_params
 
 SETUP = Setup(num_classes=3, num_clients=3, feature_dim=4, lr=0.1, momentum=0.0, weight_decay=0.0, clip_grad_norm=None, seed=0,
@@ -95,6 +96,7 @@ def test_max_is_over_every_parameter_of_the_model_and_statistics_are_averaged():
     assert (out["a"].item(), out["b"].item(), out["bn.running_mean"].item()) == (1.5, 0.0, 2.0)
 
 
+@pytest.mark.agreement
 def test_equal_sensitivities_with_tau_one_are_fedavgs_step_bit_for_bit():
     """zeta = 1 + tau - Omega / max(Omega) = 1 exactly where Omega / max = tau: with tau = 1 and
     equal sensitivities everywhere, the model is FedAvg's weighted average itself."""
@@ -103,11 +105,11 @@ def test_equal_sensitivities_with_tau_one_are_fedavgs_step_bit_for_bit():
     ups = _uploads(ws, [[0.4] * 3, [0.4] * 3])
     avg = make("fedavg", SETUP).aggregate({"params": w_t}, ups, P, INFO)["params"]["w"]
     out = make("elastic", SETUP, tau=1.0).aggregate({"params": w_t}, ups, P, INFO)["params"]["w"]
-    assert torch.equal(out, avg)
+    agree(out, avg, BITS)
     other = make("elastic", SETUP, tau=0.5).aggregate({"params": w_t}, ups, P, INFO)["params"]["w"]
-    torch.testing.assert_close(other, w_t["w"] + 0.5 * (avg - w_t["w"]))  # zeta = tau everywhere
+    agree(other, w_t["w"] + 0.5 * (avg - w_t["w"]))  # zeta = tau everywhere
     none = make("elastic", SETUP, tau=0.5).aggregate({"params": w_t}, _uploads(ws, [[0.0] * 3] * 2), P, INFO)["params"]["w"]
-    torch.testing.assert_close(none, w_t["w"] + 1.5 * (avg - w_t["w"]))  # no sensitivity: zeta = 1 + tau
+    agree(none, w_t["w"] + 1.5 * (avg - w_t["w"]))  # no sensitivity: zeta = 1 + tau
 
 
 def test_defaults_and_tuning_space():
@@ -150,10 +152,10 @@ def test_privacy_refuses_the_sensitivity_upload(tiny, level, says):
     assert not Path(cfg["output"]["dir"]).exists()
 
 
+@pytest.mark.agreement
 def test_streamed_sensitivities_equal_the_stacked_aggregate_bit_for_bit(tiny):
     cfg = tiny(algorithm={"name": "elastic"}, train={"rounds": 3, "clients_per_round": 4})
     streamed = fedrift.run(cfg)
     stacked = fedrift.run({**cfg, "engine": {"accept_failures": True}, "output": {**cfg["output"], "dir": cfg["output"]["dir"] + "-stacked"}})
-    for k, v in streamed.global_state.items():
-        assert torch.equal(v, stacked.global_state[k]), k
+    agree(streamed.global_state, stacked.global_state, BITS)
     assert streamed.summary["bytes_up_total"] == stacked.summary["bytes_up_total"]

@@ -1,4 +1,6 @@
+import pytest
 import torch
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import ALGORITHMS, make
@@ -36,6 +38,7 @@ def test_lookahead_broadcast_and_server_momentum_over_two_rounds_by_hand():
     torch.testing.assert_close(two["params"]["w"], torch.tensor([0.25, -0.75]))
 
 
+@pytest.mark.agreement
 def test_proximal_pull_is_to_the_lookahead_by_hand():
     model = build_model("logreg", None, (4,), 3, seed=0)
     apply = make_apply(model, {})
@@ -49,12 +52,11 @@ def test_proximal_pull_is_to_the_lookahead_by_hand():
         return torch.func.grad(lambda p: alg.local_loss(p, batch, payload, {}, apply)[0])(params)
 
     base, acg = grads(make("fedavg", SETUP)), grads(make("fedacg", SETUP, beta=0.5))
-    for k in params:
-        torch.testing.assert_close(acg[k] - base[k], 0.5 * (params[k] - look[k]))
+    agree({k: acg[k] - base[k] for k in params}, {k: 0.5 * (params[k] - look[k]) for k in params})
     d2 = sum(((params[k] - look[k]) ** 2).sum() for k in params)
     l0 = make("fedavg", SETUP).local_loss(params, batch, payload, {}, apply)[0]
     l1 = make("fedacg", SETUP, beta=0.5).local_loss(params, batch, payload, {}, apply)[0]
-    torch.testing.assert_close(l1 - l0, 0.25 * d2)
+    agree(l1 - l0, 0.25 * d2)
 
 
 def test_defaults_and_tuning_space():
@@ -63,12 +65,12 @@ def test_defaults_and_tuning_space():
     assert set(ALGORITHMS.get("fedacg").space) == {"lam", "beta"}
 
 
+@pytest.mark.agreement
 def test_fedacg_lam_zero_beta_zero_is_exactly_fedavg(tiny, tmp_path):
     train = {"rounds": 3}
     a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train=train, output={"dir": str(tmp_path / "a")}))
     b = fedrift.run(tiny(algorithm={"name": "fedacg", "lam": 0.0, "beta": 0.0}, train=train, output={"dir": str(tmp_path / "b")}))
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     # one model down and one up per client, as FedAvg: the momentum rides inside the look-ahead
     assert [r["bytes_down"] for r in a.history] == [r["bytes_down"] for r in b.history]
     assert [r["bytes_up"] for r in a.history] == [r["bytes_up"] for r in b.history]

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 from torch.utils import _pytree as pytree
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -71,16 +72,17 @@ def _grad(apply, params, batch):
     return {k: g[k] + WD * params[k] for k in params}
 
 
+@pytest.mark.agreement
 def test_heavy_ball_model_change_is_eta_times_gradients_plus_beta_local_momentum():
     # eq. 4: w_t - w_k = eta (sum_tau g_tau + beta_local m_t), g_tau taken at w^{tau-1}
     apply, w0 = _model()
     m, batches = _momentum(w0), _batches(4)
     ws = _iterates(_alg("fedadc", beta=0.9, beta_local=0.6), apply, w0, m, batches)
     gsum = {k: sum(_grad(apply, w, b)[k] for w, b in zip(ws[:-1], batches)) for k in w0}
-    for k in w0:
-        torch.testing.assert_close(w0[k] - ws[-1][k], ETA * (gsum[k] + 0.6 * m[k]))
+    agree({k: w0[k] - ws[-1][k] for k in w0}, {k: ETA * (gsum[k] + 0.6 * m[k]) for k in w0})
 
 
+@pytest.mark.agreement
 def test_nesterov_is_the_hand_unrolled_two_steps():
     apply, w0 = _model()
     m, batches = _momentum(w0), _batches(2)
@@ -92,12 +94,12 @@ def test_nesterov_is_the_hand_unrolled_two_steps():
         w = {k: half[k] - ETA * g[k] for k in w}
     got = _iterates(_alg("fedadc", variant="nesterov"), apply, w0, m, batches)[-1]
     heavy = _iterates(_alg("fedadc"), apply, w0, m, batches)[-1]
-    for k in w0:
-        torch.testing.assert_close(got[k], w[k], rtol=1e-6, atol=1e-7)
+    agree(got, w)
     # and it is not the heavy-ball step: the gradient is taken at another point
     assert max(float((heavy[k] - w[k]).abs().max()) for k in w0) > 1e-4
 
 
+@pytest.mark.agreement
 def test_double_momentum_is_the_hand_recursion():
     phi = 0.7
     apply, w0 = _model()
@@ -109,10 +111,10 @@ def test_double_momentum_is_the_hand_recursion():
         mk = g if tau == 1 else {k: phi * mk[k] + (1 - phi) * g[k] for k in w}
         w = {k: w[k] - ETA * (m_bar[k] + mk[k]) for k in w}
     got = _iterates(_alg("fedadc", variant="double_momentum", phi=phi), apply, w0, m, batches)[-1]
-    for k in w0:
-        torch.testing.assert_close(got[k], w[k], rtol=1e-6, atol=1e-7)
+    agree(got, w)
 
 
+@pytest.mark.agreement
 def test_server_update_by_hand():
     w_t, m_t = torch.tensor([1.0, -2.0]), torch.tensor([0.4, -0.2])
     w_k = [torch.tensor([0.9, -1.7]), torch.tensor([1.3, -2.1])]
@@ -128,8 +130,8 @@ def test_server_update_by_hand():
         alg = _alg("fedadc", **hp)
         state = {**alg.init_server({"w": w_t}), "momentum": {"w": m_t}}
         out = alg.aggregate(state, uploads, p, info)
-        torch.testing.assert_close(out["momentum"]["w"], m_next)
-        torch.testing.assert_close(out["params"]["w"], w_t - 1.5 * ETA * m_next)
+        agree(out["momentum"]["w"], m_next)
+        agree(out["params"]["w"], w_t - 1.5 * ETA * m_next)
         # what goes down: w_t and m_t
         assert set(alg.broadcast(out, info)) == {"params", "momentum"}
 
@@ -152,6 +154,7 @@ def test_self_confidence_target_by_hand():
     assert torch.equal(flat, torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]))
 
 
+@pytest.mark.agreement
 def test_fedadc_plus_loss_is_convex_mix_of_ce_and_kl():
     apply, w0 = _model()
     params = {k: v + 0.1 * torch.ones_like(v) for k, v in w0.items()}  # a local model off the global one
@@ -165,10 +168,11 @@ def test_fedadc_plus_loss_is_convex_mix_of_ce_and_kl():
     log_q = torch.log_softmax(logits / 2.0, -1)
     kl = (target * (torch.log(target.clamp_min(1e-30)) - log_q)).sum(-1).mean()
     ce = torch.nn.functional.cross_entropy(logits, batch["y"])
-    torch.testing.assert_close(loss, 0.7 * ce + 0.3 * kl)
-    torch.testing.assert_close(aux["kd_loss"], kl)
+    agree(loss, 0.7 * ce + 0.3 * kl)
+    agree(aux["kd_loss"], kl)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize(
     "name,hp",
     [("fedadc", {}), ("fedadc", {"variant": "nesterov"}), ("fedadc", {"variant": "double_momentum"}), ("fedadc_plus", {})],
@@ -195,31 +199,30 @@ def test_local_steps_run_under_vmap_and_match_sequential(name, hp):
     for s in range(2):
         params, opt, _, _ = step(params, opt, stack([data[0][s], data[1][s]]), payload, ctx)
     for k in range(2):
-        for key in w0:
-            torch.testing.assert_close(params[key][k], expected[k][key])
+        agree({key: params[key][k] for key in w0}, expected[k], where=f"client {k}")
 
 
+@pytest.mark.agreement
 def test_beta_zero_alpha_one_heavy_ball_is_exactly_fedavg_and_downlink_is_two_models(tiny, tmp_path):
     train = {"rounds": 3, "momentum": 0.0}  # FedADC has no local momentum; tiny's weight decay applies to both
     a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train=train, output={"dir": str(tmp_path / "a")}))
     b = fedrift.run(tiny(algorithm={"name": "fedadc", "beta": 0.0, "alpha": 1.0}, train=train, output={"dir": str(tmp_path / "b")}))
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     pbytes = sum(v.numel() * v.element_size() for v in a.global_state.values())
     for row in b.history:  # 3 clients a round: w_t and m_t down, w_k up
         assert row["bytes_down"] == 3 * 2 * pbytes
         assert row["bytes_up"] == 3 * pbytes
 
 
+@pytest.mark.agreement
 def test_fedadc_plus_with_lam_zero_is_exactly_fedadc(tiny, tmp_path):
     def go(alg, d):
         return fedrift.run(tiny(algorithm=alg, train={"rounds": 3}, output={"dir": str(tmp_path / d)}))
 
     a = go({"name": "fedadc", "variant": "nesterov"}, "a")
     b = go({"name": "fedadc_plus", "variant": "nesterov", "lam": 0.0}, "b")
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
-        assert torch.equal(a.server_state["momentum"][k], b.server_state["momentum"][k]), k
+    agree(a.global_state, b.global_state, BITS)
+    agree(a.server_state["momentum"], b.server_state["momentum"], BITS)
     c = go({"name": "fedadc_plus", "variant": "nesterov"}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.history[-1]["kd_loss"] > 0
@@ -243,6 +246,7 @@ def test_fedadc_plus_t_squared_scales_the_kl_by_hand(t_squared, kd):
     assert loss.item() == pytest.approx(0.5 * math.log(10) + 0.5 * kd, rel=1e-12)
 
 
+@pytest.mark.agreement
 def test_fedadc_plus_t_squared_at_t_one_changes_nothing():
     apply, w0 = _model()
     payload = {"params": w0, "momentum": _momentum(w0)}
@@ -252,9 +256,10 @@ def test_fedadc_plus_t_squared_at_t_one_changes_nothing():
         alg = _alg("fedadc_plus", T=1.0, T_squared=t_squared)
         batch = _with_teacher(alg, payload, apply, _batches(1))[0]
         out.append(alg.local_loss(params, batch, payload, _ctx(alg, payload, apply, 1), apply)[0])
-    assert torch.equal(out[0], out[1])
+    agree(out[0], out[1], BITS)
 
 
+@pytest.mark.agreement
 def test_fedadc_objective_is_the_loss_at_w_without_the_nesterov_shift():
     # what personalisation fine-tunes with: FedADC+'s loss at w itself, whatever the variant
     apply, w0 = _model()
@@ -264,5 +269,5 @@ def test_fedadc_objective_is_the_loss_at_w_without_the_nesterov_shift():
     batch = _with_teacher(heavy, payload, apply, _batches(1))[0]
     at_w = heavy.local_loss(params, batch, payload, _ctx(heavy, payload, apply, 1), apply)[0]
     ctx = _ctx(nesterov, payload, apply, 1)
-    assert torch.equal(nesterov.objective(params, batch, payload, ctx, apply)[0], at_w)
+    agree(nesterov.objective(params, batch, payload, ctx, apply)[0], at_w, BITS)
     assert not torch.equal(nesterov.local_loss(params, batch, payload, ctx, apply)[0], at_w)  # w - eta m_bar

@@ -1,4 +1,6 @@
+import pytest
 import torch
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import ALGORITHMS, make
@@ -35,6 +37,7 @@ def test_server_momentum_over_two_rounds_by_hand():
     torch.testing.assert_close(two["params"]["w"], torch.tensor([0.75, -1.25]))
 
 
+@pytest.mark.agreement
 def test_beta_zero_aggregate_is_the_weighted_average_bit_for_bit():
     g = torch.Generator().manual_seed(0)
     ws = [torch.randn(7, generator=g) for _ in range(3)]
@@ -44,15 +47,15 @@ def test_beta_zero_aggregate_is_the_weighted_average_bit_for_bit():
     out = alg.aggregate(state, stack([{"params": {"w": w}} for w in ws]), p, RoundInfo(1, 3, (0, 1, 2)))
     fedavg = ALGORITHMS.get("fedavg").factory(validate_options("algorithm", ALGORITHMS.get("fedavg").params, {}), SETUP)
     ref = fedavg.aggregate({"params": state["params"]}, stack([{"params": {"w": w}} for w in ws]), p, RoundInfo(1, 3, (0, 1, 2)))
-    assert torch.equal(out["params"]["w"], ref["params"]["w"])
+    agree(out["params"]["w"], ref["params"]["w"], BITS)
 
 
+@pytest.mark.agreement
 def test_fedavgm_beta_zero_is_exactly_fedavg(tiny, tmp_path):
     train = {"rounds": 3}
     a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train=train, output={"dir": str(tmp_path / "a")}))
     b = fedrift.run(tiny(algorithm={"name": "fedavgm", "beta": 0.0, "eta_s": 1.0}, train=train, output={"dir": str(tmp_path / "b")}))
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     # one model down and one up per client, as FedAvg
     assert [r["bytes_down"] for r in a.history] == [r["bytes_down"] for r in b.history]
     assert [r["bytes_up"] for r in a.history] == [r["bytes_up"] for r in b.history]

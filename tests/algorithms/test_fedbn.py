@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from agreement import BITS, agree
 from conftest import one_line_refusal
 
 import fedrift
@@ -104,6 +105,7 @@ def _round(server: Server, t: int):
     return rnd, outputs
 
 
+@pytest.mark.agreement
 def test_round_one_is_fedavg_for_the_shared_weights_and_each_client_keeps_its_batchnorm(tiny, tmp_path):
     """Round 1: FedAvg and FedBN clients start from the same initial model, so they train to
     the same bits; FedBN's server then holds FedAvg's average of every shared tensor, bit for
@@ -115,20 +117,21 @@ def test_round_one_is_fedavg_for_the_shared_weights_and_each_client_keeps_its_ba
         assert len(own) == 4 * 9  # resnet8: 9 BatchNorm layers
         ends = {o.client_id: o.end_params for o in bn_out}
         for a, b in zip(avg_out, bn_out):
-            assert a.client_id == b.client_id and all(torch.equal(a.end_params[k], b.end_params[k]) for k in w0)
+            assert a.client_id == b.client_id
+            agree({k: a.end_params[k] for k in w0}, {k: b.end_params[k] for k in w0}, BITS, where=f"client {a.client_id}")
         avg.close(avg_rnd, avg_out, [])
         bn.close(rnd, bn_out, [])
-        for k in w0:
-            if k in own:
-                assert torch.equal(bn.state["params"][k], w0[k]), k  # the server's BatchNorm: the initial one
-                assert not torch.equal(avg.state["params"][k], w0[k]), k  # (FedAvg averaged its own)
-            else:
-                assert torch.equal(bn.state["params"][k], avg.state["params"][k]), k
+        for k in own:
+            assert torch.equal(bn.state["params"][k], w0[k]), k  # the server's BatchNorm: the initial one
+            assert not torch.equal(avg.state["params"][k], w0[k]), k  # (FedAvg averaged its own)
+        shared = [k for k in w0 if k not in own]
+        agree({k: bn.state["params"][k] for k in shared}, {k: avg.state["params"][k] for k in shared}, BITS)
         for k_client, end in ends.items():
             stored = bn.store.get(k_client)["bn"]
             assert stored.keys() == own and all(torch.equal(stored[k], end[k]) for k in own)
 
 
+@pytest.mark.agreement
 def test_a_client_sampled_again_resumes_its_batchnorm_and_trains_as_fedavg_from_that_model(tiny, tmp_path):
     """Over 4 rounds of 3 of 6 clients: a client sampled before starts from the server's shared
     weights with the BatchNorm it ended its last round with, a first-timer with the initial
@@ -148,13 +151,15 @@ def test_a_client_sampled_again_resumes_its_batchnorm_and_trains_as_fedavg_from_
                     want = expected_bn[k] if k in own else server.state["params"][k]
                     assert torch.equal(start[k], want), (t, job.client_id, k)
                 as_fedavg = train_client(dataclasses.replace(rnd.tools, algorithm=fedavg), {"params": start}, job, t)
-                assert all(torch.equal(as_fedavg.end_params[k], out.end_params[k]) for k in w0)
+                agree({k: as_fedavg.end_params[k] for k in w0}, {k: out.end_params[k] for k in w0}, BITS,
+                      where=f"round {t}, client {job.client_id}")
             ends = {o.client_id: {k: o.end_params[k] for k in own} for o in outputs}
             server.close(rnd, outputs, [])  # (a streamed close drops the outputs' tensors)
             seen.update(ends)
     assert again > 0 and first > 0  # both kinds of start were checked
 
 
+@pytest.mark.agreement
 def test_each_client_is_scored_with_its_own_batchnorm_and_batchnorm_bytes_never_travel(tiny, tmp_path):
     """local_accuracy is the mean over the panel's clients of (shared weights + own BatchNorm)
     on their own test split; val_local_accuracy is what the tuner scores; bytes down and up
@@ -171,7 +176,7 @@ def test_each_client_is_scored_with_its_own_batchnorm_and_batchnorm_bytes_never_
             ix = fed.test_indices(k)
             with torch.no_grad():
                 accs.append((apply(model, fed.x_test[ix]).argmax(1) == fed.y_test[ix]).double().mean().item())
-        assert row["local_accuracy"] == pytest.approx(sum(accs) / len(accs), abs=1e-12)
+        agree(row["local_accuracy"], sum(accs) / len(accs))
         assert score_of(row)[0] == "val_local_accuracy"
         bn_bytes = sum(w0[k].numel() * w0[k].element_size() for k in local_keys(w0))
         all_bytes = sum(v.numel() * v.element_size() for v in w0.values())

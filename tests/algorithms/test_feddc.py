@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from agreement import BITS, agree, untimed
 from conftest import ctrl_c_in_round
 from linear_model import apply
 from linear_model import rand_params as _rand
@@ -55,6 +56,7 @@ def test_one_local_step_by_hand():
     assert aux["ce_loss"] == 0.0
 
 
+@pytest.mark.agreement
 def test_one_local_step_with_data_clip_and_decay():
     # theta_1 = theta_0 - eta (clip(g + alpha (theta_0 + h - w) + G - G_i) + wd theta_0): the
     # authors' code clips the whole gradient, penalty and correction included, then decays
@@ -69,10 +71,10 @@ def test_one_local_step_with_data_clip_and_decay():
     norm = torch.sqrt(sum((v ** 2).sum() for v in full.values()))
     factor = min(1.0, clip / (norm.item() + 1e-6))
     assert factor < 1.0  # the clip is active here
-    for k in theta:
-        torch.testing.assert_close(new[k], theta[k] - ETA * (factor * full[k] + wd * theta[k]))
+    agree(new, {k: theta[k] - ETA * (factor * full[k] + wd * theta[k]) for k in theta})
 
 
+@pytest.mark.agreement
 def test_local_momentum_is_the_algorithms_own():
     alg = _alg(alpha=0.0, local_momentum=0.5)  # no penalty: the data gradient alone
     theta, batch = _rand(0), _batch()
@@ -81,10 +83,11 @@ def test_local_momentum_is_the_algorithms_own():
     p1, opt, _, _ = step(theta, alg.optimizer.init(theta), batch, payload, ctx)
     p2, _, _, _ = step(p1, opt, batch, payload, ctx)
     g1, g2 = _grad(theta, batch), _grad(p1, batch)
-    for k in theta:  # torch's SGD momentum: buf = 0.5 g1 + g2 at the second step
-        torch.testing.assert_close(p2[k], p1[k] - ETA * (0.5 * g1[k] + g2[k]))
+    # torch's SGD momentum: buf = 0.5 g1 + g2 at the second step
+    agree(p2, {k: p1[k] - ETA * (0.5 * g1[k] + g2[k]) for k in theta})
 
 
+@pytest.mark.agreement
 def test_state_update_by_hand():
     # w_t - theta = [0.2, -0.4] after H = 2 steps of eta = 0.1: (w_t - theta) / (H eta) = [1, -2]
     payload = {"params": {"w": torch.tensor([1.0, 2.0])}, "control": {"w": torch.tensor([0.25, -0.25])}}
@@ -100,7 +103,8 @@ def test_state_update_by_hand():
     assert torch.equal(upload["params"]["w"], theta["w"])
     upload, state2 = _alg(drift_mean="sampled").client_result(payload, theta, ctx)
     assert sorted(upload) == ["delta_control", "drift", "params"]  # sampled: h_i+ goes up
-    assert torch.equal(upload["drift"]["w"], state2["drift"]["w"]) and torch.equal(state2["drift"]["w"], state["drift"]["w"])
+    assert torch.equal(upload["drift"]["w"], state2["drift"]["w"])
+    agree(state2["drift"], state["drift"], BITS)
     fresh = _alg().init_client({"w": torch.ones(3)})  # a client never sampled: h_i = 0, G_i = 0
     assert sorted(fresh) == ["control", "drift"] and all(torch.equal(v["w"], torch.zeros(3)) for v in fresh.values())
 
@@ -114,6 +118,7 @@ def _uploads(sampled=False):
     return stack(ups)
 
 
+@pytest.mark.agreement
 def test_server_update_by_hand():
     p = torch.tensor([0.75, 0.25], dtype=torch.float64)
     info = RoundInfo(round=2, num_clients=4, sampled=(0, 2))
@@ -139,9 +144,10 @@ def test_server_update_by_hand():
     ws = _uploads(sampled=True)
     out = alg.aggregate_sums(state, {"params": weighted_sum(ws["params"], p), "drift": h,
                                      "delta_control": weighted_sum(ws["delta_control"], torch.full((2,), 0.5))}, info)
-    assert torch.equal(out["params"]["w"], weighted_sum(ws["params"], p)["w"] + h["w"])
+    agree(out["params"]["w"], weighted_sum(ws["params"], p)["w"] + h["w"], BITS)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("alpha", [0.0, 0.2])
 def test_zero_state_loss_is_fedprox_bit_for_bit(alpha):
     """A client's first round in round 1 (h_i = G_i = G = 0): FedProx's loss with mu = alpha
@@ -154,9 +160,8 @@ def test_zero_state_loss_is_fedprox_bit_for_bit(alpha):
         return torch.func.grad_and_value(lambda p: a.local_loss(p, batch, payload, ctx, apply), has_aux=True)(theta)
 
     (g, (loss, aux)), (g0, (loss0, _)) = grad_and_loss(_alg(alpha=alpha)), grad_and_loss(ref)
-    assert torch.equal(loss, loss0)
-    for k in theta:
-        assert torch.equal(g[k], g0[k]), k
+    agree(loss, loss0, BITS)
+    agree(g, g0, BITS)
     # the penalty ties theta + h_i (not theta) to w_t, and the correction adds G - G_i
     h, c, c_i = _rand(2, 0.3), _rand(3, 0.3), _rand(4, 0.3)
     ctx2, payload2 = {"state": {"drift": h, "control": c_i}}, {"params": w, "control": c}
@@ -165,14 +170,13 @@ def test_zero_state_loss_is_fedprox_bit_for_bit(alpha):
     ce = aux["ce_loss"]
     pen = sum(((theta[k] + h[k] - w[k]) ** 2).sum() for k in theta)
     lin = sum((theta[k] * (c[k] - c_i[k])).sum() for k in theta)
-    torch.testing.assert_close(loss2, ce + 0.5 * alpha * pen + lin)
-    torch.testing.assert_close(aux2["ce_loss"], ce)
+    agree(loss2, ce + 0.5 * alpha * pen + lin)
+    agree(aux2["ce_loss"], ce)
     gce = _grad(theta, batch)
-    for k in theta:
-        torch.testing.assert_close(g2[k], gce[k] + alpha * (theta[k] + h[k] - w[k]) + c[k] - c_i[k])
+    agree(g2, {k: gce[k] + alpha * (theta[k] + h[k] - w[k]) + c[k] - c_i[k] for k in theta})
     # personalisation's loss (objective): no correction
     obj, _ = _alg(alpha=alpha).objective(theta, batch, payload2, ctx2, apply)
-    torch.testing.assert_close(obj, ce + 0.5 * alpha * pen)
+    agree(obj, ce + 0.5 * alpha * pen)
 
 
 def _initial(cfg):
@@ -182,6 +186,7 @@ def _initial(cfg):
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("alpha, ref", [(0.0, {"name": "fedavg"}), (0.1, {"name": "fedprox", "mu": 0.1})])
 @pytest.mark.parametrize("drift_mean", ["all", "sampled"])
 def test_first_round_local_models_are_fedprox_and_the_server_adds_their_drift(tiny, tmp_path, alpha, ref, drift_mean):
@@ -194,11 +199,10 @@ def test_first_round_local_models_are_fedprox_and_the_server_adds_their_drift(ti
                output={"dir": str(tmp_path / "dc")}, **sections)
     b = fedrift.run(cfg)
     (ra,), (rb,) = a.history, b.history
-    for key in ("local_test_accuracy", "local_test_accuracy_min", "drift_logit_kl", "drift_feature_l2", "train_loss"):
-        assert ra[key] == rb[key], key
+    keys = ("local_test_accuracy", "local_test_accuracy_min", "drift_logit_kl", "drift_feature_l2", "train_loss")
+    agree({key: ra[key] for key in keys}, {key: rb[key] for key in keys}, BITS)
     w0 = _initial(cfg)
-    for k in w0:
-        torch.testing.assert_close(b.global_state[k], 2 * a.global_state[k] - w0[k], rtol=0, atol=1e-5)
+    agree(b.global_state, {k: 2 * a.global_state[k] - w0[k] for k in w0})
     assert any(not torch.equal(a.global_state[k], b.global_state[k]) for k in w0)  # not FedAvg: the drift is added
 
 
@@ -214,6 +218,7 @@ def test_bytes_two_models_down_two_up_three_when_drifts_go_up(tiny, tmp_path):
         assert row["bytes_up"] == up * avg["bytes_up"]  # theta_i and Delta G_i (and h_i+)
 
 
+@pytest.mark.agreement
 def test_states_persist_across_rounds_in_the_disk_store(tiny, tmp_path, monkeypatch):
     """4 rounds of 3 of 6 clients, states on disk: returning clients read their drift again, so
     the server's h_bar is the mean of every client's last stored drift, and G the mean of their
@@ -233,13 +238,13 @@ def test_states_persist_across_rounds_in_the_disk_store(tiny, tmp_path, monkeypa
     assert max(len(v) for v in puts.values()) > 1  # some client came back
     n = 6
     for field in ("drift", "control"):
-        for k, v in r.server_state[field].items():
-            # a returning client that had restarted from zero would have lost its earlier part
-            mean = sum(states[-1][field][k] for states in puts.values()) / n
-            torch.testing.assert_close(v, mean, rtol=0, atol=1e-6)
-            assert v.abs().max() > 1e-4
+        # a returning client that had restarted from zero would have lost its earlier part
+        mean = {k: sum(states[-1][field][k] for states in puts.values()) / n for k in r.server_state[field]}
+        agree(r.server_state[field], mean, where=field)
+        assert all(v.abs().max() > 1e-4 for v in r.server_state[field].values())
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("drift_mean", ["all", "sampled"])
 def test_checkpoint_and_resume_give_the_same_bits(tiny, tmp_path, drift_mean):
     """Ctrl-C in round 4, resumed from round 2's checkpoint (client states on disk)."""
@@ -254,16 +259,14 @@ def test_checkpoint_and_resume_give_the_same_bits(tiny, tmp_path, drift_mean):
             fedrift.run(cfg("stopped", 2))
     resumed = fedrift.resume(tmp_path / "stopped")
     assert resumed.summary["resumed_from_round"] == 2
-    for k, v in ref.global_state.items():
-        assert torch.equal(v, resumed.global_state[k]), k
+    agree(ref.global_state, resumed.global_state, BITS)
     for field, tree in ref.server_state.items():
         if isinstance(tree, dict):
-            for k, v in tree.items():
-                assert torch.equal(v, resumed.server_state[field][k]), (field, k)
-    strip = lambda rows: [{k: v for k, v in r.items() if "seconds" not in k} for r in rows]  # noqa: E731
-    assert strip(resumed.history) == strip(ref.history)
+            agree(tree, resumed.server_state[field], BITS, where=field)
+    agree(untimed(resumed.history), untimed(ref.history), BITS)
 
 
+@pytest.mark.agreement
 def test_drift_mean_sampled_executors_agree(tiny, tmp_path):
     """The streamed form (algorithm_cases covers ``all``): processes equal sequential bit for
     bit at one thread, batched within float rounding."""
@@ -272,10 +275,9 @@ def test_drift_mean_sampled_executors_agree(tiny, tmp_path):
                                  engine={"executor": ex, "threads": 1, "workers": 2}, output={"dir": str(tmp_path / ex)}))
             for ex in ("sequential", "processes", "batched")}
     seq = runs["sequential"]
-    for k, v in seq.global_state.items():
-        assert torch.equal(v, runs["processes"].global_state[k]), k
-        torch.testing.assert_close(runs["batched"].global_state[k], v, rtol=1e-4, atol=1e-5)
-    assert [r["test_accuracy"] for r in runs["processes"].history] == [r["test_accuracy"] for r in seq.history]
+    agree(seq.global_state, runs["processes"].global_state, BITS)
+    agree(runs["batched"].global_state, seq.global_state)
+    agree(untimed(runs["processes"].history), untimed(seq.history), BITS)
 
 
 def test_client_level_privacy_is_refused_before_the_run(tiny):

@@ -4,6 +4,7 @@ out of the batch statistics, the released code's formula, FedAvg identity at bet
 import pytest
 import torch
 from torch.func import grad, vmap
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -25,6 +26,7 @@ def test_penalty_by_hand():
     assert abs(float(value) - 1 / 3) < 1e-6
 
 
+@pytest.mark.agreement
 def test_released_formula_on_random_features():
     """The authors' FedDecorrLoss, written out with torch's own var and an off-diagonal mask."""
     h = torch.randn(7, 5, generator=torch.Generator().manual_seed(0))
@@ -32,13 +34,14 @@ def test_released_formula_on_random_features():
     x = x / torch.sqrt(1e-8 + x.var(0, keepdim=True))
     g = x.t() @ x
     off = g[~torch.eye(5, dtype=torch.bool)]
-    torch.testing.assert_close(decorrelation(h, torch.full((7,), 1 / 7)), off.pow(2).mean() / 7)
+    agree(decorrelation(h, torch.full((7,), 1 / 7)), off.pow(2).mean() / 7)
 
 
+@pytest.mark.agreement
 def test_padding_rows_do_not_count():
     padded = torch.cat([H, torch.tensor([[100.0, -7.0], [0.0, 0.0]])])
     w = torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0, 0.0])
-    torch.testing.assert_close(decorrelation(padded, w), decorrelation(H, torch.full((3,), 1 / 3)))
+    agree(decorrelation(padded, w), decorrelation(H, torch.full((3,), 1 / 3)))
     # one real row: 0, finite gradient
     one = padded.clone().requires_grad_(True)
     w1 = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0])
@@ -56,14 +59,16 @@ def _case():
     return apply, params, batch
 
 
+@pytest.mark.agreement
 def test_loss_is_ce_plus_beta_penalty():
     apply, params, batch = _case()
     ce = make("fedavg", SETUP).local_loss(params, batch, {}, {}, apply)[0]
     loss, aux = make("feddecorr", SETUP, beta=0.3).local_loss(params, batch, {}, {}, apply)
     torch.testing.assert_close(aux["decorr"], torch.tensor(0.1))
-    torch.testing.assert_close(loss, ce + 0.1)
+    agree(loss, ce + 0.1)
 
 
+@pytest.mark.agreement
 def test_gradient_under_vmap_with_padding_matches_per_client():
     """A feature model (mlp) whose penalty has a gradient; the second client has a padded row."""
     model = build_model("mlp", MODELS.get("mlp").params(hidden=[5]), (4,), 3, seed=0)
@@ -83,18 +88,18 @@ def test_gradient_under_vmap_with_padding_matches_per_client():
         n = 4 if i == 0 else 3  # the client's real rows only: no padding at all
         real = {"x": x[:n], "y": b["y"][i, :n], "w": torch.full((n,), 1 / n)}
         one = grad(loss)({k: v[i] for k, v in stacked.items()}, real)
-        for k in one:  # the same sums with zero rows added: float rounding only
-            torch.testing.assert_close(batched[k][i], one[k], rtol=1e-4, atol=1e-5)
+        # the same sums with zero rows added: float rounding only
+        agree({k: batched[k][i] for k in one}, one, where=f"client {i}")
 
 
+@pytest.mark.agreement
 def test_beta_zero_is_exactly_fedavg(tiny, tmp_path):
     def run(alg, d):
         return fedrift.run(tiny(algorithm=alg, output={"dir": str(tmp_path / d)}, train={"rounds": 3}))
 
     a = run({"name": "fedavg"}, "a")
     b = run({"name": "feddecorr", "beta": 0.0}, "b")
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     c = run({"name": "feddecorr", "beta": 1.0}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.history[-1]["decorr"] > 0  # the added term, reported per round

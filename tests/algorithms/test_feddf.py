@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -35,12 +36,6 @@ def _data(n=60, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=g)
     return x, x[:, :3].argmax(1)
-
-
-def _assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 # ----------------------------------------------------------------------------------------
@@ -100,6 +95,7 @@ def test_proxy_and_validation_come_from_the_holdout_and_no_client_holds_them(tin
     assert rows and rows <= holdout_rows and not rows & client_rows
 
 
+@pytest.mark.agreement
 def test_proxy_labels_are_never_read():
     apply, params = _mlp()
     x, y = _data(50)
@@ -112,7 +108,7 @@ def test_proxy_labels_are_never_read():
         setup = dataclasses.replace(SETUP, apply=apply, holdout_x=x, holdout_y=labels)
         alg = _alg("feddf", setup, steps=20, eval_every=5, batch_size=8)
         out.append(alg.aggregate({"params": params}, clients, torch.tensor([0.5, 0.5]), RoundInfo(1, 2, (0, 1))))
-    _assert_same(out[0]["params"], out[1]["params"])
+    agree(out[0]["params"], out[1]["params"], BITS)
 
 
 def test_refused_without_holdout_before_anything_is_written(tiny, tmp_path):
@@ -127,15 +123,16 @@ def test_refused_without_holdout_before_anything_is_written(tiny, tmp_path):
 # Teacher, distillation, early stopping
 
 
+@pytest.mark.agreement
 def test_teacher_is_the_mean_of_the_client_softmaxes():
     apply, _ = _mlp()
     clients = [_mlp(seed=s)[1] for s in (1, 2, 3)]
     x, _ = _data(7)
     for T in (1.0, 2.5):
         by_hand = sum(torch.softmax(apply(c, x) / T, dim=-1) for c in clients) / 3
-        torch.testing.assert_close(ensemble_probs(apply, clients, x, T), by_hand)
+        agree(ensemble_probs(apply, clients, x, T), by_hand, where=f"T = {T}")
     # one client at T = 1: its own softmax
-    torch.testing.assert_close(ensemble_probs(apply, clients[:1], x, 1.0), torch.softmax(apply(clients[0], x), -1))
+    agree(ensemble_probs(apply, clients[:1], x, 1.0), torch.softmax(apply(clients[0], x), -1))
 
 
 def _kl(apply, params, teacher, x, T=1.0):
@@ -154,6 +151,7 @@ def test_distillation_moves_the_model_toward_the_teacher():
     assert all(not v.requires_grad for v in out.values())
 
 
+@pytest.mark.agreement
 def test_early_stopping_keeps_the_best_validation_model():
     apply, start = _mlp()
     x, y = _data(80)
@@ -166,11 +164,11 @@ def test_early_stopping_keeps_the_best_validation_model():
     assert steps[0] == 0 and all(b - a == 10 for a, b in zip(steps, steps[1:]))
     best = max(scores)
     assert log["best_step"] == steps[scores.index(best)] > 0
-    assert validation_score(apply, out, val_x, val_y) == best
+    agree(validation_score(apply, out, val_x, val_y), best, BITS)
     # the kept model is the one the run held at best_step: replay exactly that many steps
     replay, _ = distill(apply, start, good, proxy_x, None, None, proxy_batches(50, 16, 0, 1),
                         dataclasses.replace(hp, steps=log["best_step"]))
-    _assert_same(out, replay)
+    agree(out, replay, BITS)
     # stopped after `patience` evaluations without improvement, before the budget
     assert log["steps"] == log["best_step"] + 3 * 10 < 200 or log["steps"] == 200
     # from that good model, a wrong teacher (every label shifted): nothing beats the start,
@@ -187,13 +185,14 @@ def test_early_stopping_keeps_the_best_validation_model():
 # Through the engine
 
 
+@pytest.mark.agreement
 def test_no_steps_is_fedavg_exactly_on_the_same_clients(tiny, tmp_path):
     def go(algorithm, name):
         return fedrift.run(tiny(partition={"holdout": 0.1}, algorithm=algorithm, train={"rounds": 3},
                                 output={"dir": str(tmp_path / name)}))
 
     base, zero = go({"name": "fedavg"}, "a"), go({"name": "feddf", "steps": 0}, "b")
-    _assert_same(base.global_state, zero.global_state)
+    agree(base.global_state, zero.global_state, BITS)
     moved = go({"name": "feddf", "steps": 20, "eval_every": 5, "val_share": 0.0}, "c")
     assert any(not torch.equal(base.global_state[k], moved.global_state[k]) for k in base.global_state)
     for a, b in zip(base.history, moved.history):  # communication is FedAvg's

@@ -1,4 +1,6 @@
+import pytest
 import torch
+from agreement import BITS, agree
 from linear_model import apply
 from linear_model import rand_params as _rand
 
@@ -14,6 +16,7 @@ def _alg(name, setup=SETUP, **hp):
     return make(name, setup, **hp)
 
 
+@pytest.mark.agreement
 def test_local_loss_adds_minus_gr_dot_w_and_the_proximal_term():
     alpha = 0.5
     alg, base = _alg("feddyn", alpha=alpha), _alg("fedavg")
@@ -26,12 +29,12 @@ def test_local_loss_adds_minus_gr_dot_w_and_the_proximal_term():
         return torch.func.grad_and_value(lambda p: a.local_loss(p, batch, payload, ctx, apply), has_aux=True)(w)
 
     (g1, (l1, aux)), (g0, (l0, _)) = loss_and_grad(alg), loss_and_grad(base)
-    for k in w:  # gradient: grad CE - gr_k + alpha (w - w_t)
-        torch.testing.assert_close(g1[k] - g0[k], -gr[k] + alpha * (w[k] - w_t[k]))
+    # gradient: grad CE - gr_k + alpha (w - w_t)
+    agree({k: g1[k] - g0[k] for k in w}, {k: -gr[k] + alpha * (w[k] - w_t[k]) for k in w})
     dot = sum((gr[k] * w[k]).sum() for k in w)
     d2 = sum(((w[k] - w_t[k]) ** 2).sum() for k in w)
-    torch.testing.assert_close(l1, l0 - dot + 0.5 * alpha * d2)
-    torch.testing.assert_close(aux["ce_loss"], l0)
+    agree(l1, l0 - dot + 0.5 * alpha * d2)
+    agree(aux["ce_loss"], l0)
 
 
 def test_client_gradient_state_update_by_hand():
@@ -60,13 +63,13 @@ def test_server_h_and_model_by_hand():
     torch.testing.assert_close(out["params"]["w"], torch.tensor([0.5, 1.0]))
 
 
+@pytest.mark.agreement
 def test_feddyn_alpha_zero_is_exactly_fedavg(tiny, tmp_path):
     train = {"rounds": 3}
     a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train=train, output={"dir": str(tmp_path / "a")}))
     b = fedrift.run(tiny(algorithm={"name": "feddyn", "alpha": 0.0}, train=train, output={"dir": str(tmp_path / "b")}))
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
-    assert [r["train_loss"] for r in a.history] == [r["train_loss"] for r in b.history]
+    agree(a.global_state, b.global_state, BITS)
+    agree([r["train_loss"] for r in a.history], [r["train_loss"] for r in b.history], BITS)
     assert [r["bytes_up"] for r in a.history] == [r["bytes_up"] for r in b.history]  # w_k only
     c = fedrift.run(tiny(algorithm={"name": "feddyn", "alpha": 0.1}, train=train, output={"dir": str(tmp_path / "c")}))
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)

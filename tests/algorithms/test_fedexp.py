@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import ALGORITHMS, make
@@ -45,6 +46,7 @@ def test_extrapolated_step_with_two_clients_by_hand():
     assert torch.equal(alg.broadcast(two, _info(3))["params"]["w"], two["iterate"]["w"])
 
 
+@pytest.mark.agreement
 def test_agreeing_clients_clamp_eta_at_one_and_give_fedavgs_average_bit_for_bit():
     # w_t = [0.2, -0.1], w_1 = [0.3, -0.7], w_2 = [0.25, -0.5]: sum p ||Delta_k||^2 = 0.75 * 0.37 + 0.25 * 0.1625
     # = 0.318125, avg = [0.2875, -0.65], ||Delta||^2 = 0.31015625: ratio 0.51, so eta_g = 1 and the
@@ -58,7 +60,8 @@ def test_agreeing_clients_clamp_eta_at_one_and_give_fedavgs_average_bit_for_bit(
     out, ups = _round(alg, state, 1, *ends)
     s = sum(float(p) * u["sq_norm"]["delta"].item() for p, u in zip(P, ups))
     assert s == pytest.approx(0.318125) and s / (2 * (0.31015625 + 1e-3)) < 1
-    assert torch.equal(out["iterate"]["w"], avg) and torch.equal(out["params"]["w"], avg)
+    agree(out["iterate"]["w"], avg, BITS)
+    agree(out["params"]["w"], avg, BITS)
 
 
 def test_running_statistics_are_averaged_not_extrapolated_nor_counted():
@@ -89,6 +92,7 @@ def _runs(tiny, tmp_path, train, *algorithms):
     return [fedrift.run(tiny(algorithm=a, train=train, output={"dir": str(tmp_path / f"r{i}")})) for i, a in enumerate(algorithms)]
 
 
+@pytest.mark.agreement
 def test_never_extrapolating_is_exactly_fedavg(tiny, tmp_path):
     """One client a round (its ratio is ||D||^2 / (2 (||D||^2 + eps)) < 1) or a huge epsilon:
     eta_g = 1 every round, and without the reported average the run is FedAvg's bit for bit."""
@@ -98,9 +102,8 @@ def test_never_extrapolating_is_exactly_fedavg(tiny, tmp_path):
     c, d, e = _runs(tiny, tmp_path / "three", three, {"name": "fedavg"}, {"name": "fedexp", "average_last": False, "epsilon": 1e9},
                     {"name": "fedexp", "average_last": False})
     for x, y in ((a, b), (c, d)):
-        for k in x.global_state:
-            assert torch.equal(x.global_state[k], y.global_state[k]), k
-        assert [r["test_accuracy"] for r in x.history] == [r["test_accuracy"] for r in y.history]
+        agree(x.global_state, y.global_state, BITS)
+        agree([r["test_accuracy"] for r in x.history], [r["test_accuracy"] for r in y.history], BITS)
     # with the paper's epsilon these three-client rounds do extrapolate
     assert any(not torch.equal(c.global_state[k], e.global_state[k]) for k in c.global_state)
     # the upload is the model and one float32 per client; the broadcast is one model
@@ -108,14 +111,16 @@ def test_never_extrapolating_is_exactly_fedavg(tiny, tmp_path):
     assert [r["bytes_down"] for r in d.history] == [r["bytes_down"] for r in c.history]
 
 
+@pytest.mark.agreement
 def test_the_reported_average_never_enters_training(tiny, tmp_path):
     """The iterates with and without the reported average are the same bits; the reported model
     is (w_3 + w_2) / 2 of those iterates."""
     w3, avg = _runs(tiny, tmp_path, {"rounds": 3}, {"name": "fedexp", "average_last": False}, {"name": "fedexp"})
     w2 = fedrift.run(tiny(algorithm={"name": "fedexp", "average_last": False}, train={"rounds": 2}, output={"dir": str(tmp_path / "two")}))
+    agree(avg.server_state["iterate"], w3.server_state["iterate"], BITS)
+    agree(avg.global_state, {k: 0.5 * (w3.server_state["iterate"][k] + w2.server_state["iterate"][k]) for k in w3.global_state},
+          BITS)
     for k in w3.global_state:
-        assert torch.equal(avg.server_state["iterate"][k], w3.server_state["iterate"][k]), k
-        assert torch.equal(avg.global_state[k], 0.5 * (w3.server_state["iterate"][k] + w2.server_state["iterate"][k])), k
         assert torch.equal(avg.global_state[k], avg.server_state["params"][k])
     final = torch.load(Path(avg.output_dir) / "final_model.pt")
     assert all(torch.equal(final[k], avg.global_state[k]) for k in final)
@@ -128,6 +133,7 @@ def test_privacy_client_level_refuses_the_norm_upload(tiny):
     assert not Path(cfg["output"]["dir"]).exists()
 
 
+@pytest.mark.agreement
 def test_streamed_norms_equal_the_stacked_aggregate_bit_for_bit(tiny):
     """The scalar ||Delta_k||^2 folded into a running sum as clients finish gives the same model
     as the round's uploads stacked whole (engine.accept_failures takes the stacked path)."""
@@ -135,6 +141,5 @@ def test_streamed_norms_equal_the_stacked_aggregate_bit_for_bit(tiny):
     streamed = fedrift.run(cfg)
     stacked = fedrift.run({**cfg, "engine": {"accept_failures": True}, "output": {**cfg["output"], "dir": cfg["output"]["dir"] + "-stacked"}})
     for key in ("params", "iterate"):
-        for k, v in streamed.server_state[key].items():
-            assert torch.equal(v, stacked.server_state[key][k]), (key, k)
+        agree(streamed.server_state[key], stacked.server_state[key], BITS, where=key)
     assert streamed.summary["bytes_up_total"] == stacked.summary["bytes_up_total"]

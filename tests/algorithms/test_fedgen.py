@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.func import grad, stack_module_state, vmap
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -50,6 +51,7 @@ def _assert_same(a, b):
 # Hand-checkable pieces
 
 
+@pytest.mark.agreement
 def test_generator_shapes_and_one_hot_conditioning():
     gen = init_generator(noise_dim=2, num_classes=3, hidden=7, feature_dim=5, seed=0)
     assert {k: tuple(v.shape) for k, v in gen.items()} == {
@@ -66,10 +68,11 @@ def test_generator_shapes_and_one_hot_conditioning():
     W1, b1, W2, b2 = gen["fc1.weight"], gen["fc1.bias"], gen["fc2.weight"], gen["fc2.bias"]
     for i in range(3):
         h = torch.relu(W1[:, :2] @ eps[i] + W1[:, 2 + y[i]] + b1)
-        torch.testing.assert_close(out[i], W2 @ h + b2)
+        agree(out[i], W2 @ h + b2, where=f"sample {i}")
     assert not torch.allclose(out[0], out[1])  # same noise, other label: another output
 
 
+@pytest.mark.agreement
 def test_per_class_ensemble_weighting_by_hand():
     """2 clients, 3 classes: client 0 holds 3/1/0 samples of classes 0/1/2, client 1 1/1/2."""
     counts = torch.tensor([[3.0, 1.0, 0.0], [1.0, 1.0, 2.0]])
@@ -85,8 +88,8 @@ def test_per_class_ensemble_weighting_by_hand():
     gen = init_generator(2, 3, 4, 5, seed=0)
     eps = torch.randn(4, 2, generator=torch.Generator().manual_seed(0))
     loss, parts = generator_loss(gen, eps, y, lambda z: torch.stack([z0, z1]), counts, diversity=0.5)
-    torch.testing.assert_close(parts["ce"], F.cross_entropy(expected, y))
-    torch.testing.assert_close(loss, F.cross_entropy(expected, y) + 0.5 * diversity_loss(eps, generate(gen, eps, y)))
+    agree(parts["ce"], F.cross_entropy(expected, y))
+    agree(loss, F.cross_entropy(expected, y) + 0.5 * diversity_loss(eps, generate(gen, eps, y)))
 
 
 def test_diversity_loss_on_known_vectors():
@@ -106,6 +109,7 @@ def test_diversity_loss_on_known_vectors():
     assert float(diversity_loss(eps, torch.ones(3, 2))) == 1.0
 
 
+@pytest.mark.agreement
 def test_client_term_is_the_head_cross_entropy_on_generated_features():
     apply, params = _mlp()
     gen = init_generator(noise_dim=3, num_classes=3, hidden=8, feature_dim=5, seed=2)
@@ -121,22 +125,23 @@ def test_client_term_is_the_head_cross_entropy_on_generated_features():
     z = generate(gen, noise, y)
     head = z @ params["fc.weight"].T + params["fc.bias"]  # the model's classifier on G's output
     term = alpha * F.cross_entropy(head[:5], y[:5])  # padding weighs 0
-    torch.testing.assert_close(loss, ce + term)
-    torch.testing.assert_close(aux["fedgen_term"], term)
+    agree(loss, ce + term)
+    agree(aux["fedgen_term"], term)
     # G is a constant: only the classifier gets the term's gradient
     grads = grad(lambda p: alg.local_loss(p, batch, {"params": params, "gen": gen}, {}, apply)[0])(params)
     plain = grad(lambda p: _alg("fedavg").local_loss(p, batch, {}, {}, apply)[0])(params)
     for k in params:
         if k.startswith("fc"):
             assert not torch.allclose(grads[k], plain[k]), k
-        else:
-            torch.testing.assert_close(grads[k], plain[k])
+    body = [k for k in params if not k.startswith("fc")]
+    agree({k: grads[k] for k in body}, {k: plain[k] for k in body})
     # no generator in the payload (not trained yet): plain CE, exactly, term reported as 0
     off, aux = alg.local_loss(params, batch, {"params": params}, {}, apply)
-    assert torch.equal(off, _alg("fedavg").local_loss(params, batch, {}, {}, apply)[0])
+    agree(off, _alg("fedavg").local_loss(params, batch, {}, {}, apply)[0], BITS)
     assert float(aux["fedgen_term"]) == 0.0
 
 
+@pytest.mark.agreement
 def test_local_loss_gradient_under_vmap_matches_per_client():
     """The batched executor's rule: vmap(grad(local_loss)) over clients = each client's grad."""
     model = build_model("mlp", MODELS.get("mlp").params(hidden=[5]), (4,), 3, seed=0)
@@ -156,8 +161,7 @@ def test_local_loss_gradient_under_vmap_matches_per_client():
     batched = vmap(grad(loss))(stacked, batches)
     for i in range(2):
         one = grad(loss)({k: v[i].detach() for k, v in stacked.items()}, {k: v[i] for k, v in batches.items()})
-        for k in one:
-            torch.testing.assert_close(batched[k][i], one[k], rtol=1e-5, atol=1e-6)
+        agree({k: batched[k][i] for k in one}, one, where=f"client {i}")
 
 
 def test_generator_draws_follow_the_pooled_label_distribution():
@@ -174,6 +178,7 @@ def test_generator_draws_follow_the_pooled_label_distribution():
     assert not torch.equal(generator_draws(0, 4, 1, 32, 2, counts)[0][0], draws[0][0])
 
 
+@pytest.mark.agreement
 def test_generator_learns_to_fool_the_ensemble():
     """Fixed heads of two clients (3 classes, 5 features): a few hundred Adam steps bring the
     ensemble's cross-entropy on G's samples far below chance (log 3)."""
@@ -182,7 +187,7 @@ def test_generator_learns_to_fool_the_ensemble():
     counts = torch.tensor([[5.0, 5.0, 0.0], [1.0, 5.0, 5.0]])
     heads = client_heads(apply, stack(clients))
     z = torch.randn(3, 5)
-    torch.testing.assert_close(heads(z)[1], apply(clients[1], z, mode="head"))
+    agree(heads(z)[1], apply(clients[1], z, mode="head"))
     gen = init_generator(4, 3, 16, 5, seed=0)
     opt = adam(1e-2)
     draws = generator_draws(0, 1, 300, 32, 4, counts)
@@ -191,6 +196,7 @@ def test_generator_learns_to_fool_the_ensemble():
     assert float(log[0]["ce"]) > 0.8 and float(log[-1]["ce"]) < 0.2
 
 
+@pytest.mark.agreement
 def test_aggregate_averages_the_models_and_trains_the_generator():
     apply, _ = _mlp()
     setup = dataclasses.replace(SETUP, apply=apply)
@@ -204,8 +210,7 @@ def test_aggregate_averages_the_models_and_trains_the_generator():
                      zip(clients, ([4.0, 0.0, 2.0], [1.0, 3.0, 0.0]))])
     p = torch.tensor([0.6, 0.4])
     out = alg.aggregate(state, uploads, p, info)
-    for k in clients[0]:
-        torch.testing.assert_close(out["params"][k], 0.6 * clients[0][k] + 0.4 * clients[1][k])
+    agree(out["params"], {k: 0.6 * clients[0][k] + 0.4 * clients[1][k] for k in clients[0]})
     assert out["gen_trained"] is True and out["gen_opt"]["count"] == 3
     assert not torch.equal(out["gen"]["fc1.weight"], state["gen"]["fc1.weight"])
     payload = alg.broadcast(out, RoundInfo(2, 2, (0, 1)))
@@ -235,12 +240,13 @@ def run(tiny, tmp_path_factory):
     return go
 
 
+@pytest.mark.agreement
 def test_zero_weight_and_no_generator_training_give_fedavg_exactly(run):
     base = run({"name": "fedavg"})
-    _assert_same(base.global_state, run({"name": "fedgen", "alpha": 0.0}).global_state)
-    _assert_same(base.global_state, run({"name": "fedgen", "gen_steps": 0}).global_state)
+    agree(base.global_state, run({"name": "fedgen", "alpha": 0.0}).global_state, BITS)
+    agree(base.global_state, run({"name": "fedgen", "gen_steps": 0}).global_state, BITS)
     # round 1 (untrained G, not sent) is FedAvg too, with a non-zero alpha
-    _assert_same(run({"name": "fedavg"}, rounds=1).global_state, run({"name": "fedgen"}, rounds=1).global_state)
+    agree(run({"name": "fedavg"}, rounds=1).global_state, run({"name": "fedgen"}, rounds=1).global_state, BITS)
     # ... and from round 2 on the term moves the model
     moved = run({"name": "fedgen"})
     assert any(not torch.equal(base.global_state[k], moved.global_state[k]) for k in moved.global_state)

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, stack_module_state, vmap
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -113,6 +114,7 @@ def test_teacher_is_the_parameter_mean_of_the_buffer():
     assert none["teacher"] is models[0] and none["kd_on"] == 0.0
 
 
+@pytest.mark.agreement
 def test_buffer_keeps_the_latest_M_global_models_most_recent_first(run):
     runs = {r: run({"name": "fedgkd", "M": 3}, rounds=r) for r in (1, 3, 4, 5)}
     # after 1 round: fewer than M, [w_1] only: the initial model w_0 is never buffered
@@ -124,12 +126,12 @@ def test_buffer_keeps_the_latest_M_global_models_most_recent_first(run):
     assert list(state["buffer"]) == ["0", "1", "2"]
     assert state["buffer"]["0"] is state["params"]
     for slot, r in (("0", 5), ("1", 4), ("2", 3)):
-        _assert_same(state["buffer"][slot], runs[r].global_state)
+        agree(state["buffer"][slot], runs[r].global_state, BITS, where=f"slot {slot}")
     # buffer_initial: true (fedrift's former buffer): after 1 round [w_1, w_0 = the initial model]
     init = dict(build_model("mlp", MODELS.get("mlp").params(hidden=[32]), (1, 8, 8), 10, seed=0).named_parameters())
     buf = run({"name": "fedgkd", "M": 3, "buffer_initial": True}, rounds=1).server_state["buffer"]
     assert list(buf) == ["0", "1"]
-    _assert_same(buf["0"], runs[1].global_state)
+    agree(buf["0"], runs[1].global_state, BITS)
     _assert_same(buf["1"], {k: v.detach() for k, v in init.items()})
 
 
@@ -155,19 +157,21 @@ def test_round_two_teacher_is_w1_and_w0_only_on_request():
     torch.testing.assert_close(old.broadcast(state, info[3])["teacher"]["fc.bias"], torch.tensor([1 / 3, 1 / 3, -1 / 6]))
 
 
+@pytest.mark.agreement
 def test_round_two_teacher_is_w1_through_the_engine(run):
     """Round 2 distils from w_1 alone whatever M is, so after 2 rounds M=5 is M=1 exactly;
     with w_0 buffered it is not (round 2's teacher is then (w_0 + w_1)/2)."""
     for alg in ({"name": "fedgkd", "gamma": 2.0}, {"name": "fedgkd_vote", "lam": 2.0}):
         five = run({**alg, "M": 5}, rounds=2).global_state
-        _assert_same(run({**alg, "M": 1}, rounds=2).global_state, five)
+        agree(run({**alg, "M": 1}, rounds=2).global_state, five, BITS)
         with_w0 = run({**alg, "M": 5, "buffer_initial": True}, rounds=2).global_state
         assert any(not torch.equal(five[k], with_w0[k]) for k in five)
     held = {"holdout": 0.1}  # Vote's server form too
     five = run({"name": "fedgkd_vote", "lam": 2.0, "M": 5}, rounds=2, partition=held).global_state
-    _assert_same(run({"name": "fedgkd_vote", "lam": 2.0, "M": 1}, rounds=2, partition=held).global_state, five)
+    agree(run({"name": "fedgkd_vote", "lam": 2.0, "M": 1}, rounds=2, partition=held).global_state, five, BITS)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", ["fedgkd", "fedgkd_plus"])
 def test_kd_term_equals_the_formula_by_hand(name):
     apply, student, teacher, batch = _logreg_case()
@@ -177,17 +181,17 @@ def test_kd_term_equals_the_formula_by_hand(name):
     gamma, T = 0.4, 2.0
     alg = _alg(name, gamma=gamma, T=T)
     batch = _with_teacher(alg, payload, batch, apply)
-    torch.testing.assert_close(batch["teacher"]["logits"], zt)
+    agree(batch["teacher"]["logits"], zt)
     loss, aux = alg.local_loss(student, batch, payload, {}, apply)
     expected = (gamma / 2) * T**2 * _kl_by_hand(zt, zs, T)
     assert abs(float(loss - ce) - expected) < 1e-5 and expected > 1e-3
-    torch.testing.assert_close(aux["fedgkd_kd"], loss - ce)
+    agree(aux["fedgkd_kd"], loss - ce)
     # mse: (gamma/2) * mean over samples and classes of (z - z_teacher)^2; no temperature
     loss = _alg(name, gamma=gamma, T=T, kd_loss="mse").local_loss(student, batch, payload, {}, apply)[0]
-    torch.testing.assert_close(loss - ce, (gamma / 2) * ((zs - zt) ** 2).mean())
+    agree(loss - ce, (gamma / 2) * ((zs - zt) ** 2).mean())
     # round 1 (kd_on = 0): plain CE, exactly
     off = alg.local_loss(student, batch, {**payload, "kd_on": 0.0}, {}, apply)[0]
-    assert torch.equal(off, ce)
+    agree(off, ce, BITS)
 
 
 @pytest.mark.parametrize("name", ["fedgkd", "fedgkd_vote"])
@@ -294,6 +298,7 @@ def test_vote_server_weights_by_hand():
     assert abs(float(loss) - ce - kd) < 1e-6 and kd > 1e-3
 
 
+@pytest.mark.agreement
 def test_vote_server_scores_in_chunks_as_a_whole():
     """mean_ce over more rows than one chunk equals cross_entropy over all of them."""
     g = torch.Generator().manual_seed(0)
@@ -301,7 +306,7 @@ def test_vote_server_scores_in_chunks_as_a_whole():
     model = {"fc.weight": torch.randn(3, 2, generator=g), "fc.bias": torch.randn(3, generator=g)}
     got = mean_ce(_server_setup().apply, model, x, y)
     assert got.shape == (1,)
-    torch.testing.assert_close(got[0], F.cross_entropy(_logits(model, x), y))
+    agree(got[0], F.cross_entropy(_logits(model, x), y))
 
 
 def test_vote_server_with_w0_buffered_scores_it_at_the_start():
@@ -322,6 +327,7 @@ def test_vote_loss_form_resolved_and_refused(run):
         run({"name": "fedgkd_vote", "vote_loss": "server"}, rounds=1)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", ["fedgkd", "fedgkd_vote", "fedgkd_vote/server"])
 def test_local_loss_gradient_under_vmap_matches_per_client(name):
     """The batched executor's rule: vmap(grad(local_loss)) over clients = each client's grad."""
@@ -359,8 +365,7 @@ def test_local_loss_gradient_under_vmap_matches_per_client(name):
         b = {"x": batches["x"][i], "y": batches["y"][i], "w": batches["w"][i],
              "teacher": {"logits": batches["teacher"]["logits"][i]}}
         one = grad(loss)(p, b, {k: v[i] for k, v in ctx.items()})
-        for k in p:
-            torch.testing.assert_close(batched[k][i], one[k], rtol=1e-5, atol=1e-6)
+        agree({k: batched[k][i] for k in p}, one, where=f"client {i}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -370,20 +375,22 @@ def test_local_loss_gradient_under_vmap_matches_per_client(name):
 PLUS_MODEL = {"name": "mlp", "hidden": [32], "projection_dim": 16}
 
 
+@pytest.mark.agreement
 def test_no_distillation_in_round_one(run):
     base = run({"name": "fedavg"}, rounds=1)
     # round 1 distils from the untrained initial model: switched off, even with large weights
     for alg in ({"name": "fedgkd", "M": 3}, {"name": "fedgkd", "M": 1, "gamma": 5.0},
                 {"name": "fedgkd_vote", "lam": 5.0}, {"name": "fedgkd", "gamma": 5.0, "buffer_initial": True}):
-        _assert_same(base.global_state, run(alg, rounds=1).global_state)
+        agree(base.global_state, run(alg, rounds=1).global_state, BITS, where=str(alg))
     held = {"holdout": 0.1}
-    _assert_same(run({"name": "fedavg"}, rounds=1, partition=held).global_state,
-                 run({"name": "fedgkd_vote", "lam": 5.0}, rounds=1, partition=held).global_state)
+    agree(run({"name": "fedavg"}, rounds=1, partition=held).global_state,
+          run({"name": "fedgkd_vote", "lam": 5.0}, rounds=1, partition=held).global_state, BITS)
     plus_base = run({"name": "fedavg"}, rounds=1, model=PLUS_MODEL)
     plus = run({"name": "fedgkd_plus", "gamma": 5.0}, rounds=1, model=PLUS_MODEL)
-    _assert_same(plus_base.global_state, plus.global_state)
+    agree(plus_base.global_state, plus.global_state, BITS)
 
 
+@pytest.mark.agreement
 def test_zero_weights_give_fedavg_exactly(run):
     base = run({"name": "fedavg"})
     for alg in (
@@ -392,10 +399,10 @@ def test_zero_weights_give_fedavg_exactly(run):
         {"name": "fedgkd_vote", "lam": 0.0, "M": 2},
         {"name": "fedgkd", "gamma": 0.0, "M": 3, "buffer_initial": True},
     ):
-        _assert_same(base.global_state, run(alg).global_state)
+        agree(base.global_state, run(alg).global_state, BITS, where=str(alg))
     held = {"holdout": 0.1}  # Vote's server form
-    _assert_same(run({"name": "fedavg"}, partition=held).global_state,
-                 run({"name": "fedgkd_vote", "lam": 0.0, "M": 2}, partition=held).global_state)
+    agree(run({"name": "fedavg"}, partition=held).global_state,
+          run({"name": "fedgkd_vote", "lam": 0.0, "M": 2}, partition=held).global_state, BITS)
     # ... and a non-zero weight does move away from FedAvg after round 1
     moved = run({"name": "fedgkd", "M": 3}).global_state
     assert any(not torch.equal(base.global_state[k], moved[k]) for k in moved)
@@ -407,6 +414,7 @@ def _digits_float64(root, options):
     return replace(d, x_train=d.x_train.double(), x_test=d.x_test.double())
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("algorithm", [{"name": "fedgkd", "M": 3}, {"name": "fedgkd_vote", "M": 3}])
 def test_teacher_outputs_cached_or_per_batch_agree(tiny, algorithm):
     """The ``teacher`` hook is per sample: the engine's once-a-round table (large chunks, and
@@ -427,9 +435,8 @@ def test_teacher_outputs_cached_or_per_batch_agree(tiny, algorithm):
     finally:
         torch.set_default_dtype(before)
     cached, per_batch = (r.global_state for r in runs)
-    for k in cached:
-        assert cached[k].dtype == torch.float64
-        torch.testing.assert_close(cached[k], per_batch[k], rtol=0, atol=1e-10)
+    assert all(v.dtype == torch.float64 for v in cached.values())
+    agree(cached, per_batch)
 
 
 # ----------------------------------------------------------------------------------------
@@ -454,6 +461,7 @@ def test_downlink_bytes(run):
         row["clients"] * (n * model_bytes + 4 * n) for row, n in zip(res.history, [1, 1, 2, 3])]
 
 
+@pytest.mark.agreement
 def test_vote_server_form_resumes_to_the_same_bits(tiny, tmp_path, monkeypatch):
     """The server's losses (``vote_losses``) are server state: a checkpoint carries them."""
     from conftest import ctrl_c_in_round
@@ -468,11 +476,12 @@ def test_vote_server_form_resumes_to_the_same_bits(tiny, tmp_path, monkeypatch):
     undo()
     resumed = fedrift.resume(tmp_path / "stopped")
     assert resumed.summary["resumed_from_round"] == 2
-    _assert_same(whole.global_state, resumed.global_state)
-    assert torch.equal(whole.server_state["vote_losses"], resumed.server_state["vote_losses"])
+    agree(whole.global_state, resumed.global_state, BITS)
+    agree(whole.server_state["vote_losses"], resumed.server_state["vote_losses"], BITS)
     assert whole.server_state["vote_losses"].shape == (2,)
 
 
+@pytest.mark.agreement
 def test_vote_client_form_batched_equals_sequential(tiny, tmp_path):
     """The client form's executors (algorithm_cases runs Vote in its server form)."""
     results = [fedrift.run(tiny(algorithm={"name": "fedgkd_vote", "M": 2, "lam": 0.5, "vote_loss": "client"},
@@ -480,8 +489,7 @@ def test_vote_client_form_batched_equals_sequential(tiny, tmp_path):
                                 output={"dir": str(tmp_path / ex)}))
                for ex in ("sequential", "batched")]
     seq, bat = (r.global_state for r in results)
-    for k in seq:
-        torch.testing.assert_close(seq[k], bat[k], rtol=1e-4, atol=1e-5)
+    agree(seq, bat)
     assert results[0].history[-1]["fedgkd_kd"] > 0
 
 
@@ -496,6 +504,7 @@ PROJ_CASES = [
 ]
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name,opts,shape,width", PROJ_CASES, ids=[c[0] for c in PROJ_CASES])
 def test_projection_head_option(name, opts, shape, width):
     params_cls = MODELS.get(name).params
@@ -514,8 +523,8 @@ def test_projection_head_option(name, opts, shape, width):
     backbone = {k: v for k, v in model.named_parameters() if not k.startswith(("proj", "fc"))}
     head = {"fc.weight": plain.fc.weight, "fc.bias": plain.fc.bias}
     rep = functional_call(plain, {**backbone, **head}, (x,), {"mode": "features"}, strict=True)
-    torch.testing.assert_close(h, model.proj(rep))
-    torch.testing.assert_close(logits, model.fc(h))
+    agree(h, model.proj(rep))
+    agree(logits, model.fc(h))
 
 
 def test_fedgkd_plus_runs_with_a_projection_head_and_refuses_without(run):

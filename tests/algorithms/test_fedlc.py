@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from torch.func import grad, vmap
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -23,6 +24,7 @@ def test_margins_by_hand():
     assert torch.equal(m, torch.tensor([1.0, 2.0, float("inf")]))
 
 
+@pytest.mark.agreement
 def test_calibrated_ce_by_hand():
     z = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 5.0]])
     y = torch.tensor([0, 1])
@@ -37,9 +39,10 @@ def test_calibrated_ce_by_hand():
     counts = torch.tensor([16.0, 1.0, 81.0])  # 81^(-1/4) = 1/3
     cal = z - 0.5 * torch.tensor([0.5, 1.0, 1.0 / 3.0])
     expected = -(torch.log_softmax(cal, -1)[torch.arange(2), y] * w).sum()
-    torch.testing.assert_close(calibrated_ce(z, y, w, counts, 0.5), expected)
+    agree(calibrated_ce(z, y, w, counts, 0.5), expected)
 
 
+@pytest.mark.agreement
 def test_absent_class_gets_no_gradient_and_padding_stays_finite():
     z = torch.tensor([[1.0, 2.0, 3.0], [4.0, -1.0, 0.0]], requires_grad=True)
     counts = torch.tensor([2.0, 1.0, 0.0])
@@ -49,9 +52,10 @@ def test_absent_class_gets_no_gradient_and_padding_stays_finite():
     assert torch.isfinite(loss) and torch.isfinite(g).all()
     assert torch.equal(g[:, 2], torch.zeros(2)) and torch.equal(g[1], torch.zeros(3))
     one = calibrated_ce(z[:1], torch.tensor([1]), torch.tensor([1.0]), counts, 1.0)
-    assert torch.equal(loss, one)
+    agree(loss, one, BITS)
 
 
+@pytest.mark.agreement
 def test_gradient_under_vmap_matches_per_client():
     model = build_model("logreg", None, (2,), 3, seed=0)
     apply = make_apply(model, {})
@@ -68,18 +72,17 @@ def test_gradient_under_vmap_matches_per_client():
     batched = vmap(grad(loss))(stacked, b, ctx)
     for i in range(2):
         one = grad(loss)({k: v[i] for k, v in stacked.items()}, batch, {"label_counts": ctx["label_counts"][i]})
-        for k in one:
-            torch.testing.assert_close(batched[k][i], one[k])
+        agree({k: batched[k][i] for k in one}, one, where=f"client {i}")
 
 
+@pytest.mark.agreement
 def test_tau_zero_is_exactly_fedavg(tiny, tmp_path):
     def run(alg, d):
         return fedrift.run(tiny(algorithm=alg, output={"dir": str(tmp_path / d)}, train={"rounds": 3}))
 
     a = run({"name": "fedavg"}, "a")
     b = run({"name": "fedlc", "tau": 0.0}, "b")
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     c = run({"name": "fedlc"}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.summary["final_accuracy"] > 0.3

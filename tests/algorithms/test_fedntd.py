@@ -2,8 +2,10 @@
 
 import math
 
+import pytest
 import torch
 from torch.func import grad, vmap
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -37,6 +39,7 @@ def test_not_true_drops_the_label_column_and_keeps_the_order():
     assert torch.isfinite(not_true(big, torch.tensor([1]))).all()
 
 
+@pytest.mark.agreement
 def test_not_true_distillation_by_hand():
     """4 classes, 2 samples, T = 2: the not-true distributions written out."""
     zs = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]])
@@ -53,12 +56,13 @@ def test_not_true_distillation_by_hand():
     # the true class plays no part: changing it in either logit table changes nothing
     zs2, zg2 = zs.clone(), zg.clone()
     zs2[0, 2], zg2[1, 0] = -7.0, 9.0
-    assert torch.equal(not_true_distillation(zs2, zg2, y, w, T), got)
+    agree(not_true_distillation(zs2, zg2, y, w, T), got, BITS)
     # no gradient reaches the true-class logit through the distillation term
     g = grad(lambda s: not_true_distillation(s, zg, y, w, T))(zs)
     assert g[0, 2] == 0 and g[1, 0] == 0 and g.abs().sum() > 0
 
 
+@pytest.mark.agreement
 def test_local_loss_is_ce_plus_beta_T2_kl_and_the_teacher_is_the_global_model():
     model = build_model("logreg", None, (3,), 4, seed=0)
     apply = make_apply(model, {})
@@ -70,7 +74,7 @@ def test_local_loss_is_ce_plus_beta_T2_kl_and_the_teacher_is_the_global_model():
     beta, T = 0.7, 1.5
     alg = _alg("fedntd", beta=beta, T=T)
     teacher = alg.teacher(payload, batch["x"], apply)
-    torch.testing.assert_close(teacher["logits"], apply(w_t, batch["x"]))
+    agree(teacher["logits"], apply(w_t, batch["x"]))
     batch = {**batch, "teacher": teacher}
     loss, aux = alg.local_loss(student, batch, payload, {}, apply)
     ce = _alg("fedavg").local_loss(student, batch, payload, {}, apply)[0]
@@ -80,12 +84,13 @@ def test_local_loss_is_ce_plus_beta_T2_kl_and_the_teacher_is_the_global_model():
         keep = [c for c in range(4) if c != yi]
         kd += 0.2 * _kl(_softmax([float(zg[i, c]) for c in keep], T), _softmax([float(zs[i, c]) for c in keep], T))
     assert abs(float(loss - ce) - beta * T**2 * kd) < 1e-5 and kd > 1e-3
-    torch.testing.assert_close(aux["fedntd_kd"], loss - ce)
+    agree(aux["fedntd_kd"], loss - ce)
     # the teacher logits are constants
     gt = grad(lambda t: alg.local_loss(student, {**batch, "teacher": {"logits": t}}, payload, {}, apply)[0])(zg)
     assert torch.equal(gt, torch.zeros_like(zg))
 
 
+@pytest.mark.agreement
 def test_local_loss_gradient_under_vmap_matches_per_client():
     model = build_model("mlp", MODELS.get("mlp").params(hidden=[8]), (3,), 4, seed=0)
     apply = make_apply(model, {})
@@ -105,18 +110,17 @@ def test_local_loss_gradient_under_vmap_matches_per_client():
     for i in range(2):
         one = grad(loss)({k: v[i] for k, v in stacked.items()},
                          {"x": b["x"][i], "y": b["y"][i], "w": b["w"][i], "teacher": {"logits": b["teacher"]["logits"][i]}})
-        for k in one:
-            torch.testing.assert_close(batched[k][i], one[k], rtol=1e-5, atol=1e-6)
+        agree({k: batched[k][i] for k in one}, one, where=f"client {i}")
 
 
+@pytest.mark.agreement
 def test_beta_zero_is_exactly_fedavg(tiny, tmp_path):
     def run(alg, d):
         return fedrift.run(tiny(algorithm=alg, output={"dir": str(tmp_path / d)}, train={"rounds": 3}))
 
     a = run({"name": "fedavg"}, "a")
     b = run({"name": "fedntd", "beta": 0.0, "T": 3.0}, "b")
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     c = run({"name": "fedntd"}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.history[-1]["fedntd_kd"] > 0

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from agreement import agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -22,6 +23,7 @@ def _model():
     return make_apply(model, {}), {k: v.detach() for k, v in model.named_parameters()}
 
 
+@pytest.mark.agreement
 def test_loss_adds_lam_times_mean_squared_distance_to_known_prototypes():
     apply, params = _model()
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
@@ -33,9 +35,10 @@ def test_loss_adds_lam_times_mean_squared_distance_to_known_prototypes():
     without, _ = _alg(lam=0.0).local_loss(params, batch, payload, {}, apply)
     h = apply(params, x, mode="features")
     expected = 0.5 * ((h[0] - protos[0]).pow(2).mean() + (h[2] - protos[2]).pow(2).mean()) / 3
-    torch.testing.assert_close(with_p - without, expected)
+    agree(with_p - without, expected)
 
 
+@pytest.mark.agreement
 def test_client_prototypes_are_feature_means_and_server_weights_by_counts():
     apply, params = _model()
     alg = _alg()
@@ -43,8 +46,8 @@ def test_client_prototypes_are_feature_means_and_server_weights_by_counts():
     y = torch.tensor([1, 1, 0, 1])
     out = alg.client_end({}, params, {}, ClientData(x, y), apply)
     h = apply(params, x, mode="features")
-    torch.testing.assert_close(out["protos"][1], h[[0, 1, 3]].mean(0))
-    torch.testing.assert_close(out["protos"][0], h[2])
+    agree(out["protos"][1], h[[0, 1, 3]].mean(0))
+    agree(out["protos"][0], h[2])
     state = alg.init_server(params)
     uploads = {"protos": torch.stack([torch.ones(3, 8), 3 * torch.ones(3, 8)]),
                "counts": torch.tensor([[1.0, 0.0, 0.0], [1.0, 2.0, 0.0]])}

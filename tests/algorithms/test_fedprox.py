@@ -1,4 +1,6 @@
+import pytest
 import torch
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -13,6 +15,7 @@ def _alg(name, **hp):
     return make(name, SETUP, **hp)
 
 
+@pytest.mark.agreement
 def test_proximal_gradient_is_mu_times_distance_to_global():
     model = build_model("logreg", None, (4,), 3, seed=0)
     apply = make_apply(model, {})
@@ -26,19 +29,18 @@ def test_proximal_gradient_is_mu_times_distance_to_global():
         return torch.func.grad(lambda p: alg.local_loss(p, batch, payload, {}, apply)[0])(params)
 
     base, prox = grads(_alg("fedavg")), grads(_alg("fedprox", mu=0.5))
-    for k in params:
-        torch.testing.assert_close(prox[k] - base[k], 0.5 * (params[k] - anchor[k]))
+    agree({k: prox[k] - base[k] for k in params}, {k: 0.5 * (params[k] - anchor[k]) for k in params})
     # and the loss value itself: CE + (mu/2) ||w - w_t||^2
     d2 = sum(((params[k] - anchor[k]) ** 2).sum() for k in params)
     l0 = _alg("fedavg").local_loss(params, batch, payload, {}, apply)[0]
     l1 = _alg("fedprox", mu=0.5).local_loss(params, batch, payload, {}, apply)[0]
-    torch.testing.assert_close(l1 - l0, 0.25 * d2)
+    agree(l1 - l0, 0.25 * d2)
 
 
+@pytest.mark.agreement
 def test_fedprox_with_mu_zero_is_exactly_fedavg(tiny, tmp_path):
     a = fedrift.run(tiny(algorithm={"name": "fedavg"}, output={"dir": str(tmp_path / "a")}, train={"rounds": 3}))
     b = fedrift.run(tiny(algorithm={"name": "fedprox", "mu": 0.0}, output={"dir": str(tmp_path / "b")}, train={"rounds": 3}))
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     c = fedrift.run(tiny(algorithm={"name": "fedprox", "mu": 0.5}, output={"dir": str(tmp_path / "c")}, train={"rounds": 3}))
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)

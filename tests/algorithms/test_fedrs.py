@@ -2,8 +2,10 @@
 
 import math
 
+import pytest
 import torch
 from torch.func import grad, vmap
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -59,6 +61,7 @@ def test_loss_by_hand():
     torch.testing.assert_close(g["fc.bias"][1], torch.tensor(0.4 * (0.25 * p0 + 0.75 * p1)))
 
 
+@pytest.mark.agreement
 def test_gradient_under_vmap_matches_per_client():
     """Each client's own label counts, stacked as the batched executor stacks ctx."""
     apply, params, batch = _case()
@@ -73,17 +76,16 @@ def test_gradient_under_vmap_matches_per_client():
     batched = vmap(grad(loss))(stacked, b, ctx)
     for i in range(2):
         one = grad(loss)({k: v[i] for k, v in stacked.items()}, batch, {"label_counts": ctx["label_counts"][i]})
-        for k in one:
-            torch.testing.assert_close(batched[k][i], one[k])
+        agree({k: batched[k][i] for k in one}, one, where=f"client {i}")
 
 
+@pytest.mark.agreement
 def test_alpha_one_is_exactly_fedavg(tiny, tmp_path):
     def run(alg, d):
         return fedrift.run(tiny(algorithm=alg, output={"dir": str(tmp_path / d)}, train={"rounds": 3}))
 
     a = run({"name": "fedavg"}, "a")
     b = run({"name": "fedrs", "alpha": 1.0}, "b")
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     c = run({"name": "fedrs"}, "c")  # dirichlet 0.5 over 10 digits: clients lack classes
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)

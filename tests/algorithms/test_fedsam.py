@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.func import grad, vmap
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -81,6 +82,7 @@ def _two_step(apply, params, batch, rho, eta=None):
     return dict(zip(shifted, torch.autograd.grad(ce(shifted), list(shifted.values()))))
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name,hp,eta", [("fedsam", {"rho": 0.2}, None), ("fedasam", {"rho": 0.7, "eta": 0.1}, 0.1)])
 def test_gradient_is_taken_at_the_perturbed_point(name, hp, eta):
     apply, params, batch = _case()
@@ -90,20 +92,22 @@ def test_gradient_is_taken_at_the_perturbed_point(name, hp, eta):
     functional = grad(lambda p: alg.local_loss(p, batch, {}, {}, apply)[0])(params)
     eager, _ = autograd_grad_and_value(lambda p: alg.local_loss(p, batch, {}, {}, apply))(params)
     plain = grad(lambda p: _alg("fedavg").local_loss(p, batch, {}, {}, apply)[0])(params)
+    agree(functional, expected)
+    agree(eager, expected)
     for k in params:
-        torch.testing.assert_close(functional[k], expected[k])
-        torch.testing.assert_close(eager[k], expected[k])
         assert (functional[k] - plain[k]).abs().max() > 1e-4  # the perturbation matters here
 
 
+@pytest.mark.agreement
 def test_objective_is_the_plain_loss():
     apply, params, batch = _case()
     alg = _alg("fedsam", rho=0.5)
     plain = _alg("fedavg").local_loss(params, batch, {}, {}, apply)[0]
-    assert torch.equal(alg.objective(params, batch, {}, {}, apply)[0], plain)
+    agree(alg.objective(params, batch, {}, {}, apply)[0], plain, BITS)
     assert not torch.equal(alg.local_loss(params, batch, {}, {}, apply)[0], plain)  # L(w + e)
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name,hp", [("fedsam", {"rho": 0.2}), ("fedasam", {"rho": 0.7, "eta": 0.1})])
 def test_nested_gradient_under_vmap_matches_per_client(name, hp):
     """The batched executor's form: vmap over clients of grad of a loss that takes a grad."""
@@ -119,10 +123,10 @@ def test_nested_gradient_under_vmap_matches_per_client(name, hp):
     batched = vmap(grad(loss))(stacked, b)
     for i in range(2):
         one = grad(loss)({k: v[i] for k, v in stacked.items()}, {k: v[i] for k, v in b.items()})
-        for k in one:
-            torch.testing.assert_close(batched[k][i], one[k])
+        agree({k: batched[k][i] for k in one}, one, where=f"client {i}")
 
 
+@pytest.mark.agreement
 @pytest.mark.parametrize("name", ["fedsam", "fedasam"])
 def test_rho_zero_is_exactly_fedavg(tiny, tmp_path, name):
     def run(alg, d):
@@ -130,8 +134,7 @@ def test_rho_zero_is_exactly_fedavg(tiny, tmp_path, name):
 
     a = run({"name": "fedavg"}, "a")
     b = run({"name": name, "rho": 0.0}, "b")
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     c = run({"name": name}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
 

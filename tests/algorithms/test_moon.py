@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 from torch.func import grad, vmap
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -64,13 +65,14 @@ def _cos(a, b):
     return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
+@pytest.mark.agreement
 def test_local_loss_is_ce_plus_mu_l_con_with_r_glob_from_the_teacher_and_r_prev_from_the_state():
     apply, w_t, student, prev, batch = _case()
     mu, T = 0.7, 0.5
     alg = _alg("moon", mu=mu, T=T)
     payload = {"params": w_t}
     teacher = alg.teacher(payload, batch["x"], apply)
-    torch.testing.assert_close(teacher["features"], apply(w_t, batch["x"], mode="features"))
+    agree(teacher["features"], apply(w_t, batch["x"], mode="features"))
     batch = {**batch, "teacher": teacher}
     ctx = {"prev": prev}
     loss, aux = alg.local_loss(student, batch, payload, ctx, apply)
@@ -81,7 +83,7 @@ def test_local_loss_is_ce_plus_mu_l_con_with_r_glob_from_the_teacher_and_r_prev_
         sg, sp = _cos(r[i], rg[i]), _cos(r[i], rp[i])
         con += 0.2 * -math.log(math.exp(sg / T) / (math.exp(sg / T) + math.exp(sp / T)))
     assert abs(float(loss - ce) - mu * con) < 1e-5 and con > 0.1
-    torch.testing.assert_close(aux["moon_con"], loss - ce)
+    agree(aux["moon_con"], loss - ce)
     # neither the previous model nor the global features get a gradient
     g_prev = grad(lambda p: alg.local_loss(student, batch, payload, {"prev": p}, apply)[0])(prev)
     assert all(torch.equal(v, torch.zeros_like(v)) for v in g_prev.values())
@@ -90,6 +92,7 @@ def test_local_loss_is_ce_plus_mu_l_con_with_r_glob_from_the_teacher_and_r_prev_
     assert torch.equal(g_glob, torch.zeros_like(feats))
 
 
+@pytest.mark.agreement
 def test_at_first_participation_the_term_is_log2_and_pulls_nowhere():
     """prev = global model: r_prev = r_glob, so l_con = log 2 and its gradient is 0."""
     apply, w_t, student, _, batch = _case()
@@ -100,8 +103,7 @@ def test_at_first_participation_the_term_is_log2_and_pulls_nowhere():
     assert abs(float(aux["moon_con"]) - math.log(2)) < 1e-6
     g = grad(lambda p: alg.local_loss(p, batch, payload, {"prev": w_t}, apply)[0])(student)
     g_avg = grad(lambda p: _alg("fedavg").local_loss(p, batch, payload, {}, apply)[0])(student)
-    for k in g:
-        torch.testing.assert_close(g[k], g_avg[k], rtol=1e-5, atol=1e-7)
+    agree(g, g_avg)
 
 
 def test_client_state_is_the_previous_local_model_and_the_global_model_at_first():
@@ -122,6 +124,7 @@ def test_client_state_is_the_previous_local_model_and_the_global_model_at_first(
     assert ctx["prev"] is end
 
 
+@pytest.mark.agreement
 def test_gradient_under_vmap_matches_per_client():
     apply, w_t, s1, s2, batch = _case()
     _, _, p1, p2, _ = _case(seed=2)
@@ -140,8 +143,7 @@ def test_gradient_under_vmap_matches_per_client():
         one = grad(loss)({k: v[i] for k, v in stacked.items()},
                          {"x": b["x"][i], "y": b["y"][i], "w": b["w"][i], "teacher": {"features": b["teacher"]["features"][i]}},
                          {"prev": {k: v[i] for k, v in ctx["prev"].items()}})
-        for k in one:
-            torch.testing.assert_close(batched[k][i], one[k], rtol=1e-5, atol=1e-6)
+        agree({k: batched[k][i] for k in one}, one, where=f"client {i}")
 
 
 def test_refuses_a_model_without_a_projection_head(tiny, tmp_path):
@@ -155,14 +157,14 @@ def test_refuses_a_model_without_a_projection_head(tiny, tmp_path):
     assert not out.exists()  # refused before anything was written
 
 
+@pytest.mark.agreement
 def test_mu_zero_is_exactly_fedavg_on_the_same_model(tiny, tmp_path):
     def run(alg, d):
         return fedrift.run(tiny(algorithm=alg, model=PROJ_MODEL, output={"dir": str(tmp_path / d)}, train={"rounds": 3}))
 
     a = run({"name": "fedavg"}, "a")
     b = run({"name": "moon", "mu": 0.0, "T": 0.1}, "b")
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     c = run({"name": "moon"}, "c")
     assert any(not torch.equal(a.global_state[k], c.global_state[k]) for k in a.global_state)
     assert c.history[-1]["moon_con"] > 0

@@ -1,6 +1,8 @@
 import dataclasses
 
+import pytest
 import torch
+from agreement import BITS, agree
 from linear_model import apply
 from linear_model import rand_params as _rand
 
@@ -40,6 +42,7 @@ def test_corrected_gradient_by_hand():
     assert list(fresh) == ["control"] and torch.equal(fresh["control"]["w"], torch.zeros(3))
 
 
+@pytest.mark.agreement
 def test_one_local_step_is_w_minus_eta_corrected_gradient():
     # with weight decay and clipping: clip(g) + wd w is the data gradient, then - c_k + c
     wd, clip = 0.01, 0.5
@@ -53,9 +56,7 @@ def test_one_local_step_is_w_minus_eta_corrected_gradient():
     norm = torch.sqrt(sum((v ** 2).sum() for v in g.values()))
     factor = min(1.0, clip / (norm.item() + 1e-6))
     assert factor < 1.0  # the clip is active here
-    for k in w:
-        expected = w[k] - ETA * (factor * g[k] + wd * w[k] - c_k[k] + c[k])
-        torch.testing.assert_close(new[k], expected)
+    agree(new, {k: w[k] - ETA * (factor * g[k] + wd * w[k] - c_k[k] + c[k]) for k in w})
 
 
 def test_control_update_by_hand():
@@ -70,6 +71,7 @@ def test_control_update_by_hand():
     torch.testing.assert_close(upload["params"]["w"], torch.tensor([0.8, 2.4]))
 
 
+@pytest.mark.agreement
 def test_new_client_control_is_the_mean_raw_gradient_along_the_path():
     # w_k = w_t - eta sum_s (g_s - c_k + c), so c_k+ = c_k - c + mean_s (g_s - c_k + c) = mean_s g_s
     alg = _alg("scaffold")
@@ -83,10 +85,10 @@ def test_new_client_control_is_the_mean_raw_gradient_along_the_path():
         gsum = {k: gsum[k] + g[k] for k in gsum}
         params, opt, _, _ = step(params, opt, b, payload, ctx)
     _, state = alg.client_result(payload, params, ctx)
-    for k in w0:
-        torch.testing.assert_close(state["control"][k], gsum[k] / 4, rtol=1e-4, atol=1e-5)
+    agree(state["control"], {k: gsum[k] / 4 for k in w0})
 
 
+@pytest.mark.agreement
 def test_server_update_by_hand():
     alg = _alg("scaffold", eta_g=0.5)
     state = alg.init_server({"w": torch.tensor([1.0, 1.0])})
@@ -107,16 +109,16 @@ def test_server_update_by_hand():
     p3 = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
     state = {"params": {"w": torch.randn(9, generator=g)}, "control": {"w": torch.zeros(9)}}
     out = _alg("scaffold").aggregate(state, ws, p3, RoundInfo(1, 4, (0, 1, 3)))
-    assert torch.equal(out["params"]["w"], weighted_sum(ws["params"], p3)["w"])
+    agree(out["params"]["w"], weighted_sum(ws["params"], p3)["w"], BITS)
 
 
+@pytest.mark.agreement
 def test_first_round_is_fedavg_without_momentum_then_the_controls_act(tiny, tmp_path):
     # round 1: c = c_k = 0, so the corrected step is plain SGD and the average FedAvg's
     one = {"rounds": 1, "momentum": 0.0}
     a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train=one, output={"dir": str(tmp_path / "a")}))
     b = fedrift.run(tiny(algorithm={"name": "scaffold"}, train=one, output={"dir": str(tmp_path / "b")}))
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     # two models down (w_t, c) and two up (w_k, delta c_k) per client
     assert b.history[0]["bytes_down"] == 2 * a.history[0]["bytes_down"]
     assert b.history[0]["bytes_up"] == 2 * a.history[0]["bytes_up"]

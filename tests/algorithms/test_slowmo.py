@@ -1,4 +1,6 @@
+import pytest
 import torch
+from agreement import BITS, agree
 
 import fedrift
 from fedrift.algorithms import make
@@ -12,6 +14,7 @@ def _alg(name, setup=SETUP, **hp):
     return make(name, setup, **hp)
 
 
+@pytest.mark.agreement
 def test_server_update_is_the_formula_by_hand():
     alg = _alg("slowmo", beta=0.5, alpha=2.0)
     eta, beta, alpha = 0.1, 0.5, 2.0
@@ -27,21 +30,21 @@ def test_server_update_is_the_formula_by_hand():
 
     g = (p[0] * (w_t - w_k[0]) + p[1] * (w_t - w_k[1])) / eta
     m = beta * m_t + g
-    torch.testing.assert_close(out["momentum"]["w"], m)
-    torch.testing.assert_close(out["params"]["w"], w_t - alpha * eta * m)
+    agree(out["momentum"]["w"], m)
+    agree(out["params"]["w"], w_t - alpha * eta * m)
     # the momentum carries into the next round: same clients, same models
     again = alg.aggregate(out, stack([{"params": {"w": w}} for w in w_k]), p, info)
     w1 = w_t - alpha * eta * m
     g1 = (p[0] * (w1 - w_k[0]) + p[1] * (w1 - w_k[1])) / eta
-    torch.testing.assert_close(again["momentum"]["w"], beta * m + g1)
+    agree(again["momentum"]["w"], beta * m + g1)
 
 
+@pytest.mark.agreement
 def test_slowmo_beta_zero_alpha_one_is_exactly_fedavg(tiny, tmp_path):
     train = {"rounds": 3, "momentum": 0.0}
     a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train=train, output={"dir": str(tmp_path / "a")}))
     b = fedrift.run(tiny(algorithm={"name": "slowmo", "beta": 0.0, "alpha": 1.0}, train=train, output={"dir": str(tmp_path / "b")}))
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)
     # one model down and one up per client, as FedAvg
     pbytes = sum(v.numel() * v.element_size() for v in a.global_state.values())
     assert b.history[-1]["bytes_down"] == 3 * pbytes and b.history[-1]["bytes_up"] == 3 * pbytes
@@ -51,6 +54,7 @@ def test_slowmo_beta_zero_alpha_one_is_exactly_fedavg(tiny, tmp_path):
     assert set(c.server_state["momentum"]) == set(c.server_state["params"])
 
 
+@pytest.mark.agreement
 def test_local_momentum_option_is_the_engine_sgd_momentum(tiny, tmp_path):
     # train.momentum is not used by slowmo; its local_momentum is (torch.optim.SGD's rule)
     a = fedrift.run(tiny(algorithm={"name": "fedavg"}, train={"rounds": 2, "momentum": 0.9}, output={"dir": str(tmp_path / "a")}))
@@ -58,5 +62,4 @@ def test_local_momentum_option_is_the_engine_sgd_momentum(tiny, tmp_path):
         tiny(algorithm={"name": "slowmo", "beta": 0.0, "local_momentum": 0.9}, train={"rounds": 2, "momentum": 0.0},
              output={"dir": str(tmp_path / "b")})
     )
-    for k in a.global_state:
-        assert torch.equal(a.global_state[k], b.global_state[k]), k
+    agree(a.global_state, b.global_state, BITS)

@@ -84,6 +84,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.process
 def test_a_wrong_local_loss_return_gets_one_message_under_every_executor(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text(BAD)
