@@ -6,7 +6,9 @@ The ClientApps are forked from a warm process beside each SuperNode, the ServerA
 as test_flower.py's second federation): what fails here is a SuperNode, not a ClientApp start.
 The three runs go to the SuperLink one after another; SuperNode 1 is stopped once both
 training runs have finished round 1. SuperNode 2 reads its ``data-root`` (node config), which an embedded
-dataset refuses: the config-error run.
+dataset refuses: the config-error run. Without processes, on a clock that the waits' sleeps move:
+a wait for runs goes on while they advance and gives up, saying where they stand, once they do
+not; a round that gets no reply names the client it waits on, then fails it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,8 @@ from fedrift.cli import main  # noqa: E402
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
+pytestmark = pytest.mark.process  # a cluster, a federation, a browser or a docs build: left out of make check
+
 CLIENTS = 3
 # The stop lands once both training runs have finished round 1, and each must still be running
 # then; runs submitted together begin training up to several seconds apart (seen: 8 s, two
@@ -37,7 +40,9 @@ CLIENTS = 3
 ROUNDS = 10
 LONGER = 4  # the accept_failures run
 VICTIM = 1  # the SuperNode (and client) stopped after round 1
-WAIT = 900  # seconds a run may take: generous, as the machine may be busy with other tests
+# seconds a run may take: generous, as the machine may be busy with other tests; a wait gives up
+# sooner, saying where each run stands, once no run has advanced for loopback.STALL seconds
+WAIT = 900
 
 
 def _config(root: Path, out: Path, rounds: int = ROUNDS, file: str = "data.npz", **engine) -> dict:
@@ -51,11 +56,6 @@ def _config(root: Path, out: Path, rounds: int = ROUNDS, file: str = "data.npz",
         "train": {"rounds": rounds, "clients_per_round": CLIENTS, "local_epochs": 1, "batch_size": 16, "lr": 0.05},
         "output": {"dir": str(out), "progress": False},
     }
-
-
-def _rows(folder: Path) -> int:
-    path = folder / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +88,7 @@ def failures(tmp_path_factory):
             ids[name] = fed.submit(base / f"app-{name}")
             if name == "permuted":  # alone: four ServerApps starting at once on a loaded machine outlast their tokens
                 fed.wait(ids[name], base / "run-permuted" / "summary.json", timeout=WAIT)
-        deadline = time.monotonic() + WAIT
-        while min(_rows(base / "run-accept"), _rows(base / "run-stop")) < 1:  # both finished round 1
-            assert time.monotonic() < deadline, "round 1 did not finish"
-            time.sleep(0.2)
+        fed.wait_rows({ids[name]: base / f"run-{name}" / "summary.json" for name in ("accept", "stop")}, 1, timeout=WAIT)
         fed.stop_node(VICTIM)
         waited = fed.wait_all({ids[name]: base / f"run-{name}" / "summary.json" for name in ids}, timeout=WAIT)
         entries = {name: waited[ids[name]] for name in ids}
@@ -232,3 +229,98 @@ def test_the_app_keeps_no_checkpoints(tmp_path):
     doc = json.loads(tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
                      ["fedrift-config"])
     assert doc["engine"]["checkpoint_every"] == 0
+
+
+class _Scripted(LoopbackFederation):
+    """A federation (no processes) with one run, ``7``, that finishes a round every ``every``
+    seconds of ``clock`` (what the waits read; their sleeps move it) and completes after
+    ``rounds``; with ``every`` None it stops after round 1, still running, as a run whose
+    reply never comes."""
+
+    def __init__(self, folder: Path, rounds: int, every: float | None, clock: list[float]) -> None:
+        super().__init__(folder, CLIENTS)
+        self.rounds, self.every, self.clock = rounds, every, clock
+        self.done = folder / "run" / "summary.json"
+        self.done.parent.mkdir()
+
+    def flwr_json(self, *args: str) -> dict:
+        if args[0] == "supernode":
+            return {"nodes": [{"status": "online"}] * (CLIENTS - 1)}
+        rows = 1 if self.every is None else min(self.rounds, int(self.clock[0] // self.every))
+        (self.done.parent / "metrics.jsonl").write_text("{}\n" * rows)
+        if rows == self.rounds:
+            self.done.write_text("{}")
+        status = "finished:completed" if rows == self.rounds else "running"
+        return {"runs": [{"run-id": "7", "status": status, "status-details": ""}]}
+
+    def run_log(self, run_id: str) -> str:
+        return f"fedrift: round 1/{self.rounds}: test_accuracy 0.9000, train_loss 0.5\n"
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The clock the waits read (``time.monotonic``), made to move by their sleeps: a wait of
+    minutes takes none."""
+    now = [0.0]
+    monkeypatch.setattr("time.monotonic", lambda: now[0])
+    monkeypatch.setattr("time.sleep", lambda s: now.__setitem__(0, now[0] + s))
+    return now
+
+
+def test_a_wait_goes_on_while_the_rounds_advance(tmp_path, clock):
+    """A loaded machine's run, a round every 200 s: waited for past the stall time (300 s), as
+    long as it advances."""
+    fed = _Scripted(tmp_path, 4, 200.0, clock)
+    assert fed.wait_all({"7": fed.done}, timeout=900, stall=300)["7"]["status"] == "finished:completed"
+    assert 800 <= clock[0] < 815
+
+
+def test_a_wait_gives_up_once_nothing_advances_saying_where_the_run_stands(tmp_path, clock):
+    fed = _Scripted(tmp_path, 4, None, clock)
+    with pytest.raises(TimeoutError) as caught:
+        fed.wait_all({"7": fed.done}, timeout=900, stall=300)
+    assert 300 < clock[0] < 302  # the stall time, not the timeout
+    said = str(caught.value)
+    assert said.startswith("Flower runs 7 did not finish: nothing advanced (rounds, Flower's status) for 300 s")
+    assert "run 7: flwr ls running (no details), 1 round(s) in metrics.jsonl, summary.json not written" in said
+    assert "its log ends:\nfedrift: round 1/4: test_accuracy" in said and said.endswith("SuperNodes online: 2 of 3")
+
+
+def test_a_wait_for_a_round_ends_at_once_if_the_run_finished_before_it(tmp_path, clock):
+    fed = _Scripted(tmp_path, 0, 1.0, clock)  # finished with no round
+    with pytest.raises(TimeoutError, match="did not finish round 1: runs 7 finished first .0 s waited"):
+        fed.wait_rows({"7": fed.done}, 1, timeout=900, stall=300)
+    assert clock[0] == 0
+
+
+def test_a_round_says_whom_it_waits_on_and_fails_them_after_reply_seconds(clock, capsys, monkeypatch):
+    """A reply that never comes (a lost message, a hung device): the ServerApp's log names the
+    client and its SuperNode each minute, and after ``reply-seconds`` the client has failed,
+    left out under accept_failures, else the run stops naming it."""
+    from types import SimpleNamespace
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedrift.deploy.flower import DeviceError, exchange
+
+    for name in ("_task_id", "_run_id", "_node_id"):  # what a ServerApp process has when it makes a Message
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+    class Silent:  # Flower's Grid as exchange uses it: the message goes out, no reply comes back
+        def push_messages(self, msgs):
+            return [f"message{i}" for i, _ in enumerate(msgs)]
+
+        def pull_messages(self, ids):
+            return []
+
+    rnd = SimpleNamespace(t=2, jobs=[SimpleNamespace(client_id=1)], payload={"w": torch.zeros(2)},
+                          fate=SimpleNamespace(work={}))
+    replies, failed, down, up = exchange(Silent(), {1: 11}, rnd, "train", 150.0, accept=True)
+    assert (replies, failed, up) == ({}, [1], 0) and down > 0 and 150 <= clock[0] < 154
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 2 and all(re.fullmatch(r"fedrift: round 2: waited \d+ s for the train replies of clients 1 "
+                                               r"\(SuperNode 11\); up to 150 s \(run config reply-seconds\)", x) for x in said)
+    with pytest.raises(DeviceError, match=r"^round 2: client 1 failed on SuperNode 11: no reply within 150 s "
+                                          r"\(run config reply-seconds\); the run stopped") as caught:
+        exchange(Silent(), {1: 11}, rnd, "train", 150.0, accept=False)
+    assert caught.value.clients == [1]

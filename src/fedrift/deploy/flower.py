@@ -26,12 +26,13 @@ a device (its node config, its data) comes back as such and stops the run as a c
 naming the node; among them a device whose client's data fingerprint (``fedrift.data.
 fingerprint``) differs from the one the app recorded where it was built (rows permuted, another
 version of the files), unless ``data.accept_changed``. The ServerApp's log (``flwr run
---stream``, ``flwr log``) has a line per round, one ``fedrift: error:`` line on failure, and
-the run folder (absolute: a relative ``output.dir`` is the ServerApp's working folder's);
-``flwr ls`` shows the run failed, since Flower's exit code does not. Flower marks a run failed
-only when its ServerApp raises, and logs every such exception with its traceback and an
-exit-code paragraph: both are left out of the run's log by a filter on Flower's logger
-(:func:`_last_words`), so that the log ends with fedrift's lines.
+--stream``, ``flwr log``) has a line per round, a line a minute naming the clients a round
+still waits on, one ``fedrift: error:`` line on failure, and the run folder (absolute: a
+relative ``output.dir`` is the ServerApp's working folder's); ``flwr ls`` shows the run
+failed, since Flower's exit code does not. Flower marks a run failed only when its ServerApp
+raises, and logs every such exception with its traceback and an exit-code paragraph: both are
+left out of the run's log by a filter on Flower's logger (:func:`_last_words`), so that the
+log ends with fedrift's lines.
 
 Importing this module needs ``flwr`` (the ``flower`` extra).
 """
@@ -341,6 +342,7 @@ def discover(grid: Grid, num_clients: int, wait: float) -> dict[int, int]:
 
 
 POLL = (0.25, 3.0)  # seconds between the ServerApp's asks for a round's replies: from, doubling up to
+LATE = 60.0  # seconds a round waits on replies before its log names the clients it waits on (again each such period)
 
 
 def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: float, accept: bool
@@ -368,7 +370,8 @@ def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: fl
         else:
             why[k] = "the SuperLink refused its message (its SuperNode left the federation)"
     replies: dict[int, Message] = {}
-    deadline = time.monotonic() + timeout
+    start = said = time.monotonic()
+    deadline = start + timeout
     pending = set(client_of)
     pause = POLL[0]
     while pending:
@@ -387,6 +390,9 @@ def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: fl
             for mid in pending:
                 why[client_of[mid]] = f"no reply within {timeout:g} s (run config {REPLY_KEY})"
             break
+        if pending and time.monotonic() - said >= LATE:
+            said = time.monotonic()
+            waiting(rnd.t, kind, sorted(client_of[m] for m in pending), nodes, said - start, timeout)
         if pending:  # a reply takes seconds (a ClientApp process starts): ask often first, then less
             time.sleep(pause)
             pause = min(2 * pause, POLL[1])
@@ -399,6 +405,14 @@ def exchange(grid: Grid, nodes: dict[int, int], rnd: Any, kind: str, timeout: fl
         log.warning(f"{what}; left out (engine.accept_failures)")
     up = sum(message_bytes(r) for r in replies.values())
     return replies, sorted(why), down, up
+
+
+def waiting(t: int, kind: str, clients: list[int], nodes: dict[int, int], waited: float, timeout: float) -> None:
+    """A line in the ServerApp's log naming the clients (and SuperNodes) whose replies a round
+    still waits on: a slow round and a lost reply read differently in ``flwr log``."""
+    on = ", ".join(f"{k} (SuperNode {nodes[k]})" for k in clients)
+    say(f"round {t}: waited {waited:.0f} s for the {kind} replies of clients {on}; up to {timeout:g} s "
+        f"(run config {REPLY_KEY})")
 
 
 def failure(reply: Message, node: int) -> str:

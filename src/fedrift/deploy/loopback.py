@@ -21,10 +21,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 _FLWR_CLI = threading.Lock()  # flwr's command line runs in this process (LoopbackFederation.flwr)
 CONNECTION = "fedrift-loopback"  # the SuperLink connection's name in FLWR_HOME/config.toml
+# seconds a wait goes on while no run advances (a round takes seconds here): above Flower's
+# slowest recoveries, a reply whose SuperNode stopped mid-upload failed once its object push
+# session lapses (180 s), a ServerApp start that outlasts its task token (30 s) launched again
+STALL = 300.0
 
 
 def free_port() -> int:
@@ -32,6 +36,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _rows(done: Path | None) -> int:
+    """The rounds a fedrift run has finished: the rows of the metrics.jsonl beside ``done``
+    (its summary.json)."""
+    path = None if done is None else done.parent / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path is not None and path.exists() else 0
+
+
+def _finished(entry: dict[str, Any] | None) -> bool:
+    """Whether a run's ``flwr ls`` entry says it finished (completed, failed or stopped)."""
+    return str((entry or {}).get("status", "")).startswith("finished")
 
 
 def gaussian_blobs(n_train: int, n_test: int, dim: int, classes: int, spread: float, seed: int = 0) -> dict[str, Any]:
@@ -243,31 +259,87 @@ class LoopbackFederation:
 
     def run_ids(self) -> set[str]:
         """The ids of every run the SuperLink knows of (``flwr ls``)."""
-        return {str(r["run-id"]) for r in self.flwr_json("ls", CONNECTION)["runs"]}
+        return set(self._listed())
 
     def wait(self, run_id: str, done: Path | None = None, timeout: float = 300) -> dict[str, Any]:
         """Wait for run ``run_id`` to finish: its ``flwr ls`` entry (see :meth:`wait_all`)."""
         return self.wait_all({run_id: done}, timeout)[run_id]
 
-    def wait_all(self, runs: dict[str, Path | None], timeout: float = 300) -> dict[str, dict[str, Any]]:
+    def wait_all(self, runs: dict[str, Path | None], timeout: float = 300, stall: float = STALL
+                 ) -> dict[str, dict[str, Any]]:
         """Wait for every run of ``runs`` (run id -> a file whose appearance means the run is
         ending, a fedrift run's summary.json, or None) to finish: their ``flwr ls`` entries.
-        The files are watched every 0.2 s; ``flwr ls`` (one for all the runs, under the lock
-        every federation's CLI calls share) is asked every 10 s, and each second once every
-        file is there."""
-        deadline = time.monotonic() + timeout
-        asked = time.monotonic()
-        late = sorted(runs)
-        while time.monotonic() < deadline:
+        It waits while the runs advance (see :meth:`_wait`): a TimeoutError saying each
+        unfinished run's state once nothing has advanced for ``stall`` seconds, or after
+        ``timeout`` seconds in all."""
+        listed = self._wait(runs, lambda k, entry: _finished(entry), "finish", timeout, stall)
+        return {k: listed[k] for k in runs}
+
+    def wait_rows(self, runs: dict[str, Path], rows: int, timeout: float = 300, stall: float = STALL) -> None:
+        """Wait until every run of ``runs`` (run id -> its summary.json, as :meth:`wait_all`)
+        has finished ``rows`` rounds (rows of the metrics.jsonl beside it); gives up as
+        :meth:`wait_all` does."""
+        self._wait(runs, lambda k, entry: _rows(runs[k]) >= rows, f"finish round {rows}", timeout, stall)
+
+    def _wait(self, runs: dict[str, Path | None], reached: Callable[[str, dict[str, Any] | None], bool], what: str,
+              timeout: float, stall: float) -> dict[str, dict[str, Any]]:
+        """Wait until ``reached(run_id, its flwr ls entry)`` holds for every run: the runs'
+        ``flwr ls`` entries. A loaded machine makes a run slow, not still: this waits while any
+        run advances (a row in the metrics.jsonl beside its file, another status in ``flwr
+        ls``), and gives up, with each late run's state (:meth:`_report`), once nothing has for
+        ``stall`` seconds (a lost message, a hung process), after ``timeout`` seconds in all,
+        or at once where a late run has finished (it cannot get there). The files are watched
+        every 0.2 s; ``flwr ls`` (one for all the runs, under the lock every federation's CLI
+        calls share) is asked every 10 s, and each second once every file is there."""
+        start = moved = time.monotonic()
+        asked, listed, seen = float("-inf"), {}, None
+        while True:
             ending = all(done is not None and done.exists() for done in runs.values())
             if ending or time.monotonic() - asked > 10:
-                listed = {str(r["run-id"]): r for r in self.flwr_json("ls", CONNECTION)["runs"]}
-                asked = time.monotonic()
-                late = [k for k in sorted(runs) if not str(listed.get(k, {}).get("status", "")).startswith("finished")]
-                if not late:
-                    return {k: listed[k] for k in runs}
+                listed, asked = self._listed(), time.monotonic()
+            late = [k for k in sorted(runs) if not reached(k, listed.get(k))]
+            if not late:
+                return listed
+            progress = [(str(listed.get(k, {}).get("status")), _rows(done)) for k, done in sorted(runs.items())]
+            now = time.monotonic()
+            if progress != seen:
+                seen, moved = progress, now
+            ended = [k for k in late if _finished(listed.get(k))]
+            if ended or now - moved > stall or now - start > timeout:
+                why = (f"runs {', '.join(ended)} finished first" if ended else
+                       f"nothing advanced (rounds, Flower's status) for {now - moved:.0f} s" if now - moved > stall else
+                       f"not within {timeout:g} s")
+                raise TimeoutError(f"Flower runs {', '.join(late)} did not {what}: {why} ({now - start:.0f} s waited). "
+                                   + self._report({k: runs[k] for k in late}, listed))
             time.sleep(1 if ending else 0.2)
-        raise TimeoutError(f"Flower runs {', '.join(late)} did not finish within {timeout:g} s")
+
+    def _listed(self) -> dict[str, dict[str, Any]]:
+        """Every run's ``flwr ls`` entry, by run id."""
+        return {str(r["run-id"]): r for r in self.flwr_json("ls", CONNECTION)["runs"]}
+
+    def _report(self, runs: dict[str, Path | None], listed: dict[str, dict[str, Any]]) -> str:
+        """Where each run of ``runs`` stands, for a wait that gave up: Flower's status, the
+        rounds it finished, whether its summary.json is written, its log's end; and how many
+        SuperNodes are online."""
+        lines = []
+        for k, done in runs.items():
+            entry = listed.get(k, {})
+            summary = "written" if done is not None and done.exists() else "not written"
+            lines.append(f"run {k}: flwr ls {entry.get('status', 'does not list it')} "
+                         f"({entry.get('status-details') or 'no details'}), {_rows(done)} round(s) in metrics.jsonl, "
+                         f"summary.json {summary}; its log ends:\n{self._tail(k)}")
+        try:
+            online = f"{self.nodes_online()} of {self.clients}"
+        except RuntimeError as err:
+            online = f"unknown ({err})"
+        return "\n".join([*lines, f"SuperNodes online: {online}"])
+
+    def _tail(self, run_id: str, chars: int = 1500) -> str:
+        """The end of a run's log (:meth:`run_log`), or why it cannot be read."""
+        try:
+            return self.run_log(run_id)[-chars:]
+        except RuntimeError as err:
+            return f"(flwr log failed: {err})"
 
     def run(self, app: Path, done: Path | None = None, timeout: float = 300) -> dict[str, Any]:
         """``flwr run app`` and wait for it (see :meth:`wait`)."""
