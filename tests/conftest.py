@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing.process
+import os
 import subprocess
 from pathlib import Path
 
@@ -68,25 +70,39 @@ def pytest_xdist_make_scheduler(config, log):
 # Declared kinds of test (markers in pyproject.toml), each checked as the test runs:
 # - ``agreement``: compares two computations of the same thing with ``agreement.agree``;
 #   ``make test`` runs every one of them again under AVX2's kernels (Makefile).
-# - ``process``: starts a process through ``subprocess`` (a CLI run, a Ray cluster, a Flower
-#   federation, a browser); ``make check``, the inner loop, leaves these out.
+# - ``process``: starts another process (a CLI run, a Ray cluster, a Flower federation, a
+#   browser, a docs build, the processes executor's workers, a compare's pool, inductor's
+#   compiler), or runs the README's and the docs' command lines as a user does; ``make check``,
+#   the inner loop, leaves these out.
 # A test that compares or starts a process without its mark fails, and so does a test marked
 # ``agreement`` that never compares: the marks are the lists, and nobody keeps them by hand.
-_popen_init = subprocess.Popen.__init__
-
-
 class _Started:
-    """Processes started through ``subprocess`` since the running test's set-up began."""
+    """Processes started (``subprocess``, ``multiprocessing``) since the running test's set-up began."""
 
     count = 0
 
 
-def _counted_popen_init(self, *args, **kwargs):
-    _Started.count += 1
-    _popen_init(self, *args, **kwargs)
+PROBES = {"lscpu"}  # programs a library starts to look at the machine (joblib's physical cores, once a process)
 
 
-subprocess.Popen.__init__ = _counted_popen_init
+def _program(args: tuple, kwargs: dict) -> str:
+    """The program a ``subprocess.Popen(...)`` call starts."""
+    cmd = args[0] if args else kwargs.get("args", "")
+    words = cmd.split() if isinstance(cmd, str) else list(cmd)
+    return os.path.basename(str(words[0])) if words else ""
+
+
+def _counting(start, program=lambda args, kwargs: ""):
+    def counted(self, *args, **kwargs):
+        if program(args, kwargs) not in PROBES:
+            _Started.count += 1
+        return start(self, *args, **kwargs)
+
+    return counted
+
+
+subprocess.Popen.__init__ = _counting(subprocess.Popen.__init__, _program)
+multiprocessing.process.BaseProcess.start = _counting(multiprocessing.process.BaseProcess.start)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -113,9 +129,8 @@ def pytest_runtest_call(item):
 def pytest_runtest_teardown(item, nextitem):
     result = yield
     if _Started.count and item.get_closest_marker("process") is None:
-        raise AssertionError(f"this test started {_Started.count} process(es) through subprocess but is not "
-                             "marked @pytest.mark.process: make check (no servers, clusters or CLI processes) "
-                             "would run it")
+        raise AssertionError(f"this test started {_Started.count} process(es) but is not marked "
+                             "@pytest.mark.process: make check, which runs in the test process, would run it")
     return result
 
 

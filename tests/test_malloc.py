@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # 4 blocks of 16 MiB touched, freed, again, 20 times; prints the setting's outcome and the
 # minor page faults the loop took (64 MiB is 16,384 pages of 4 KiB). IMPORT: the package as a
 # user imports it, or (cheaper: no torch) the module file alone.

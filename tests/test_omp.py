@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SHOW = "import fedrift, os, torch; print(os.environ['OMP_WAIT_POLICY'])"
 
 

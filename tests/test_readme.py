@@ -8,11 +8,15 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 
-from fedrift.cli import main
+import pytest
+
 from readme_commands import README, ROOT, code_blocks, doc_pages, run_commands, shell_commands, workspace
 
 
+@pytest.mark.process  # the README's command lines as a user runs them: CLI runs, end to end
 def test_every_readme_command(capsys, tmp_path, monkeypatch):
     """The README's commands that no docs page shows; those a page shows as well (the same
     words) tests/docs/test_docs_commands.py runs there, once."""
@@ -48,9 +52,10 @@ def _worked_example_shown(text: str) -> re.Match | None:
                      r"results in (\S+)$", text, re.M)
 
 
-def test_the_worked_example_prints_what_the_readme_shows(capsys, tmp_path, monkeypatch):
+@pytest.mark.process
+def test_the_worked_example_prints_what_the_readme_shows(tmp_path):
     """The README's printed line of the worked example (and Getting started's, the same),
-    run as written: the same accuracies within five test images of mnist5k's 1,000 (0.005:
+    run as written (the command, in a process of its own): the same accuracies within five test images of mnist5k's 1,000 (0.005:
     another CPU's kernels round differently, and 30 rounds of training carry that on: the
     README's line is from an AVX2 EPYC, whose 0.9220 final was 0.9190 on an AVX-512 Xeon),
     the folder."""
@@ -58,10 +63,11 @@ def test_the_worked_example_prints_what_the_readme_shows(capsys, tmp_path, monke
     assert shown, "the worked example's printed lines are not in README.md"
     again = _worked_example_shown((ROOT / "docs" / "getting-started.md").read_text())
     assert again and again.group(0) == shown.group(0), "Getting started shows another output than the README"
-    monkeypatch.chdir(tmp_path)
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    assert main(["run", "-c", "examples/demo.yaml", "output.progress=false"]) == 0
-    out = capsys.readouterr().out
+    proc = subprocess.run([sys.executable, "-m", "fedrift.cli", "run", "-c", "examples/demo.yaml", "output.progress=false"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-3000:]
     got = re.search(r"final accuracy ([0-9.]+), best ([0-9.]+) \(round \d+\)", out)
     assert abs(float(got.group(1)) - float(shown.group(1))) <= 0.005 + 1e-9, out
     assert abs(float(got.group(2)) - float(shown.group(2))) <= 0.005 + 1e-9, out

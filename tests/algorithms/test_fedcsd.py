@@ -516,6 +516,7 @@ def test_released_exchanges_no_prototypes(tiny, tmp_path):
         assert 0.0 <= q["fedcsd_mask_filtered"] <= 1.0
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 def test_released_under_every_executor(tiny, tmp_path):
     """processes: bit for bit with sequential (one thread); batched: to float rounding

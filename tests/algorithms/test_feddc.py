@@ -266,6 +266,7 @@ def test_checkpoint_and_resume_give_the_same_bits(tiny, tmp_path, drift_mean):
     agree(untimed(resumed.history), untimed(ref.history), BITS)
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 def test_drift_mean_sampled_executors_agree(tiny, tmp_path):
     """The streamed form (algorithm_cases covers ``all``): processes equal sequential bit for

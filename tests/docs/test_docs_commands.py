@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from readme_commands import ROOT, code_blocks, doc_pages, run_commands, shell_commands, workspace
 
 TUTORIALS = ROOT / "docs" / "tutorials"
 
 
+@pytest.mark.process
 def test_every_docs_command(capsys, tmp_path, monkeypatch):
     work = workspace(tmp_path, monkeypatch)
     makefile = (ROOT / "Makefile").read_text()

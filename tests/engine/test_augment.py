@@ -72,6 +72,7 @@ def _npz(tmp_path):
     return str(tmp_path)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedgkd", "M": 2}])
 def test_every_executor_trains_on_the_same_augmented_batches(tiny, tmp_path, algorithm):
     """uint8 images, augmented: processes equals sequential bit for bit (same operations in

@@ -43,6 +43,7 @@ def _stats(state: dict) -> dict:
     return {k: v for k, v in state.items() if k.endswith(("running_mean", "running_var"))}
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 @pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "moon", "mu": 1.0}])
 def test_executors_agree_and_statistics_travel(tiny, tmp_path, algorithm):
@@ -220,6 +221,7 @@ def test_checkpoint_and_resume_carry_statistics_exactly(tiny, tmp_path):
     agree(untimed(ref.history), untimed(resumed.history), BITS)
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 def test_the_cnn_with_batchnorm_keeps_every_layers_statistics_and_executors_agree(tiny, tmp_path):
     """``cnn`` with ``norm: batch`` (FedBN's model on workload D): BatchNorm after both

@@ -94,6 +94,7 @@ def _ends_as_reference(reference, resumed, run_dir):
     assert not (run_dir / "checkpoint").exists()  # a finished run keeps no checkpoint
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 @pytest.mark.parametrize("name", list(CASES))
 def test_killed_sequential_run_resumes_to_the_same_bits(tiny, tmp_path, name):
@@ -146,6 +147,7 @@ def _stopped_run(tiny, tmp_path, rounds=4, cfg=None, **engine):
     return cfg, run_dir, info.value
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 @pytest.mark.parametrize("executor, name", [("processes", "fedavg"), ("processes", "fedadc"),
                                             ("processes", "fedproto"), ("batched", "fedgkd_vote")])
@@ -226,6 +228,7 @@ def test_resumable_keys_say_what_a_resume_may_change():
         assert resumable_keys({**base, **other}) != resumable_keys({**moved, **other}), other
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 def test_a_resume_may_change_the_executor_where_results_are_equal(tiny, tmp_path):
     """FedGKD-Vote stopped under processes (its workers' teacher memos in the checkpoint)

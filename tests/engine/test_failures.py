@@ -100,6 +100,7 @@ def test_a_straggler_runs_the_first_part_of_its_schedule(tiny):
     assert not any(torch.equal(v, four[k]) for k, v in two.global_state.items())
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 def test_executors_agree_under_dropout_and_stragglers(tiny):
     """processes equals sequential bit for bit at one thread, failures included."""

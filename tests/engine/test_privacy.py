@@ -152,6 +152,7 @@ def test_step_noise_is_standard_normal_and_pure():
     assert torch.equal(n1["a"], n2["a"]) and not torch.equal(n1["a"], n3["a"])
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 def test_sample_level_epsilon_and_executors_agree(tiny):
     """epsilon: the smallest client's rate B/n and steps, every round; processes equals

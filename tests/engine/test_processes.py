@@ -24,6 +24,7 @@ from fedrift.engine.executors.sequential import HookError, SequentialExecutor
 from fedrift.errors import ConfigError
 from fedrift.models import build_model
 
+@pytest.mark.process
 @pytest.mark.agreement
 @pytest.mark.parametrize("name", NAMES)
 def test_processes_equal_sequential_bit_for_bit(tiny, tmp_path, name):
@@ -69,6 +70,7 @@ def test_split_is_deterministic_balanced_and_in_job_order():
     assert split_jobs(jobs[:1], 3) == [[0]]
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 def test_job_order_worker_errors_and_no_child_left(tiny):
     cfg = load_config(tiny(engine={"executor": "processes", "workers": 2}))
@@ -115,6 +117,7 @@ def test_job_order_worker_errors_and_no_child_left(tiny):
         ex.close()
 
 
+@pytest.mark.process
 def test_a_start_up_failure_keeps_its_type(tiny, tmp_path):
     """A FedriftError in a worker (here: data.root vanished before the workers started)."""
     root = tmp_path / "data"
@@ -132,6 +135,7 @@ def test_a_start_up_failure_keeps_its_type(tiny, tmp_path):
     assert mp.active_children() == []
 
 
+@pytest.mark.process
 def test_workers_refuse_tools_not_built_from_the_config(tiny):
     tools, payload = _setup(load_config(tiny(algorithm={"name": "fedprox", "mu": 0.1})))
     ex = ProcessesExecutor(load_config(tiny(engine={"executor": "processes", "workers": 1})))  # fedavg

@@ -133,6 +133,7 @@ def test_scheduled_run_equals_rounds_composed_at_each_lr(tiny, tmp_path, name, s
     agree(run.server_state, _composed(tiny, tmp_path, name, lrs), BITS)
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 @pytest.mark.parametrize("name, schedule", [("fedavg", STEP), ("scaffold", STEP), ("fedadc", COSINE)])
 def test_processes_equal_sequential_bit_for_bit(tiny, tmp_path, name, schedule):
@@ -162,6 +163,7 @@ def test_batched_equals_sequential(tiny, tmp_path, name):
     agree(untimed(results["sequential"].history), untimed(results["batched"].history))
 
 
+@pytest.mark.process
 @pytest.mark.agreement
 @pytest.mark.parametrize("executor", ["sequential", "processes"])
 def test_resumed_mid_schedule_equals_the_uninterrupted_run(tiny, tmp_path, executor):

@@ -384,6 +384,7 @@ def test_diverged_run_is_reported_and_not_rerun(tmp_path):
     assert calls == []
 
 
+@pytest.mark.process
 def test_parallel_jobs_give_the_serial_results(tmp_path):
     cfg = grid_config(tmp_path)
     kwargs = dict(algorithms=["fedavg", "fedprox"], seeds=[0], report=False, verbose=False)

@@ -160,6 +160,7 @@ def test_the_better_entry_is_found_and_confirmed(better):
     assert (better.out / "select.html").is_file()
 
 
+@pytest.mark.process
 def test_hyperband_on_two_processes_finds_the_better_entry_too(tmp_path):
     """The same search as ``better``'s under Hyperband with two trials at once (process
     workers): it picks FedProx over the crippled FedAvg, and stays within its budget."""

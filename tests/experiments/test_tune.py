@@ -166,6 +166,7 @@ def _results(run_dir):
     return [{k: v for k, v in row.items() if "seconds" not in k} for row in rows]
 
 
+@pytest.mark.process
 def test_compare_copies_the_tuned_trial_that_is_one_of_its_runs(tiny, tmp_path, capsys):
     out = tmp_path / "tune"
     fedrift.tune(_cfg(tiny, rounds=2), algorithms=["fedavg"], space={"train.lr": "1e-5,0.1"}, trials=2, out=out,
@@ -318,6 +319,7 @@ def test_cli_tune_and_its_refusals(tiny, tmp_path, capsys):
         assert not (tmp_path / "u").exists()
 
 
+@pytest.mark.process
 def test_parallel_trials_share_the_study(tiny, tmp_path):
     """--jobs 2: two processes draw from one study (SQLite); each grid point runs once."""
     results = fedrift.tune(_cfg(tiny, rounds=1), algorithms=["fedavg"], space={"train.lr": "0.05,0.1,0.2"}, trials=3,
