@@ -91,7 +91,7 @@ def largest_difference(a: Mapping, b: Mapping) -> float:
     return max(((a[k].double() - b[k].double()).abs().max().item() / max(scales[k], FLOOR) for k in scales), default=0.0)
 
 
-def _walk(a, b, promise: str, where: str, scale: float | None) -> None:
+def _walk(a, b, promise: Promise, where: str, scale: float | None) -> None:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         _tensor(a, b, promise, where, scale)
     elif isinstance(a, Mapping) and isinstance(b, Mapping):
@@ -111,7 +111,7 @@ def _walk(a, b, promise: str, where: str, scale: float | None) -> None:
         assert type(a) is type(b) and (a == b or (a != a and b != b)), f"{where}: {a!r} against {b!r}"
 
 
-def _tensor(a: torch.Tensor, b: torch.Tensor, promise: str, where: str, scale: float | None) -> None:
+def _tensor(a: torch.Tensor, b: torch.Tensor, promise: Promise, where: str, scale: float | None) -> None:
     assert a.shape == b.shape, f"{where}: shape {tuple(a.shape)} against {tuple(b.shape)}"
     if not promise.rtol or not a.is_floating_point():
         assert a.dtype == b.dtype and torch.equal(a, b), \
