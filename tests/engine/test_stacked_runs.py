@@ -67,7 +67,9 @@ def _other_values(name):
         if dim.key.startswith("algorithm."):
             key, value = dim.key.split(".", 1)[1], dim.middle()
             algorithm[key] = value if algorithm.get(key) != value else dim.typed(value / 2)
-    return {**sections, "algorithm": algorithm, "partition": {**sections.get("partition", {}), "alpha": 0.3},
+    partition = sections.get("partition", {})  # a case's own split (FedDecorr's IID) as it is: the seed draws another
+    partition = partition if "name" in partition else {**partition, "alpha": 0.3}
+    return {**sections, "algorithm": algorithm, "partition": partition,
             "train": {"rounds": 2, "batch_size": 32, "lr": 0.02, "clients_per_round": 4, "local_epochs": 2}}
 
 
