@@ -88,7 +88,7 @@ def largest_difference(a: Mapping, b: Mapping) -> float:
     """The largest difference of two state dicts' float tensors, relative to their layers'
     scales (the measure ``agree`` bounds)."""
     scales = _layer_scales(a, b)
-    return max(((a[k].double() - b[k].double()).abs().max().item() / max(scales[k], FLOOR) for k in scales), default=0.0)
+    return max((_apart(_double(a[k]), _double(b[k])) / max(scales[k], FLOOR) for k in scales), default=0.0)
 
 
 def _walk(a, b, promise: Promise, where: str, scale: float | None) -> None:
@@ -117,12 +117,12 @@ def _tensor(a: torch.Tensor, b: torch.Tensor, promise: Promise, where: str, scal
         assert a.dtype == b.dtype and torch.equal(a, b), \
             f"{where}: not equal bit for bit ({_worst(a, b)}) where the promise is {promise.name}"
         return
-    x, y = a.detach().double().cpu(), b.detach().double().cpu()
-    assert torch.isfinite(x).equal(torch.isfinite(y)), f"{where}: non-finite values at other places"
+    x, y = _double(a), _double(b)
     finite = torch.isfinite(x)
+    assert finite.equal(torch.isfinite(y)), f"{where}: non-finite values at other places"
     assert torch.equal(x[~finite], y[~finite]), f"{where}: other non-finite values"
     scale = max(scale if scale is not None else _largest(x, y), FLOOR)
-    diff = (x[finite] - y[finite]).abs().max().item() if finite.any() else 0.0
+    diff = _apart(x, y)
     bound = promise.rtol * scale
     assert diff <= bound, (f"{where}: {diff:.3g} apart where the promise ({promise.name}) allows {bound:.3g} "
                            f"= {promise.rtol:g} x the layer's scale {scale:.3g}")
@@ -137,8 +137,18 @@ def _layer_scales(a: Mapping, b: Mapping) -> dict:
         if isinstance(a[k], torch.Tensor) and isinstance(b.get(k), torch.Tensor) and a[k].is_floating_point():
             layer = str(k).rpartition(".")[0] or str(k)
             names[k] = layer
-            layers[layer] = max(layers.get(layer, 0.0), _largest(a[k].detach().double().cpu(), b[k].detach().double().cpu()))
+            layers[layer] = max(layers.get(layer, 0.0), _largest(_double(a[k]), _double(b[k])))
     return {k: layers[layer] for k, layer in names.items()}
+
+
+def _double(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().double().cpu()
+
+
+def _apart(x: torch.Tensor, y: torch.Tensor) -> float:
+    """The largest difference of two tensors' finite entries (non-finite ones are compared apart)."""
+    finite = torch.isfinite(x) & torch.isfinite(y)
+    return (x[finite] - y[finite]).abs().max().item() if finite.any() else 0.0
 
 
 def _largest(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -53,8 +53,6 @@ assert importlib.util.find_spec("flwr") is not None, "the flower extra is missin
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
-pytestmark = pytest.mark.process  # a cluster, a federation, a browser or a docs build: left out of make check
-
 # the runs by the ClientApps' isolation: Flower's own process per message, or forked
 ISOLATION = {"subprocess": ("scaffold_step",),
              "fork": ("fedavg_forked", "fedgkd", "scaffold", "fedacg", "feddc", "elastic")}
@@ -193,6 +191,7 @@ def _fed(feds: dict, algorithm: str) -> LoopbackFederation:
     return next(feds[iso] for iso, algs in ISOLATION.items() if algorithm in algs)
 
 
+@pytest.mark.process  # the loopback federations' runs
 @pytest.mark.agreement
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_deployed_equals_simulation(deployed, algorithm):
@@ -219,12 +218,14 @@ def test_deployed_equals_simulation(deployed, algorithm):
     assert traffic["outbound-bytes"] + traffic["inbound-bytes"] >= summary["bytes_down_total"] + summary["bytes_up_total"]
 
 
+@pytest.mark.process  # the loopback federations' runs
 def test_supernode_authentication_is_on(deployed):
     _, (refused, log), _, _ = deployed
     assert refused, log[-2000:]
     assert "Failed to activate SuperNode" in log
 
 
+@pytest.mark.process  # the loopback federations' runs
 def test_client_state_stays_on_the_devices(deployed):
     """SCAFFOLD's controls were put in the devices' Flower context, none in the server's run
     folder; its run folder holds what fedrift run writes."""
@@ -235,6 +236,7 @@ def test_client_state_stays_on_the_devices(deployed):
                                                   "final_model.pt"}
 
 
+@pytest.mark.process  # the loopback federations' runs
 def test_each_message_runs_in_its_own_forked_process(deployed):
     """Per SuperNode and run on the forked federation: the discovery query, the rounds'
     training messages; each task in a process of its own, the warm process still up after them.
@@ -250,6 +252,7 @@ def test_each_message_runs_in_its_own_forked_process(deployed):
     assert len(runs) == len(ISOLATION["fork"]) + 1 and len({pid for _, pid in runs}) == len(runs), forks.server[-2000:]
 
 
+@pytest.mark.process  # the loopback federations' runs
 def test_nothing_is_left_running(deployed):
     """The forked federation's stop ends every process its processes started, not only the ones
     it started itself: the ServerApp of a run still going (it outlived a SIGTERM before) and the

@@ -29,8 +29,6 @@ from fedrift.cli import main  # noqa: E402
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
-pytestmark = pytest.mark.process  # a cluster, a federation, a browser or a docs build: left out of make check
-
 CLIENTS = 3
 # The stop lands once both training runs have finished round 1, and each must still be running
 # then; runs submitted together begin training up to several seconds apart (seen: 8 s, two
@@ -100,6 +98,7 @@ def _summary(folder: Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
 
 
+@pytest.mark.process  # the loopback federation's runs
 def test_a_stopped_supernode_is_left_out_with_accept_failures(failures):
     entry, folder, log = failures["accept"]
     assert entry["status"] == "finished:completed", (entry["status-details"], log[-3000:])
@@ -120,6 +119,7 @@ def test_a_stopped_supernode_is_left_out_with_accept_failures(failures):
     assert f"fedrift: completed {LONGER} rounds" in log and str(folder) in log
 
 
+@pytest.mark.process  # the loopback federation's runs
 def test_a_stopped_supernode_stops_the_run_without_accept_failures(failures):
     entry, folder, log = failures["stop"]
     assert entry["status"] == "finished:failed"
@@ -140,6 +140,7 @@ def test_a_stopped_supernode_stops_the_run_without_accept_failures(failures):
     assert s["clients_failed_total"] == 1  # the failure that stopped it
 
 
+@pytest.mark.process  # the loopback federation's runs
 def test_a_device_config_error_names_the_node(failures):
     entry, folder, log = failures["config"]
     assert entry["status"] == "finished:failed"
@@ -151,6 +152,7 @@ def test_a_device_config_error_names_the_node(failures):
     assert "fedrift: error: SuperNode" in log
 
 
+@pytest.mark.process  # the loopback federation's runs
 def test_a_supernode_with_other_data_is_refused_by_name(failures):
     """SuperNode 2 holds digits.npz with its rows permuted: its client's data fingerprint is
     not the one the app recorded, so the run stops in round 1 as a config error naming the
@@ -165,6 +167,7 @@ def test_a_supernode_with_other_data_is_refused_by_name(failures):
     assert not (folder / "metrics.jsonl").exists() or not (folder / "metrics.jsonl").read_text()
 
 
+@pytest.mark.process  # the loopback federation's runs
 def test_report_on_a_deployed_run_says_how_it_ended(failures, tmp_path):
     """``fedrift report`` on a deployed run that failed names its status and reason; given the
     run folder itself, it writes its files beside it, never inside."""
@@ -188,6 +191,7 @@ def test_report_on_a_deployed_run_says_how_it_ended(failures, tmp_path):
     assert any("a run folder: the report goes beside it" in x for x in said)
 
 
+@pytest.mark.process  # the loopback federation's runs
 def test_resume_of_a_deployed_run_is_refused(failures, capsys):
     """``fedrift run --resume`` would run the federation again locally: refused in one line
     that says how a deployed run continues; ``report`` says the same, not --resume."""

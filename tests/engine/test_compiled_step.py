@@ -6,7 +6,6 @@ reproducible; refused, in one line and before anything is written, where nothing
 from unittest import mock
 
 import pytest
-import torch
 
 import fedrift
 from agreement import BITS, agree, untimed

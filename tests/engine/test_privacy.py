@@ -14,8 +14,6 @@ from torch.func import grad
 
 import fedrift
 from agreement import BITS, agree
-from fedrift.algorithms import make
-from fedrift.algorithms.base import Setup
 from fedrift.config import PrivacyConfig
 from fedrift.data.partition_base import Partition
 from fedrift.functional import rng

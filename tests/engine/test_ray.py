@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 import fedrift

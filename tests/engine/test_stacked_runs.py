@@ -25,10 +25,10 @@ stacked_executor = importlib.import_module("fedrift.engine.executors.stacked")
 batched = importlib.import_module("fedrift.engine.executors.batched")
 
 
-def _same_run(a, b, promise=ROUNDING, rows=None) -> None:
-    """Run ``b`` (or its metrics ``rows``) is run ``a`` as ``promise`` says."""
+def _same_run(a, b, promise=ROUNDING) -> None:
+    """Run ``b`` is run ``a`` as ``promise`` says: its model and its metrics."""
     agree(a.global_state, b.global_state, promise)
-    agree(untimed(a.history), untimed(b.history if rows is None else rows), promise)
+    agree(untimed(a.history), untimed(b.history), promise)
 
 
 @pytest.fixture
