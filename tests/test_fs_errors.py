@@ -13,6 +13,7 @@ import pytest
 
 from conftest import one_line_refusal
 from fedrift.cli import main
+from fedrift import safe_files
 from fedrift.engine import checkpoint, outputs
 
 FAST = ["data.name=digits", "model.name=mlp", "model.hidden=[16]", "partition.num_clients=4", "partition.min_size=2",
@@ -98,14 +99,16 @@ def test_the_kernels_full_disk(capsys, tmp_path, monkeypatch):
 
 def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_whole_one(capsys, tmp_path, monkeypatch):
     run = tmp_path / "run"
-    real_open = open
+    real_temp = safe_files._temp_beside
 
-    def full_at_round_4(path, mode="r", *args, **kwargs):
-        if "state-r000004" in str(path):
-            return real_open("/dev/full", mode, *args, **kwargs)
-        return real_open(path, mode, *args, **kwargs)
+    def full_at_round_4(path, mode):
+        if "state-r000004" in str(path):  # the file's writes go to the full device
+            tmp, fd = real_temp(path, mode)
+            os.dup2(os.open("/dev/full", os.O_WRONLY), fd)
+            return tmp, fd
+        return real_temp(path, mode)
 
-    monkeypatch.setattr(checkpoint, "open", full_at_round_4, raising=False)  # the module's own open
+    monkeypatch.setattr(safe_files, "_temp_beside", full_at_round_4)  # where every whole file starts
     one_line_refusal(capsys, ["run", *FAST, "train.rounds=5", "engine.checkpoint_every=2", f"output.dir={run}"],
               f"output.dir: cannot write {run / 'checkpoint'} (No space left on device)",
               "the last whole checkpoint is kept", "--resume")
@@ -123,14 +126,14 @@ def test_report_on_a_folder_that_cannot_be_written(capsys, tmp_path, monkeypatch
     root = tmp_path / "grid"
     assert main(["compare", *FAST, "train.rounds=2", "seeds=0", "--out", str(root), "--no-report"]) == 0
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
-    write_text = Path.write_text
+    real_temp = safe_files._temp_beside
 
-    def read_only(self, *args, **kwargs):
-        if Path(self).is_relative_to(root):
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
-        return write_text(self, *args, **kwargs)
+    def read_only(path, mode):
+        if Path(path).is_relative_to(root):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_temp(path, mode)
 
-    monkeypatch.setattr(Path, "write_text", read_only)
+    monkeypatch.setattr(safe_files, "_temp_beside", read_only)  # where every whole file starts
     capsys.readouterr()
     one_line_refusal(capsys, ["report", str(root), "report.plots=false"],
               f"report: cannot write {root / 'results.csv'} (Read-only file system)", f"the runs in {root} are unchanged")

@@ -30,6 +30,7 @@ from fedrift.engine.stacked_step import form_refusal
 from fedrift.engine.tensorboard import Board
 from fedrift.errors import ClusterLostError, ConfigError, DivergenceError, FedriftError, OutputError, describe_os_error, writing
 from fedrift.models.base import FedModel
+from fedrift.safe_files import LinkRefused
 
 
 @dataclass
@@ -101,11 +102,32 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None) -> RunResult
     ``engine.ray_address``, an executor with equal results: ``engine/checkpoint.py``
     ``NOT_RESULTS``, ``EQUAL_EXECUTORS``). The result equals an uninterrupted run's bit for bit."""
     d = Path(run_dir)
-    if not (d / "config.yaml").is_file():
-        raise ConfigError(f"--resume: {str(d)!r} holds no run (no config.yaml); allowed: a folder written by fedrift run")
-    doc = apply_overrides(read_yaml(d / "config.yaml"), overrides or [], shared_options)
+    doc = apply_overrides(run_config(d), overrides or [], shared_options)
     doc["output"] = {**(doc.get("output") or {}), "dir": str(d), "overwrite": False}
     return run_prepared(prepare(doc), resume=True)
+
+
+def run_config(run_dir: Path) -> dict[str, Any]:
+    """The config a run folder's run started with, as fedrift wrote it (every section): a
+    missing, empty, torn or foreign ``config.yaml`` is refused, never filled with defaults
+    (which would run another experiment into the folder)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file() or path.is_symlink():
+        raise ConfigError(f"--resume: {str(run_dir)!r} holds no run (no config.yaml); allowed: a folder written by fedrift run")
+    try:
+        doc = read_yaml(path)
+    except ConfigError as err:
+        raise ConfigError(f"--resume: {err}; the run cannot continue without the config it started with") from None
+    missing = [name for name in Config.model_fields if name not in doc]
+    if missing:
+        said = "is empty" if not doc else f"has no {missing[0]} section"
+        raise ConfigError(
+            f"--resume: {path} {said}, so it is not the whole config the run started with (a run stopped while "
+            "writing it, or a file edited since); fedrift does not fill it with defaults; allowed: a run folder "
+            "written whole by fedrift run, or start the run again: fedrift run -c YOUR.yaml "
+            f"output.dir={run_dir} output.overwrite=true"
+        )
+    return doc
 
 
 def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[str, Any]], None] | None = None,
@@ -152,7 +174,7 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
             with cudnn_choice(cfg):
                 loop = _federate(cfg, fed, model, algorithm, executor, writer, checkpoints, snap, on_round)
         except OutputError as err:
-            if not checkpoints.exists():
+            if isinstance(err, LinkRefused) or not checkpoints.exists():  # space alone would not help
                 raise
             raise OutputError(f"{err}; with space again, continue with: fedrift run --resume {out_dir}") from None
         except (DivergenceError, ClusterLostError, KeyboardInterrupt) as err:

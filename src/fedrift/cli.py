@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from fedrift.errors import ConfigError, FedriftError, writing
 
@@ -112,10 +116,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("runs_dir", help="a compare root or any folder holding run folders")
     rep.add_argument("--out", default=None, help="the HTML file (default: RUNS_DIR/report.html)")
+    rep.add_argument("--trust-plugins", action="store_true",
+                     help="import the plugins each run's config.yaml names, running their code: only for run folders "
+                     "you trust (without it none is imported; the runs are reported from their files)")
     rep.add_argument("options", nargs="*", metavar="report.key=value",
                      help="report.at_rounds=10,20,50 report.target=0.9|fedavg:0.9|none report.tsne=fedavg|none "
                      "report.tsne_points=1000 report.band=minmax|std report.paper=NAME report.plots=false report.title=...; "
-                     "plugins=[module,...] (besides those each run's config.yaml names)")
+                     "plugins=[module,...] (imported first; those each run's config.yaml names only with --trust-plugins)")
 
     lst = sub.add_parser(
         "list", help="algorithms, datasets, models, partitions, executors, samplers, and where each comes from",
@@ -203,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if tail:
         setattr(args, tail, [*getattr(args, tail), *extra])
+    terminated: list[int] = []
     try:
-        code = _dispatch(args)
+        with _stop_on_sigterm(terminated):
+            code = _dispatch(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
         return code
     except BrokenPipeError:
@@ -231,8 +240,35 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "select":
             message = ("interrupted; the trials or runs in progress were stopped and recorded as interrupted; run the "
                        "same fedrift select command again to continue (finished trials and runs are kept)")
-        print(f"fedrift: {message or 'interrupted; metrics written so far are kept'}", file=sys.stderr)
+        said = message or "interrupted; metrics written so far are kept"
+        if terminated:
+            print(f"fedrift: stopped by SIGTERM: {said}", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        print(f"fedrift: {said}", file=sys.stderr)
         return 130
+
+
+@contextmanager
+def _stop_on_sigterm(came: list[int]) -> Iterator[None]:
+    """SIGTERM (``kill PID``, ``timeout``, a scheduler's stop) stops a command as Ctrl-C does:
+    the run's summary says interrupted, its checkpoint is kept, the line names the command
+    that continues; ``came`` gets the signal's number (the exit status is then 143). Only in
+    the main thread, and the earlier handler is back once the command ends (a library or test
+    caller keeps its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        if not came:  # once: the stopping itself (summaries, last writes) is not interrupted again
+            came.append(signum)
+            raise KeyboardInterrupt
+
+    earlier = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, earlier)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -360,7 +396,7 @@ def _report(args: argparse.Namespace) -> int:
         if not sep or not key.startswith("report.") or key == "report.":
             raise ConfigError(f"{item!r}: report options are report.key=value, e.g. report.at_rounds=10,20")
         options[key[len("report."):]] = raw
-    write_report(args.runs_dir, out=args.out, **options)
+    write_report(args.runs_dir, args.out, trust_plugins=args.trust_plugins, **options)
     return 0
 
 

@@ -10,16 +10,22 @@ which all rebuild the run from its config, import the same plugins):
 
 A plugin that fails to import is refused with one line naming it and its error
 (:class:`ConfigError`), and what it had registered before failing is removed again.
+
+A run folder's ``config.yaml`` may come from anyone, and importing the plugins it names runs
+their code: ``fedrift report`` reads its run folders inside :func:`run_folders`, which imports
+them only when asked (``--trust-plugins``).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from fedrift.errors import ConfigError
 from fedrift.registry import loading_plugin
@@ -28,6 +34,28 @@ GROUP = "fedrift.plugins"
 
 _entry_points_loaded: set[tuple[str, str]] = set()  # (name, value) of the entry points imported here
 _entry_points_done = False  # all of them loaded: the installed packages are looked up once per process
+# inside run_folders: None when its plugins are imported (trusted), else the names left unimported
+_not_imported: ContextVar[list[str] | None] = ContextVar("fedrift_plugins_not_imported", default=None)
+_trusting: ContextVar[bool] = ContextVar("fedrift_plugins_trusting", default=False)
+
+
+@contextmanager
+def run_folders(trust: bool) -> Iterator[list[str]]:
+    """Read run folders (their ``config.yaml`` may name plugins) inside this block.
+
+    ``trust=False``: a plugin module that is not imported yet is not imported; its name goes
+    to the list yielded (a module already imported, by ``plugins=[...]`` on the command line
+    or an installed entry point, is used as usual). ``trust=True``: they are imported, and the
+    hint for one Python cannot find says that its code then runs.
+    """
+    skipped: list[str] = []
+    names = _not_imported.set(None if trust else skipped)
+    trusting = _trusting.set(trust)
+    try:
+        yield skipped
+    finally:
+        _not_imported.reset(names)
+        _trusting.reset(trusting)
 
 
 def load_plugins(modules: Iterable[str] = ()) -> None:
@@ -40,6 +68,11 @@ def load_plugins(modules: Iterable[str] = ()) -> None:
 def import_plugin(module: str) -> None:
     """Import plugin ``module`` (nothing to do when it is imported already)."""
     if module in sys.modules:
+        return
+    skipped = _not_imported.get()
+    if skipped is not None:  # a run folder's plugin, not trusted: its code does not run
+        if module not in skipped:
+            skipped.append(module)
         return
     with loading_plugin(f"plugin {module}"):
         try:
@@ -59,6 +92,8 @@ def _not_found(module: str, err: ModuleNotFoundError) -> str:
     top = module.split(".")[0]
     here = next((f"./{p}" for p in (Path(*module.split(".")).with_suffix(".py"), Path(top)) if p.exists()), None)
     hint = f" ({here} is here: run with PYTHONPATH=.)" if here else ""
+    if here and _trusting.get():  # fedrift report --trust-plugins: the file may have come with the runs
+        hint += f"; {here}'s code then runs: only for a file you trust"
     return ("; a plugin must be importable: an installed package (pip install DIR of its project), or a module "
             f"in a folder on PYTHONPATH{hint}")
 
@@ -96,4 +131,4 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
-__all__ = ["GROUP", "import_plugin", "load_entry_points", "load_plugins"]
+__all__ = ["GROUP", "import_plugin", "load_entry_points", "load_plugins", "run_folders"]

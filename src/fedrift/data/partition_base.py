@@ -11,7 +11,6 @@ are still read.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence, overload
@@ -19,6 +18,7 @@ from typing import Any, Iterable, Iterator, Sequence, overload
 import numpy as np
 
 from fedrift.errors import FedriftError
+from fedrift.safe_files import atomic_file, write_atomic
 
 FORMAT = "fedrift-partition"
 VERSION = 2
@@ -197,13 +197,11 @@ class Partition:
         doc = {"format": FORMAT, "version": VERSION, "name": self.name, "options": self.options,
                "num_clients": self.num_clients, "data": data.name, "bytes": at, "arrays": layout}
 
-        def write(f: Any) -> None:
+        with atomic_file(data) as f:  # whole or not at all, never through a link
             for name, arr in arrays.items():
                 for i in range(0, arr.size, _CHUNK):  # converted a chunk at a time: no full copy
                     f.write(np.ascontiguousarray(arr[i : i + _CHUNK], dtype=layout[name]["dtype"]).tobytes())
-
-        _atomic_write(data, write)
-        _atomic_write(path, lambda f: f.write(json.dumps(doc, indent=1).encode() + b"\n"))
+        write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> "Partition":
@@ -264,15 +262,3 @@ class Partition:
             holdout=np.asarray(doc.get("holdout", []), dtype=np.int64),
             val=[np.asarray(ix, dtype=np.int64) for ix in doc.get("val", [])],
         )
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """``write(file)`` into a temporary file beside ``path``, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open(): the umask's permissions
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from fedrift.engine.deployed_run import AGAIN, MARKER, RESUBMIT, deployed  # noqa: F401 - MARKER, RESUBMIT, deployed: their import path
 from fedrift.errors import ConfigError, writing
+from fedrift.safe_files import make_dir, write_atomic
 
 if TYPE_CHECKING:  # imported where used: a SuperNode answering who it serves loads no torch
     from fedrift.algorithms.base import Algorithm
@@ -134,10 +135,10 @@ def write_app(out: Path, config: str | Mapping[str, Any] | None, overrides: list
         }}},
     }
     with writing("DIR", "; allowed: a folder this user can write"):
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "pyproject.toml").write_text(tomli_w.dumps(project))
-        (out / "fedrift.yaml").write_text(text)  # to read; the run uses pyproject's copy
-        (out / CHECKLIST).write_text(checklist(prep.config, prep.partition.num_clients, out, wait_seconds))
+        make_dir(out)
+        write_atomic(out / "pyproject.toml", tomli_w.dumps(project))
+        write_atomic(out / "fedrift.yaml", text)  # to read; the run uses pyproject's copy
+        write_atomic(out / CHECKLIST, checklist(prep.config, prep.partition.num_clients, out, wait_seconds))
     return out
 
 

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Mapping
@@ -36,6 +37,7 @@ import torch
 from fedrift.config import absolute_root
 from fedrift.engine.state import ClientStateStore
 from fedrift.errors import FedriftError, writing
+from fedrift.safe_files import atomic_file, make_dir
 
 FORMAT = 1
 FOLDER = "checkpoint"
@@ -144,7 +146,7 @@ class Checkpointer:
             self._save(snap, store)
 
     def _save(self, snap: Snapshot, store: ClientStateStore) -> None:
-        self.dir.mkdir(exist_ok=True)
+        make_dir(self.dir, parents=False)
         files: dict[str, dict[str, Any]] = {}
         if store.storage == "disk":
             name = f"clients-r{snap.round:06d}.bin"
@@ -163,16 +165,14 @@ class Checkpointer:
             f.file.write((json.dumps(manifest, indent=1, default=str) + "\n").encode())
         _sync_dir(self.dir)
         for old in self.dir.iterdir():  # older checkpoints, and temporary files of a killed save
-            if old.name != MANIFEST and old.name not in files:
+            if old.name != MANIFEST and old.name not in files and ours(old.name):
                 old.unlink()
         self.last_round = snap.round
 
     def remove(self) -> None:
         """Delete the checkpoint (the run finished: nothing is left to continue)."""
-        if self.dir.is_dir():
-            for p in self.dir.iterdir():
-                p.unlink()
-            self.dir.rmdir()
+        if self.dir.is_dir() and not self.dir.is_symlink():
+            remove_checkpoints(self.dir)
 
     # -- loading -----------------------------------------------------------------------
 
@@ -264,34 +264,22 @@ class Checkpointer:
 
 class _Atomic:
     """A file written beside its final name, then flushed to the disk and renamed into
-    place; its size and SHA-256 counted on the way (no second read)."""
+    place (``fedrift.safe_files.atomic_file``: never through a link); its size and SHA-256
+    counted on the way (no second read)."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
+        self.path = path
         self.size, self.sha256 = 0, ""
 
     def __enter__(self) -> "_Atomic":
-        self._raw = open(self.tmp, "wb")
-        self.file = _Hashing(self._raw)
+        self._context = atomic_file(self.path, durable=True)
+        self.file = _Hashing(self._context.__enter__())
         return self
 
-    def __exit__(self, kind: object, *rest: object) -> None:
-        if kind is not None:  # the write failed: drop the partial file (closing may fail again)
-            try:
-                self._raw.close()
-            except OSError:
-                pass
-            self.tmp.unlink(missing_ok=True)
-            return
-        try:
-            self._raw.flush()
-            os.fsync(self._raw.fileno())
-        except OSError:
-            self.__exit__(OSError)
-            raise
-        self._raw.close()
-        self.size, self.sha256 = self.file.size, self.file.hash.hexdigest()
-        os.replace(self.tmp, self.path)
+    def __exit__(self, *exc: Any) -> None:
+        self._context.__exit__(*exc)
+        if exc[0] is None:
+            self.size, self.sha256 = self.file.size, self.file.hash.hexdigest()
 
 
 class _Hashing:
@@ -326,6 +314,26 @@ def prefix_sha256(path: Path, size: int) -> str:
             h.update(block)
             size -= len(block)
     return h.hexdigest()
+
+
+OURS = re.compile(r"\.?(state-r\d+\.pt|clients-r\d+\.bin|manifest\.json)(\.\d+\.\d+)?(\.tmp)?")
+
+
+def ours(name: str) -> bool:
+    """Whether ``name`` in a checkpoint folder is fedrift's (a checkpoint's file, or the
+    temporary file of a save a kill interrupted), not a file someone else put there."""
+    return OURS.fullmatch(name) is not None
+
+
+def remove_checkpoints(folder: Path) -> None:
+    """Delete fedrift's checkpoint files in ``folder``, and the folder when that empties it."""
+    for p in folder.iterdir():
+        if ours(p.name) and not p.is_dir():
+            p.unlink()
+    try:
+        folder.rmdir()
+    except OSError:  # another program's files are in it: they stay, and so does the folder
+        pass
 
 
 def _sync_dir(path: Path) -> None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from fedrift.errors import FedriftError
+from fedrift.safe_files import open_fd
 
 LOCK_NAME = ".fedrift.lock"
 
@@ -29,7 +30,7 @@ class FolderLock:
     def __init__(self, folder: Path, what: str) -> None:
         self.path = folder / LOCK_NAME
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_fd(self.path, os.O_RDWR | os.O_CREAT)  # a link at its name is refused
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -2,7 +2,11 @@
 final_model.pt.
 
 Metrics are appended and flushed after each evaluated round, so a run that stops (divergence,
-Ctrl-C, a crash) keeps every line it wrote. An existing run is never overwritten unless asked.
+Ctrl-C, a crash) keeps every line it wrote. An existing run is never overwritten unless asked,
+and then only in a folder that carries fedrift's mark (``.fedrift-run``, written in a folder the
+run made or found empty), and only fedrift's own files in it (:func:`remove_owned`): never the
+root or home folder, never a file another program put there. Nothing is written through a link
+(``fedrift.safe_files``); whole files are renamed into place.
 A folder that cannot be created or written, or a full disk, is an :class:`OutputError` (one
 line, exit 2); a metrics line that could not be written whole is cut off again, so the file
 holds exactly the rounds before it.
@@ -13,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -21,13 +24,18 @@ from typing import Any
 import torch
 
 from fedrift.data.partition_base import Partition
-from fedrift.engine.checkpoint import FOLDER as CHECKPOINTS
+from fedrift.engine.checkpoint import FOLDER as CHECKPOINTS, remove_checkpoints
 from fedrift.engine.deployed_run import AGAIN, MARKER, deployed
-from fedrift.engine.folder_lock import FolderLock
+from fedrift.engine.tensorboard import FOLDER as BOARD, remove_events
+from fedrift.engine.folder_lock import LOCK_NAME, FolderLock
 from fedrift.errors import ConfigError, OutputError, describe_os_error, writing
+from fedrift.safe_files import atomic_file, open_append, open_update, refuse_link, write_atomic
+from fedrift.version import __version__
 
 OWNED = ("config.yaml", "partition.json", "partition.bin", "metrics.jsonl", "summary.json", "final_model.pt",
          MARKER)  # the last: a Flower deployment's run
+MARK = ".fedrift-run"  # fedrift made this folder (or found it empty): its own files in it may be removed
+EXTRA = ("personalization.json", "client_state.bin")  # written by some runs only
 WHAT = "output.dir"
 ALLOWED = "; allowed: a folder this user can create and write, on a disk with free space"
 
@@ -71,7 +79,7 @@ class RunWriter:
     def __init__(self, out_dir: Path, overwrite: bool, resume: int | None = None) -> None:
         if out_dir.exists() and not out_dir.is_dir():
             raise ConfigError(f"output.dir: {str(out_dir)!r} is a file, not a folder")
-        held = [name for name in (*OWNED, CHECKPOINTS) if (out_dir / name).exists()]
+        held = [name for name in (*OWNED, CHECKPOINTS) if os.path.lexists(out_dir / name)]
         if resume is not None and deployed(out_dir):
             raise ConfigError(f"--resume: {str(out_dir)!r} holds a Flower deployment's run; {AGAIN}")
         if held and not overwrite and resume is None:
@@ -87,25 +95,28 @@ class RunWriter:
                 f"output.dir: {str(out_dir)!r} already holds a run ({held[0]}); "
                 "choose another folder or set output.overwrite=true"
             )
+        if held and resume is None:
+            may_clear(out_dir)
         self.created = not out_dir.exists()
         self.rows = 0  # metrics lines written by this run
         with writing(WHAT, ALLOWED, "create or write"):
+            fresh = self.created or not any(out_dir.iterdir())
             out_dir.mkdir(parents=True, exist_ok=True)
             self._lock = FolderLock(out_dir, "output.dir")  # before anything in it changes
             try:
+                if fresh:
+                    mark(out_dir)
                 if resume is not None:
-                    (out_dir / "summary.json").unlink(missing_ok=True)  # an interrupted run's
-                    with (out_dir / "metrics.jsonl").open("ab") as f:
+                    summary = out_dir / "summary.json"
+                    refuse_link(summary)
+                    summary.unlink(missing_ok=True)  # an interrupted run's
+                    with open_update(out_dir / "metrics.jsonl") as f:
                         f.truncate(resume)
-                else:
-                    for name in held:
-                        if name == CHECKPOINTS:
-                            shutil.rmtree(out_dir / name)
-                        else:
-                            (out_dir / name).unlink()
+                elif held:  # overwrite, checked by may_clear
+                    remove_owned(out_dir)
                 # unbuffered: a line is on its way to the disk once log returns, and a failed
                 # write leaves nothing pending that closing the file would try again
-                self._metrics = (out_dir / "metrics.jsonl").open("ab", buffering=0)
+                self._metrics = open_append(out_dir / "metrics.jsonl", buffering=0)
             except BaseException:
                 self._lock.release()  # nothing of this run will use the folder
                 raise
@@ -114,8 +125,9 @@ class RunWriter:
         self._last_round: Any = None
 
     def write_text(self, name: str, text: str) -> None:
-        with writing(WHAT, ALLOWED):
-            (self.dir / name).write_text(text)
+        """A whole file of the run (renamed into place: a kill never leaves a torn config.yaml)."""
+        with writing(WHAT, ALLOWED, path=self.dir / name):
+            write_atomic(self.dir / name, text)
 
     def write_partition(self, partition: Partition) -> None:
         """``partition.json`` (a small header) and ``partition.bin`` (the index arrays)."""
@@ -147,12 +159,14 @@ class RunWriter:
         """Remove what this run wrote, for a run refused before its first round ended (a check
         only the first round can make): a refused config leaves no folder to block the rerun."""
         self._metrics.close()
+        remove_owned(self.dir)
         if self.created:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            return
-        for name in (*OWNED, CHECKPOINTS, "client_state.bin"):
-            path = self.dir / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            for name in (MARK, LOCK_NAME):
+                (self.dir / name).unlink(missing_ok=True)
+            try:
+                self.dir.rmdir()  # left when something else was put in it meanwhile
+            except OSError:
+                pass
 
     def sync(self) -> int:
         """Push metrics.jsonl to the disk; its length (a checkpoint's place in it)."""
@@ -162,19 +176,14 @@ class RunWriter:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """Atomically (written beside, then renamed): a run killed meanwhile leaves no torn file."""
-        tmp = self.dir / "summary.json.tmp"
-        with writing(WHAT, ALLOWED):
-            try:
-                tmp.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
-                os.replace(tmp, self.dir / "summary.json")
-            finally:
-                tmp.unlink(missing_ok=True)
+        with writing(WHAT, ALLOWED, path=self.dir / "summary.json"):
+            write_atomic(self.dir / "summary.json", json.dumps(_jsonable(summary), indent=2) + "\n")
 
     def save_model(self, state_dict: dict[str, torch.Tensor]) -> None:
         # through a Python file, so that a failed write is an OSError (torch's own writer
         # raises a RuntimeError that does not say why)
         path = self.dir / "final_model.pt"
-        with writing(WHAT, ALLOWED, path=path), open(path, "wb") as f:
+        with writing(WHAT, ALLOWED, path=path), atomic_file(path) as f:
             torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, f)
 
     def close(self) -> None:
@@ -184,6 +193,52 @@ class RunWriter:
         """Let another process use the folder (after the run's last file)."""
         self._metrics.close()
         self._lock.release()
+
+
+def mark(folder: Path) -> None:
+    """Write fedrift's mark in a run folder it made or found empty (see :func:`may_clear`)."""
+    write_atomic(folder / MARK, json.dumps({"fedrift": __version__, "made": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+
+
+def marked(folder: Path) -> bool:
+    path = folder / MARK
+    return path.is_file() and not path.is_symlink()
+
+
+def may_clear(folder: Path, what: str = "output.overwrite") -> None:
+    """Refuse (ConfigError) to clear ``folder`` of an earlier run unless fedrift made it: never
+    the root or the home folder, never a folder without fedrift's mark (its config.yaml or
+    metrics.jsonl could be the user's own)."""
+    real = folder.resolve()
+    if real == Path(real.anchor) or real == Path.home().resolve():
+        raise ConfigError(f"{what}: {str(folder)!r} is the {'root' if real == Path(real.anchor) else 'home'} folder, "
+                          "which fedrift never clears; allowed: a run folder of its own, e.g. output.dir=runs/NAME")
+    if not marked(folder):
+        raise ConfigError(
+            f"{what}: {str(folder)!r} holds files but no {MARK} mark (the folder was not made by a fedrift run, or "
+            "by one older than the mark), so fedrift cannot tell its files from yours and removes none; allowed: "
+            "another folder, or remove the earlier run's files yourself"
+        )
+
+
+def remove_owned(folder: Path) -> None:
+    """Remove an earlier run's files from ``folder``: fedrift's own names only (a link at one
+    of them is removed, never followed), its checkpoint files only, the checkpoint folder
+    when that leaves it empty; anything else stays."""
+    for name in (*OWNED, *EXTRA):
+        path = folder / name
+        if os.path.lexists(path) and not (path.is_dir() and not path.is_symlink()):
+            path.unlink()
+    for sub, clear in ((CHECKPOINTS, remove_checkpoints), (BOARD, remove_events)):
+        path = folder / sub
+        if path.is_symlink():
+            path.unlink()
+        elif path.is_dir():
+            clear(path)
+            try:
+                path.rmdir()  # another program's files are in it: they stay, and so does the folder
+            except OSError:
+                pass
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:

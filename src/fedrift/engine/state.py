@@ -47,6 +47,7 @@ import torch
 
 from fedrift.functional.tree import detach_clone
 from fedrift.errors import FedriftError
+from fedrift.safe_files import open_new
 
 Tree = dict[str, Any]
 Mode = Literal["memory", "disk", "auto"]
@@ -286,7 +287,7 @@ class ClientStateStore:
             fd, name = tempfile.mkstemp(prefix="fedrift-client-state-", suffix=".bin")
             os.close(fd)
             self._path = Path(name)
-        self._file = open(self._path, "w+b", buffering=0)  # closed by the finalizer
+        self._file = open_new(self._path)  # closed by the finalizer; never through a link
         self._finalizer = weakref.finalize(self, _remove, self._file, self._path)
         self._layout = layout
 

@@ -10,13 +10,22 @@ for, so it stays an optional extra (``pip install 'fedrift[tensorboard]'``).
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
 from fedrift.errors import ConfigError
+from fedrift.safe_files import make_dir
 
 FOLDER = "tensorboard"
+SUFFIX = ".fedrift"  # on fedrift's event files: the only ones a new run in the folder removes
+
+
+def remove_events(folder: Path) -> None:
+    """Delete fedrift's own event files in ``folder`` (an earlier run's, which would show as
+    one curve with the new one's); event files another program wrote there stay."""
+    for p in folder.glob(f"events.out.tfevents.*{SUFFIX}"):
+        if p.is_file() or p.is_symlink():
+            p.unlink()
 
 
 def summary_writer_class() -> Any:
@@ -40,10 +49,10 @@ class Board:
 
     def __init__(self, out_dir: Path, resume_from: int | None = None) -> None:
         writer_class = summary_writer_class()
-        folder = Path(out_dir) / FOLDER
-        if resume_from is None and folder.is_dir():
-            shutil.rmtree(folder)
-        self._writer = writer_class(log_dir=str(folder))
+        folder = make_dir(Path(out_dir) / FOLDER, parents=False)  # a link there is refused, not written through
+        if resume_from is None:
+            remove_events(folder)
+        self._writer = writer_class(log_dir=str(folder), filename_suffix=SUFFIX)
         if resume_from is not None:
             from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
@@ -67,4 +76,4 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-__all__ = ["FOLDER", "Board", "summary_writer_class"]
+__all__ = ["FOLDER", "SUFFIX", "Board", "remove_events", "summary_writer_class"]

@@ -51,6 +51,7 @@ from fedrift.errors import ConfigError, writing
 from fedrift.experiments.grid import build_grid, run_grid
 from fedrift.overrides import parse_algorithm
 from fedrift.report.html import ReportOptions, build_report, check_report_names, write_tables
+from fedrift.safe_files import make_dir
 
 
 def compare(
@@ -96,7 +97,7 @@ def compare(
     description["report"] = opts.as_json()
     grid.description = description
     with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
-        grid.root.mkdir(parents=True, exist_ok=True)
+        make_dir(grid.root)
         lock = FolderLock(grid.root, "--out")
     with lock:  # a second compare on this root is refused while this one runs
         run_grid(grid, jobs, echo)
@@ -108,18 +109,20 @@ def compare(
     return rows
 
 
-def write_report(runs_dir: str | Path, out: str | Path | None = None, verbose: bool = True, **options: Any) -> list[dict[str, Any]]:
+def write_report(runs_dir: str | Path, out: str | Path | None = None, verbose: bool = True, trust_plugins: bool = False,
+                 **options: Any) -> list[dict[str, Any]]:
     """Tables, figures and one self-contained ``report.html`` for a folder of runs.
 
     ``runs_dir`` is a ``compare`` root (its ``compare.json`` names the grid) or any folder
     holding run folders (found by their ``summary.json``, grouped by config minus seed).
     ``options`` are the ``report.*`` options, e.g. ``at_rounds=[10, 20]``, ``target="fedavg:0.9"``,
     ``tsne=["fedavg"]``. Writes ``results.csv``, ``results.md``, ``figures/`` and
-    ``report.html`` (or ``out``) and returns the table's rows.
+    ``report.html`` (or ``out``) and returns the table's rows. ``trust_plugins``: import the
+    plugins the runs' configs name (their code runs: only for folders you trust).
     """
     echo = print if verbose else (lambda _msg: None)
     ReportOptions.parse(options)  # refuses a bad option before anything is read
-    rows, html = build_report(Path(runs_dir), options, html_path=out, echo=echo)
+    rows, html = build_report(Path(runs_dir), options, html_path=out, echo=echo, trust_plugins=trust_plugins)
     echo(f"report in {html}")
     return rows
 

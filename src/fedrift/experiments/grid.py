@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import shutil
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from fedrift.experiments.stacked import stack_key, stack_results, wants_stack
 from fedrift.experiments.tuned import base_check, base_warning, read_tuned
 from fedrift.overrides import parse_algorithm, parse_value, split_list
 from fedrift.report.table import EXECUTION_KEYS, flatten, short_names
+from fedrift.safe_files import copy_file, make_dir, write_atomic
 
 
 GRID_FILE = "compare.json"
@@ -349,9 +349,9 @@ def copy_trial(spec: RunSpec, trials: Sequence[tuple[Path, Mapping[str, Any]]]) 
             continue
         names = [n for n in OWNED if n not in ("summary.json", "final_model.pt") and (trial / n).is_file()]
         with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
-            spec.dir.mkdir(parents=True, exist_ok=True)
+            make_dir(spec.dir)
             for name in [*names, "summary.json"]:  # the summary last: it marks the run finished
-                shutil.copyfile(trial / name, spec.dir / name)
+                copy_file(trial / name, spec.dir / name)
         return trial
     return None
 
@@ -365,8 +365,8 @@ def _describe_result(r: dict[str, Any]) -> str:
 def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> dict[str, str]:
     """Run the grid's unfinished runs; returns run name -> status (reused ones included)."""
     with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
-        grid.root.mkdir(parents=True, exist_ok=True)
-        (grid.root / GRID_FILE).write_text(json.dumps(grid.description, indent=1, default=str) + "\n")
+        make_dir(grid.root)
+        write_atomic(grid.root / GRID_FILE, json.dumps(grid.description, indent=1, default=str) + "\n")
     statuses: dict[str, str] = {}
     todo: list[RunSpec] = []
     resume: set[str] = set()  # names of the runs continued from their checkpoints

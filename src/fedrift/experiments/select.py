@@ -112,6 +112,7 @@ from fedrift.experiments.select_plan import (
 )
 from fedrift.experiments.select_verdict import REFERENCE, recommend, values_text, wrap
 from fedrift.report.select_page import duration_text, render_select_page
+from fedrift.safe_files import make_dir, write_atomic
 
 CONFIRMATION = ("seeds", "top")  # what a rerun of the same select may change
 LATER = ("floor", "confirmation")  # what a select learns as it runs (select.json), not its identity
@@ -829,8 +830,8 @@ def write_candidates(plan: Select, picked: Sequence[Mapping[str, Any]]) -> Path:
         doc[t["entry"]] = {"overrides": values, "val_accuracy": t["score"], "trial": t["trial"],
                            "rounds": t["rounds"], "base": tune_base(entry.doc, list(values))}
     path = plan.root / CANDIDATES
-    path.write_text("# fedrift select: the confirmed entries' values (the best trial of each), in the format of "
-                    f"a tune's {BEST}\n" + yamlio.dump(doc))
+    write_atomic(path, "# fedrift select: the confirmed entries' values (the best trial of each), in the format of "
+                 f"a tune's {BEST}\n" + yamlio.dump(doc))
     return path
 
 
@@ -843,7 +844,7 @@ def write_recommendation(plan: Select, rec: Mapping[str, Any], picked: Sequence[
     doc.pop("output", None)
     path = plan.root / RECOMMENDATION
     lines = ["# fedrift select: " + line for line in wrap(rec["text"])]
-    path.write_text("\n".join(lines) + "\n" + yamlio.dump(doc))
+    write_atomic(path, "\n".join(lines) + "\n" + yamlio.dump(doc))
     return path
 
 
@@ -934,11 +935,11 @@ def _write_page(plan: Select, page: dict[str, Any], figures: bool) -> Path:
         lines += [page["reason"], ""] if page.get("reason") else []
         lines += ["## The plan", "", *(f"- {ln}" for ln in page["plan"]["lines"]), ""]
         lines += ["## Missing", "", *(f"- {ln}" for ln in page["missing"]), ""] if page["missing"] else []
-        (plan.root / "select.md").write_text("\n".join(lines))
+        write_atomic(plan.root / "select.md", "\n".join(lines))
         html = ["<!doctype html>", "<html><head><meta charset='utf-8'><title>fedrift select</title></head><body>",
                 *(f"<p>{ln.replace('&', '&amp;').replace('<', '&lt;')}</p>" for ln in lines if ln), "</body></html>", ""]
         out = plan.root / "select.html"
-        out.write_text("\n".join(html))
+        write_atomic(out, "\n".join(html))
         return out
 
 
@@ -988,7 +989,7 @@ def select(
     if dry_run:
         return dry_run_plan(plan, jobs, echo)
     with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
-        plan.root.mkdir(parents=True, exist_ok=True)
+        make_dir(plan.root)
         lock = FolderLock(plan.root, "--out")
     with lock:
         state_path = plan.root / STATE
@@ -1013,9 +1014,7 @@ def select(
             doc = {k: v for k, v in plan.description.items() if k != "started"}
             doc["spent"] = doc.get("spent", 0.0) + running
             doc["budget"] = {"seconds": plan.budget_seconds, "rounds": plan.budget_rounds}
-            tmp = state_path.with_name(state_path.name + ".tmp")  # whole, whenever the process ends
-            tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-            os.replace(tmp, state_path)
+            write_atomic(state_path, json.dumps(doc, indent=1, default=str) + "\n")  # whole, whenever the process ends
 
         state: dict[str, Any] = {"conf": None, "picked": [], "rows": None}
         upfront: dict[str, Any] = {}

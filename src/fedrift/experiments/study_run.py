@@ -55,6 +55,7 @@ from fedrift.experiments.space import takes
 from fedrift.experiments.study_file import Entry, Study, load_study
 from fedrift.experiments.study_status import finished_trials, progress, tune_target
 from fedrift.report.table import flatten
+from fedrift.safe_files import make_dir, write_atomic
 
 LEDGER = "study.json"
 LOCK = ".study"  # in the runs folder: the folder whose lock a study run holds
@@ -189,9 +190,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
     """Written whole or not at all (a kill mid-write leaves the old file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=1, default=str) + "\n")
 
 
 def _check_tune_head(study: Study, head: Mapping[str, Any]) -> None:
@@ -302,12 +301,12 @@ def _values(study: Study, entries: Sequence[Entry], built: Mapping[str, Any], ec
             doc[e.entry] = study.table_values(e) or {"overrides": {}, "base": {}}
     folder = study.tune_dir if study.tuned_entries else study.runs_dir  # beside the trials compare may copy
     with writing("out", "; allowed: a folder this user can create and write", "create or write"):
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dir(folder)
         path = folder / VALUES
         text = ("# fedrift study: each entry's values (its tune's best, the study's tuned: file's, or none: the "
                 "config's); what compare's tuned= reads\n" + yamlio.dump(doc))
         if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
+            write_atomic(path, text)
     return path
 
 
@@ -340,7 +339,7 @@ def _ledger_path(study: Study) -> Path:
 
 def _save_ledger(study: Study, ledger: Mapping[str, Any]) -> None:
     with writing("out", "; allowed: a folder this user can create and write", "create or write"):
-        study.runs_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(study.runs_dir)
         _write_json(_ledger_path(study), ledger)
 
 
@@ -396,7 +395,7 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
     if seconds is not None and seconds <= 0:
         raise ConfigError(f"--budget: {budget!r} is no time; allowed: a positive duration such as 15m")
     with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
-        (study.runs_dir / LOCK).mkdir(parents=True, exist_ok=True)
+        make_dir(study.runs_dir / LOCK)
         lock = FolderLock(study.runs_dir / LOCK, "study")  # one study run a folder at a time
     with lock:
         return _run(study, jobs, seconds, verbose, report, echo)
@@ -535,7 +534,7 @@ def _write_markdown(study: Study, lines: Sequence[str]) -> None:
         if p.is_file():
             parts += [f"## {title}", "", p.read_text().rstrip(), ""]
     with writing("report", f"; the runs in {study.runs_dir} are unchanged; allowed: a folder this user can write"):
-        (study.runs_dir / STUDY_MD).write_text("\n".join(parts))
+        write_atomic(study.runs_dir / STUDY_MD, "\n".join(parts))
 
 
 __all__ = ["LEDGER", "Outcome", "VALUES", "run_study"]

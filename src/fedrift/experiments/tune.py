@@ -42,6 +42,7 @@ The tune folder
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import time
@@ -62,6 +63,7 @@ from fedrift.experiments.stacked import wants_stack
 from fedrift.experiments.tuned import BEST, tune_base
 from fedrift.overrides import parse_algorithm
 from fedrift.report.table import flatten, short_names
+from fedrift.safe_files import atomic_file, make_dir, write_atomic
 
 STARTUP = 10  # trials from the Sobol design before TPE proposes (TPE's own start-up count)
 STACK_MOST = 48  # trials in one stack (engine.executor: stacked): the largest stack measured on a GPU
@@ -380,7 +382,7 @@ def run_tune(tune: Tune, jobs: int = 1, echo: Callable[[str], None] = print, pru
     named one). Exactly the missing number runs: in this process, or one pool task per trial
     (each of a grid's missing points goes to one trial, so none runs twice)."""
     with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
-        tune.root.mkdir(parents=True, exist_ok=True)
+        make_dir(tune.root)
         lock = FolderLock(tune.root, "--out")
     with lock:  # one tune a folder at a time: a trial it finds running was left by a stopped one
         _run_studies(tune, jobs, echo, pruner)
@@ -390,7 +392,7 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
     desc_path = tune.root / DESCRIPTION
     if desc_path.is_file():
         _check_same_tune(tune, json.loads(desc_path.read_text()))
-    desc_path.write_text(json.dumps(tune.description, indent=1, default=str) + "\n")
+    write_atomic(desc_path, json.dumps(tune.description, indent=1, default=str) + "\n")
     for i, study in enumerate(tune.studies):
         st = _open_study(tune, study, tune.seed, pruner)
         stale = fail_stale(st)
@@ -534,12 +536,12 @@ def write_results(tune: Tune, echo: Callable[[str], None] = print, figures: bool
             echo(f"{r['entry']}: {key}={_short(b['params'][key])} is at the {side} edge of its range {r['space'][key]}: "
                  f"the best may lie {'below' if side == 'low' else 'above'} it; widen space.{key} and tune again "
                  "(another --out: a tune folder keeps its space)")
-    (tune.root / BEST).write_text(
+    write_atomic(tune.root / BEST,
         "# fedrift tune: per algorithm entry, the best trial's values (fedrift compare ... tuned=DIR), the space\n"
         "# searched, the values at its edge, and the base they were chosen on (compare warns when its runs differ)\n"
         + yamlio.dump(best))
     keys = sorted({k for r in results.values() for t in r["trials"] for k in t["params"]})
-    with open(tune.root / "trials.csv", "w", newline="") as f:
+    with atomic_file(tune.root / "trials.csv") as raw, io.TextIOWrapper(raw, newline="") as f:
         w = csv.writer(f)
         w.writerow(["entry", "trial", "state", "status", "val_accuracy", "rounds", *keys])
         for r in results.values():
@@ -547,7 +549,7 @@ def write_results(tune: Tune, echo: Callable[[str], None] = print, figures: bool
                 w.writerow([t["entry"], t["trial"], t["state"], t["status"], t["val_accuracy"], t["rounds"],
                             *(t["params"].get(k, "") for k in keys)])
     html_path, md = render_tune_page(tune.root, results, figures=figures)
-    (tune.root / "tune.md").write_text(md)
+    write_atomic(tune.root / "tune.md", md)
     echo(f"best settings in {tune.root / BEST}; trials in {tune.root / 'trials.csv'}; report in {html_path}")
     return results
 

@@ -27,6 +27,12 @@ Options (``report.*`` on the command line, keyword arguments in Python):
   accuracy and the published gap to FedAvg, with a note naming paper, table and source file;
 - ``plots``: false writes the tables and a report without figures;
 - ``title``: the report's title.
+
+Run folders may come from anyone: a folder whose ``config.yaml`` cannot be read is skipped,
+and a ``final_model.pt`` that is not a state dict of tensors leaves out its figure, each with
+a line saying why (printed, and at the top of the page); the plugins a run's config names are
+imported only with ``trust_plugins`` (``fedrift report --trust-plugins``), else the runs are
+reported from their files.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import base64
 import datetime
 import html
 import json
+import pickle
 import re
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
@@ -43,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedrift.errors import ConfigError, FedriftError, writing
 from fedrift.overrides import parse_value, split_list
+from fedrift.plugins import run_folders
 from fedrift.report import claims, published
 from fedrift.report.paired import note, resolve_reference
 from fedrift.report.table import (
@@ -56,6 +64,7 @@ from fedrift.report.table import (
     to_csv,
     to_markdown,
 )
+from fedrift.safe_files import make_dir, write_atomic
 
 Echo = Callable[[str], None]
 
@@ -136,12 +145,32 @@ def _target(opts: ReportOptions, groups: Sequence[Group]) -> Any:
 
 
 def write_tables(root: Path, raw: Mapping[str, Any] | ReportOptions | None = None, echo: Echo = print,
-                 quiet_table: bool = False) -> list[dict[str, Any]]:
-    """``results.csv`` and ``results.md`` under ``root``; prints the table; returns the rows."""
-    groups, grid = load_groups(Path(root))
-    opts = _merged_options(grid, raw)
-    rows, _, _ = _tables(Path(root), groups, opts, echo, quiet_table)
+                 quiet_table: bool = False, trust_plugins: bool = False) -> list[dict[str, Any]]:
+    """``results.csv`` and ``results.md`` under ``root``; prints the table; returns the rows
+    (``trust_plugins``: as :func:`build_report`'s)."""
+    notes: list[str] = []
+    with run_folders(trust_plugins) as untrusted:
+        groups, grid = load_groups(Path(root), notes)
+        for line in notes + _plugins_note(groups, untrusted):
+            echo(line)
+        opts = _merged_options(grid, raw)
+        rows, _, _ = _tables(Path(root), groups, opts, echo, quiet_table)
     return rows
+
+
+def _plugins_note(groups: Sequence[Group], names: Sequence[str]) -> list[str]:
+    """The line saying which plugins named by the runs' config.yaml were not imported, and how
+    to import them ([] when none was left out)."""
+    if not names:
+        return []
+    named = [r.dir for g in groups for r in g.runs if r.config.get("plugins")]
+    where = ""
+    if named:
+        where = f" (named by the config.yaml of {len(named)} run folder{'s' if len(named) != 1 else ''}, e.g. {named[0]})"
+    return [(f"plugins not imported: {', '.join(names)}{where}: a report runs no code from run folders; the runs are "
+             "reported from their files (what needs a plugin, such as a t-SNE of its model, is left out); "
+             "--trust-plugins (trust_plugins=True in Python) imports them, running their code: only for run folders "
+             "you trust")]
 
 
 def _merged_options(grid: dict[str, Any] | None, raw: Mapping[str, Any] | ReportOptions | None) -> ReportOptions:
@@ -158,8 +187,8 @@ def _tables(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo, qu
     published.add_published(groups, rows, opts.paper)
     checked = _claims(root, groups, opts)
     with _writing(root):
-        (root / "results.csv").write_text(to_csv(rows))
-        (root / "results.md").write_text(to_markdown(rows, at_rounds))
+        write_atomic(root / "results.csv", to_csv(rows))
+        write_atomic(root / "results.md", to_markdown(rows, at_rounds))
     if not quiet and echo is print:
         print_table(rows, at_rounds, title=opts.title or f"fedrift comparison: {root.resolve().name}")
     elif not quiet:
@@ -177,8 +206,8 @@ def _claims(root: Path, groups: Sequence[Group], opts: ReportOptions) -> list[di
     with _writing(root):
         for name, write in (("claims.csv", claims.to_csv), ("claims.md", claims.to_markdown)):
             if checked:
-                (root / name).write_text(write(checked))
-            elif (root / name).is_file():
+                write_atomic(root / name, write(checked))
+            elif (root / name).is_file() or (root / name).is_symlink():
                 (root / name).unlink()
     return checked
 
@@ -189,7 +218,7 @@ def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Ech
     from fedrift.report.plots import drift_curves, learning_curves, partition_plots
     from fedrift.report.tsne import choose_runs, default_algorithms, tsne_plot
 
-    folder = root / "figures"
+    folder = make_dir(root / "figures")
     for pattern in ("learning_curves.*", "drift.*", "partition-*.*", "tsne.*"):  # this report's own files
         for old in folder.glob(pattern):
             if old.suffix in (".png", ".svg"):
@@ -206,9 +235,15 @@ def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Ech
     chosen = choose_runs(groups, names)
     if chosen:
         try:
-            ts = tsne_plot(chosen, folder / "tsne", opts.tsne_points, why=why)
-        except (FedriftError, OSError, RuntimeError, KeyError) as err:
+            unread = [problem for problem in (_model_problem(run) for _, run in chosen) if problem]
+            for line in unread:
+                echo(f"t-SNE skipped: {line}")
+            ts = None if unread else tsne_plot(chosen, folder / "tsne", opts.tsne_points, why=why)
+        except FedriftError as err:
             echo(f"t-SNE skipped: {err}")
+            ts = None
+        except (OSError, RuntimeError, KeyError) as err:
+            echo(f"t-SNE skipped: {_torch_reason(err)}")
             ts = None
         if ts:
             plots.append(ts)
@@ -217,13 +252,73 @@ def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Ech
     return plots
 
 
+def _model_problem(run: Any) -> str:
+    """Why the run's ``final_model.pt`` cannot go into a figure, on one line naming the file
+    ("" when it can): a file ``torch.load(weights_only=True)`` refuses (it holds Python objects
+    besides tensors: never unpickled here), a truncated or damaged file, one that is not a
+    state dict of tensors, or one whose tensors do not fit the model the run's config builds."""
+    import torch
+
+    from fedrift.report.tsne import run_features
+
+    path = Path(run.dir) / "final_model.pt"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:  # torch's message advises weights_only=False: not repeated
+        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(err))
+        what = f"a Python object ({found.group(1)})" if found else "pickled data other than tensors"
+        return f"{path}: holds {what}; a model file is read as tensors only, nothing else in it is loaded"
+    except EOFError:
+        return f"{path}: truncated (the file ends early)"
+    except Exception as err:  # noqa: BLE001 - bytes from anywhere: a cut zip archive, another format
+        return f"{path}: damaged or truncated, not a whole torch file ({_torch_reason(err)})"
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                 for k, v in state.items()):
+        return f"{path}: not a state dict of tensors (it holds a {type(state).__name__})"
+    try:
+        run_features(run, points=10)  # the figure's own model, on 10 samples
+    except RuntimeError as err:
+        if not str(err).startswith("Error(s) in loading state_dict"):
+            raise
+        detail = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+        return f"{path}: does not fit the model of the run's config.yaml ({(detail or ['?'])[0][:200]})"
+    return ""
+
+
+def _torch_reason(err: BaseException) -> str:
+    """A torch error's first sentence on one line, its type when that is all there is (or
+    when it advises loading with weights_only=False)."""
+    text = " ".join(str(err).split()).partition(". ")[0].strip()
+    if not text or "weights_only" in text:
+        return type(err).__name__
+    return text if isinstance(err, RuntimeError) else f"{type(err).__name__}: {text}"
+
+
 def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = None, html_path: str | Path | None = None,
-                 echo: Echo = print) -> tuple[list[dict[str, Any]], Path]:
-    """Tables, figures and ``report.html`` for the runs under ``root``; returns (rows, html path)."""
+                 echo: Echo = print, trust_plugins: bool = False) -> tuple[list[dict[str, Any]], Path]:
+    """Tables, figures and ``report.html`` for the runs under ``root``; returns (rows, html path).
+
+    ``trust_plugins``: import the plugins the runs' config.yaml name (their code runs); without
+    it none is imported that is not imported already, and a line says which were left out.
+    """
+    with run_folders(trust_plugins) as untrusted:
+        return _build_report(Path(root), raw, html_path, echo, untrusted)
+
+
+def _build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None, html_path: str | Path | None,
+                  echo: Echo, untrusted: list[str]) -> tuple[list[dict[str, Any]], Path]:
     from fedrift.engine.deployed_run import AGAIN, deployed
 
-    root = Path(root)
-    groups, grid = load_groups(root)
+    notes: list[str] = []  # what was left out and why: printed, and at the top of the page
+
+    def warn(line: str) -> None:
+        notes.append(line)
+        echo(line)
+
+    skipped: list[str] = []
+    groups, grid = load_groups(root, skipped)
+    for line in skipped + _plugins_note(groups, untrusted):
+        warn(line)
     opts = _merged_options(grid, raw)
     check_report_names(opts, list(dict.fromkeys(g.algorithm for g in groups)))
     for run in (r for g in groups for r in g.runs):
@@ -240,15 +335,15 @@ def build_report(root: Path, raw: Mapping[str, Any] | ReportOptions | None = Non
         dest = root.parent / f"{root.name}-report"
         echo(f"{root}: a run folder: the report goes beside it, in {dest}")
         with _writing(dest):
-            dest.mkdir(exist_ok=True)
+            make_dir(dest, parents=False)
     rows, at_rounds, checked = _tables(dest, groups, opts, echo)
     with _writing(dest):
-        plots = make_figures(dest, groups, opts, echo, rows) if opts.plots else []
+        plots = make_figures(dest, groups, opts, warn, rows) if opts.plots else []
     out = Path(html_path) if html_path is not None else dest / "report.html"
-    page = render_html(root, groups, grid, rows, at_rounds, plots, opts, checked)
+    page = render_html(root, groups, grid, rows, at_rounds, plots, opts, checked, notes)
     with _writing(root):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(page)
+        make_dir(out.parent)
+        write_atomic(out, page)
     return rows, out
 
 
@@ -346,13 +441,16 @@ def fit_table(table_id: str, headers: Sequence[Any], rows: Sequence[Sequence[Any
 
 def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None, rows: Sequence[dict[str, Any]],
                 at_rounds: Sequence[int], plots: Sequence[Any], opts: ReportOptions,
-                checked: Sequence[dict[str, Any]] = ()) -> str:
+                checked: Sequence[dict[str, Any]] = (), notes: Sequence[str] = ()) -> str:
+    """The page; ``notes``: lines on what was left out (a skipped run folder, a figure's
+    unreadable model file), shown at its top."""
     title = opts.title or f"fedrift comparison: {root.resolve().name}"
     headers, cells = display_table(rows, at_rounds, pm="±")
     paired_note = note(rows, pm="±")
     paper_note = published.note(rows, pm="±")
     parts = [
         *page_head(title, ""),
+        *(f'<p class="warn" id="skipped-{i + 1}">{_e(line)}</p>' for i, line in enumerate(notes)),
         *(f'<p class="warn" id="tuned-warning">{_e(line)}</p>' for line in ((grid or {}).get("tuned") or {}).get("warnings") or []),
         "<h2>Grid</h2>",
         '<table class="kv" id="grid"><tbody>',

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from fedrift.safe_files import atomic_file
 
 
 def _as_counts(counts: np.ndarray) -> np.ndarray:
@@ -104,9 +105,11 @@ def bubble_plot(counts: np.ndarray, path: Path, title: str) -> None:
     ax.grid(True, alpha=0.2)
     fig.tight_layout()
     png = path if path.suffix.lower() == ".png" else path.with_suffix(".png")
-    fig.savefig(png, format="png")
+    with atomic_file(png) as f:
+        fig.savefig(f, format="png")
     if path.suffix.lower() == ".svg":
-        fig.savefig(path, format="svg")
+        with atomic_file(path) as f:
+            fig.savefig(f, format="svg")
 
 
 __all__ = ["bubble_plot", "count_table", "heterogeneity"]

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedrift.report.table import Group, Run, short_names
+from fedrift.safe_files import atomic_file, make_dir
 
 DRIFT_KEYS = {"drift_logit_kl": "logit KL(global || local)", "drift_feature_l2": "feature L2 ||h_local - h_global||"}
 
@@ -49,10 +50,11 @@ def new_figure(width: float, height: float) -> Figure:
 
 def save(fig: Figure, base: Path) -> tuple[Path, Path]:
     """``base.png`` and ``base.svg``."""
-    base.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(base.parent)
     png, svg = base.with_suffix(".png"), base.with_suffix(".svg")
-    fig.savefig(png, format="png", bbox_inches="tight")  # legends placed beside panels included
-    fig.savefig(svg, format="svg", bbox_inches="tight")
+    for path, kind in ((png, "png"), (svg, "svg")):
+        with atomic_file(path) as f:
+            fig.savefig(f, format=kind, bbox_inches="tight")  # legends placed beside panels included
     return png, svg
 
 
@@ -237,7 +239,7 @@ def partition_plots(groups: Sequence[Group], folder: Path, warn: Any = print) ->
         title = f"{ds.name}: {part.name}({detail}), {part.num_clients} clients, seed {run.seed}"
         name = f"partition-{i + 1}"
         base = folder / name
-        base.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(base.parent)
         bubble_plot(counts, base.with_suffix(".svg"), title)
         stats = heterogeneity(counts)
         plots.append(Plot(f"Partition: {part.name}({detail})",

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from fedrift.report.html import _e, _img, fit_table, page_head
 from fedrift.report.table import markdown_lines
+from fedrift.safe_files import make_dir, write_atomic
 
 
 RUNG_NOTE = ("val % at N rounds: the best validation accuracy of the entry's trials that reached N rounds (how many "
@@ -169,7 +170,7 @@ def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True
     returns the page's path. The page says when it was written (seconds and time zone): at the
     select's end."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    make_dir(root)
     generated = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z").strip()
     outcome = _outcome(page)
     text, rest, command = _rec_lines(page)
@@ -196,7 +197,7 @@ def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True
     md += ["## Left out", "", *(f"- {line}" for line in left), ""] if left else []
     md += ["## The confirmation", "", confirm_md.read_text() if confirm_md else "(no confirmation table)", ""]
     md += [f"Page written {generated}, when the select ended.", ""]
-    (root / "select.md").write_text("\n".join(md))
+    write_atomic(root / "select.md", "\n".join(md))
 
     png = _figure(root, page) if figures and trials else None
     kind = "warn" if str(page.get("outcome") or "") in ("no recommendation", "stopped", "refused") else "meta"
@@ -247,7 +248,7 @@ def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True
         parts.append('<p class="note">No confirmation table: no confirmation run finished.</p>')
     parts += ["</body>", "</html>", ""]
     out = root / "select.html"
-    out.write_text("\n".join(parts))
+    write_atomic(out, "\n".join(parts))
     return out
 
 

@@ -55,7 +55,7 @@ import yaml
 
 from fedrift import yamlio
 from fedrift.config import Config, load_config
-from fedrift.errors import ConfigError, FedriftError
+from fedrift.errors import ConfigError, FedriftError, describe_os_error
 from fedrift.report import paired, published
 
 # summary keys of runs with a validation split (partition.val_share)
@@ -93,6 +93,7 @@ class Run:
     summary: dict[str, Any] = field(default_factory=dict)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     seed: int | None = None
+    problem: str = ""  # why config.yaml was not read ("config.yaml: not valid YAML (...)"), else ""
 
     @property
     def status(self) -> str:
@@ -132,22 +133,41 @@ def _is_round(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _read_mapping(path: Path, parse: Callable[[str], Any]) -> dict[str, Any]:
-    """A run file's mapping; {} when it is missing or damaged (the run then reads as
-    interrupted or missing: its report entry says so, it is never a crash)."""
+def _read_mapping(path: Path, parse: Callable[[str], Any]) -> tuple[dict[str, Any], str]:
+    """A run file's mapping and, when it is there but cannot be used, why in a few words; {}
+    when it is missing or damaged (the run then reads as interrupted or missing, or is skipped
+    with the reason: its report says so, it is never a crash)."""
+    if not path.is_file():
+        return {}, ""
     try:
-        doc = parse(path.read_text()) if path.is_file() else None
-    except (ValueError, yaml.YAMLError):  # UnicodeDecodeError is a ValueError
-        return {}
-    return doc if isinstance(doc, dict) else {}
+        doc = parse(path.read_text())
+    except OSError as err:
+        return {}, describe_os_error(err, path, "read")
+    except UnicodeDecodeError:
+        return {}, "not UTF-8 text"
+    except yaml.YAMLError as err:  # a tag such as !!python/object: safe YAML refuses it
+        return {}, f"not valid YAML ({_yaml_problem(err)})"
+    except ValueError as err:
+        return {}, f"not valid JSON ({' '.join(str(err).split())})"
+    if not isinstance(doc, dict):
+        return {}, f"not a mapping of keys (a {type(doc).__name__})" if doc is not None else "empty"
+    return doc, "" if doc else "empty"
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """``could not determine a constructor for the tag '...', line 3``: PyYAML's message on one line."""
+    problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    mark = getattr(err, "problem_mark", None)
+    return f"{problem}, line {mark.line + 1}" if mark is not None else str(problem)
 
 
 def load_run(d: Path) -> Run:
     d = Path(d)
     run = Run(d)
-    config = _read_mapping(d / "config.yaml", yamlio.load)
+    config, why = _read_mapping(d / "config.yaml", yamlio.load)
     run.config = _with_defaults(config) if config else {}
-    run.summary = _read_mapping(d / "summary.json", json.loads)
+    run.problem = f"config.yaml: {why}" if why else ""
+    run.summary, _ = _read_mapping(d / "summary.json", json.loads)
     run.metrics = read_metrics(d / "metrics.jsonl")
     seed = run.summary.get("seed", run.config.get("seed"))
     run.seed = int(seed) if isinstance(seed, int) else None
@@ -214,8 +234,9 @@ def _usual(values: list[Any], default: Any) -> str:
     return json.dumps(default, default=str)
 
 
-def load_groups(root: Path) -> tuple[list[Group], dict[str, Any] | None]:
-    """The settings under ``root`` and the grid description (None without compare.json)."""
+def load_groups(root: Path, notes: list[str] | None = None) -> tuple[list[Group], dict[str, Any] | None]:
+    """The settings under ``root`` and the grid description (None without compare.json);
+    ``notes`` gets a line for each run folder skipped or whose config.yaml was not read, and why."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"runs folder {str(root)!r} does not exist")
@@ -232,17 +253,27 @@ def load_groups(root: Path) -> tuple[list[Group], dict[str, Any] | None]:
                 run = load_run(root / s["dir"] / f"seed{seed}")
                 run.seed = seed
                 runs.append(run)
+                if run.problem and notes is not None:  # the grid says which setting it is: kept
+                    notes.append(f"{run.dir}: {run.problem}; reported from its summary.json and metrics.jsonl")
             groups.append(Group(s["label"], s["algorithm"], dict(s["sweep"]), runs, s["dir"]))
         return groups, grid
-    return discover_groups(root), None
+    return discover_groups(root, notes), None
 
 
-def discover_groups(root: Path) -> list[Group]:
-    """Group every run folder under ``root`` (one with config.yaml) by config minus seed."""
-    runs = [load_run(p.parent) for p in sorted(Path(root).rglob("config.yaml"))]
-    runs = [r for r in runs if r.config]
+def discover_groups(root: Path, notes: list[str] | None = None) -> list[Group]:
+    """Group every run folder under ``root`` (one with config.yaml) by config minus seed; a
+    folder whose config.yaml cannot be read is skipped, with a line in ``notes`` saying why."""
+    found = [load_run(p.parent) for p in sorted(Path(root).rglob("config.yaml"))]
+    runs = [r for r in found if r.config]
+    skipped = [f"{r.dir}: {r.problem or 'config.yaml: empty'}" for r in found if not r.config]
+    if notes is not None:
+        notes += [f"{line}; skipped" for line in skipped]
     if not runs:
-        raise ConfigError(f"no runs under {str(root)!r} (no folder with config.yaml and summary.json)")
+        if not skipped:
+            raise ConfigError(f"no runs under {str(root)!r} (no folder with config.yaml and summary.json)")
+        more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        raise ConfigError(f"no runs under {str(root)!r}: every folder with config.yaml was skipped: "
+                          + "; ".join(skipped[:3]) + more)
     keyed: dict[str, list[Run]] = {}
     flat: dict[str, dict[str, Any]] = {}
     for r in runs:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from fedrift.report.html import _e, _img, fit_table, page_head
 from fedrift.report.table import read_metrics
+from fedrift.safe_files import write_atomic
 
 
 def _fmt(v: Any) -> str:
@@ -153,5 +154,5 @@ def render_tune_page(root: Path, results: Mapping[str, Mapping[str, Any]], figur
         parts += ["</tbody></table></div>"]
     parts += ["</body>", "</html>", ""]
     out = root / "tune.html"
-    out.write_text("\n".join(parts))
+    write_atomic(out, "\n".join(parts))
     return out, "\n".join(md) + "\n"
