@@ -1,27 +1,51 @@
 # make demo: set up .venv and run the main job (a comparison); make test: set up and run the tests;
-# make check: the inner loop (the tests that start no process).
+# make check: the inner loop (the tests that start no process); make lock: constraints.txt from .venv.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check setup browser clean docs docs-serve
+.PHONY: demo test check setup lock browser clean docs docs-serve
+
+# pip, then torch alone, then fedrift with every extra but bench, all under constraints.txt:
+# the version of every distribution the set-up installs, pip and setuptools included, as
+# `make lock` wrote them (issue 68, F15), so that a set-up a month from now installs what the
+# tests passed with, not the newest of each. One left out: certifi, a bundle of CA certificates
+# that changes no result and is best current; flwr 1.42.0 asks for one (>=2026.10.19) newer
+# than some package indexes hold, and there flwr goes in without that one requirement (the
+# certifi installed serves it).
+TORCH := torch==2.13.0
+UNLOCKED := certifi
 
 setup: $(STAMP)
 
-# The flower extra: flwr 1.42.0 asks for a certifi (>=2026.10.19) newer than some package indexes
-# hold; there flwr goes in without that one requirement (the certifi installed serves it).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q --upgrade -c constraints.txt pip
+	$(BIN)/python -m pip install -q -c constraints.txt $(TORCH)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,privacy,ray,tune,tensorboard,text,docs]'
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[flower]' || { \
-	  $(BIN)/python -m pip install -q --no-deps 'flwr>=1.42,<2' && \
+	  $(BIN)/python -m pip install -q -c constraints.txt --no-deps 'flwr>=1.42,<2' && \
 	  $(BIN)/python -c "import importlib.metadata as m; print('\n'.join(r for r in m.requires('flwr') if 'extra ==' not in r and not r.startswith('certifi')))" > $(VENV)/flwr-requirements.txt && \
 	  $(BIN)/python -m pip install -q -c constraints.txt -r $(VENV)/flwr-requirements.txt; }
 	$(BIN)/python -m compileall -q src  # fedrift's bytecode: its command starts faster where PYTHONDONTWRITEBYTECODE is set
 	touch $(STAMP)
+
+# constraints.txt from what .venv holds now: every installed distribution at its version (pip's
+# list: no file URLs; fedrift itself, installed editable, left out), torch first as the set-up
+# installs it ($(TORCH), without the wheel's +cpu label). Run it after adding or upgrading a
+# package in .venv (or changing pyproject.toml's dependencies and installing them), then make
+# test, and commit constraints.txt with the change; tests/test_config_bounds.py fails while a
+# distribution that fedrift's extras need is not pinned at its installed version.
+lock:
+	@test -x $(BIN)/python || { echo "make lock: no $(BIN)/python: make setup first"; exit 2; }
+	$(BIN)/python -m pip list --format=freeze --exclude-editable > constraints.txt.new
+	{ echo "# Every version make setup installs, written by make lock from .venv (README: Two commands)."; \
+	  echo "# Keep every install on the local CPU build of torch; a newer torch drags in CUDA packages."; \
+	  echo "$(TORCH)"; \
+	  grep -v -i -E '^(torch|fedrift|$(UNLOCKED))==' constraints.txt.new; \
+	} > constraints.txt && rm constraints.txt.new
+	@echo "make lock: constraints.txt pins $$(grep -c '==' constraints.txt) distributions"
 
 # The main job: five drift remedies on 20 label-skewed MNIST clients, two seeds, the table with
 # paired differences to FedAvg and runs/demo/report.html (about 4 minutes on 2 idle cores). Two

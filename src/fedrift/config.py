@@ -9,6 +9,7 @@ against the entry's options class, so every key is checked. Any refusal is a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -22,7 +23,9 @@ from fedrift.errors import ConfigError
 from fedrift.overrides import parse_algorithm, parse_value
 from fedrift.plugins import load_plugins
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+# allow_inf_nan=False: a float key refuses "inf" and "nan" given as text (an override's
+# train.lr=inf) as it refuses a YAML .inf (see check_numbers)
+_STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _Section(BaseModel):
@@ -32,7 +35,7 @@ class _Section(BaseModel):
 class NamedSection(BaseModel):
     """A registry choice plus that entry's options (validated later, per entry)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     name: str
 
     @property
@@ -333,6 +336,98 @@ class Config(_Section):
     privacy: PrivacyConfig = Field(PrivacyConfig(), description="differential privacy")
     output: OutputConfig = Field(OutputConfig(), description="the run folder")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _finite(cls, data: Any) -> Any:
+        """No inf or nan anywhere in the document, a named section's options included (their
+        entries' classes check them again, typed: :func:`validate_options`)."""
+        if isinstance(data, Mapping):
+            check_numbers(data, "", counts=False)
+        return data
+
+    @model_validator(mode="after")
+    def _bounded(self) -> "Config":
+        """Every number of the validated config within its kind's bounds (:func:`check_numbers`)."""
+        check_numbers(self, "")
+        return self
+
+
+# ---------------------------------------------------------------------------------------
+# Bounds on every number (issue 68, F16), checked in one place: for the whole config by
+# Config's two validators above, for a registry entry's options by validate_options; a new key
+# is covered without a bound of its own. Refusals are ConfigErrors naming the key, the value
+# and what is allowed.
+#
+# Floats: finite. No key gives inf or nan a meaning ("no limit" is null: train.clip_grad_norm,
+# privacy.clip, engine.divergence_factor and divergence_loss), so an inf or a nan is a typo or
+# an overflow (a YAML 1e999).
+# Integers, by kind:
+# - seeds (``seed``, ``*_seed``: the run's, a dataset's split_seed, subset_seed...): 0 to
+#   2**63 - 1. numpy's generators refuse a negative seed (a traceback deep in the data, before),
+#   torch's manual_seed stops at 2**64 - 1, and a seed is written to summary.json and read back
+#   by the reports into int64 columns: int64's range, non-negative.
+# - every other integer is a count or a size (rounds, epochs, steps, clients, batch sizes,
+#   samples, widths, milestones): at most 10**9 in magnitude. 10**9 < 2**31, so a count fits
+#   every index type the engine meets (an int32 index tensor, a 32-bit CUDA kernel index), and
+#   a product of a few (rounds x clients x steps, the keys of the per-step generators; samples
+#   x epochs) stays far inside int64; no run comes near a billion rounds or clients, while a
+#   typo's 10**23 was accepted and became a loop that never ends or an allocation that fails.
+COUNT_MAX = 10**9
+SEED_MAX = 2**63 - 1
+
+
+def check_numbers(value: Any, key: str, counts: bool = True) -> None:
+    """Refuse an inf or a nan anywhere in ``value`` (a validated config or options object, or a
+    plain document of mappings and lists) and, where ``counts``, an integer outside its kind's
+    bounds: a typed value's integers are integer keys' (a plain document's may be a float key's
+    ``10``, so its integers wait until they are typed). ``key``: the dotted key of ``value``."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{key or 'config'}: {value} is not a finite number; allowed: a finite number (no inf or nan)")
+        return
+    if isinstance(value, int):
+        if counts:
+            _check_int(value, key)
+        return
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            check_numbers(getattr(value, name), _dotted(key, name), counts)
+        for name, extra in (value.model_extra or {}).items():  # a named section's options: untyped here
+            check_numbers(extra, _dotted(key, str(name)), counts=False)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            check_numbers(getattr(value, f.name), _dotted(key, f.name), counts)
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            check_numbers(item, _dotted(key, str(name)), counts)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            check_numbers(item, key, counts)
+
+
+def _check_int(value: int, key: str) -> None:
+    last = key.rsplit(".", 1)[-1]
+    if last == "seed" or last.endswith("_seed"):
+        if not 0 <= value <= SEED_MAX:
+            raise ConfigError(f"{key}: {_shown(value)} is not a seed; allowed: a whole number from 0 to "
+                              f"{SEED_MAX} (2**63 - 1)")
+    elif value > COUNT_MAX:
+        raise ConfigError(f"{key}: {_shown(value)} is too large; allowed: at most {COUNT_MAX} (10**9)")
+    elif value < -COUNT_MAX:
+        raise ConfigError(f"{key}: {_shown(value)} is too small; allowed: at least -{COUNT_MAX} (-10**9)")
+
+
+def _shown(value: int) -> str:
+    """An integer as given, or its first digits and length when it runs past a line."""
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+
+
+def _dotted(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
 
 # ---------------------------------------------------------------------------------------
 # Loading and overrides
@@ -347,6 +442,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         with p.open() as f:
             doc = yamlio.load(f)  # from the file object: errors name the file, not "<unicode string>"
+    except yamlio.DuplicateKeyError as err:  # one line already: FILE line N: key 'lr' appears twice ...
+        raise ConfigError(str(err)) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_one_line(err)}") from None
     except UnicodeDecodeError:
@@ -379,7 +476,7 @@ def apply_overrides(doc: Mapping[str, Any], overrides: list[str], shared: Shared
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. train.rounds=10)")
-        value = parse_value(raw)
+        value = parse_value(raw, f"override {item!r}")
         node = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):
@@ -520,8 +617,9 @@ def validate_options(section: str, params_cls: type | None, options: dict[str, A
             raise ConfigError(f"{section}.{next(iter(options))}: unknown key; allowed: {', '.join(own)} "
                               f"(this {section} takes no options of its own)")
         return None
+    check_numbers(options, section, counts=False)  # an inf or a nan: before the entry's own bounds' messages
     try:
-        return params_cls(**options)
+        obj = params_cls(**options)
     except ValidationError as err:
         first = err.errors()[0]
         if first["type"] in ("extra_forbidden", "unexpected_keyword_argument") and len(first["loc"]) == 1:
@@ -530,6 +628,8 @@ def validate_options(section: str, params_cls: type | None, options: dict[str, A
         raise ConfigError(_describe(err, params_cls, prefix=section)) from None
     except TypeError as err:  # pragma: no cover - pydantic reports bad keys itself
         raise ConfigError(f"{section}: {err}") from None
+    check_numbers(obj, section)  # typed now: an inf from text ("inf"), integers by kind
+    return obj
 
 
 # ---------------------------------------------------------------------------------------
@@ -548,10 +648,34 @@ def _describe(err: ValidationError, root: type, prefix: str = "") -> str:
         msg = str(first.get("ctx", {}).get("error", first["msg"]))
         return msg if "." in msg.split(" ")[0] else f"{key}: {msg}"
     got = first.get("input")
+    if kind == "finite_number" or (kind in _FLOAT_ERRORS and _non_finite(got)):  # "inf", "nan", 1e999, 10**400
+        shown_got = _shown(got) if isinstance(got, int) else got
+        key = ".".join(p for p in key.split(".") if "-" not in p and "[" not in p)  # less a union's tag: constrained-float
+        return f"{key}: {shown_got} is not a finite number; allowed: a finite number (no inf or nan)"
+    if kind == "int_parsing_size":  # 1.0e+30 for an integer key
+        if isinstance(got, (int, float)) and got < 0:
+            return f"{key}: {got} is too small; allowed: at least -{COUNT_MAX} (-10**9)"
+        return f"{key}: {got} is too large; allowed: at most {COUNT_MAX} (10**9)"
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
     if kind in ("model_type", "model_attributes_type", "dataclass_type", "dict_type"):  # a section given a value
         return f"{key}: must be a section of keys (a mapping){shown}"
     return f"{key}: {first['msg'].lower()}{shown}"
+
+
+# a float key's refusals: of a nan (it fails every bound), of an integer past float's range
+_FLOAT_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "multiple_of", "float_type")
+
+
+def _non_finite(got: Any) -> bool:
+    """Whether a refused value reads as an inf or a nan as a float (10**400 does: float's inf)."""
+    if isinstance(got, bool) or not isinstance(got, (int, float, str)):
+        return False
+    try:
+        return not math.isfinite(float(got))
+    except OverflowError:
+        return True
+    except ValueError:
+        return False
 
 
 def _allowed_keys(root: type, path: list[str]) -> list[str]:

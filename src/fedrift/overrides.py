@@ -48,10 +48,14 @@ def _depth_zero_close(raw: str) -> bool:
     return False
 
 
-def parse_value(raw: str) -> Any:
-    """A value as YAML reads it (``0.1``, ``[64, 64]``, ``none``); text that is not YAML as it is."""
+def parse_value(raw: str, where: str = "") -> Any:
+    """A value as YAML reads it (``0.1``, ``[64, 64]``, ``none``); text that is not YAML as it is.
+    A mapping that gives a key twice (``{a: 1, a: 2}``) is refused, naming ``where`` (the
+    override) or the value."""
     try:
         return yamlio.load(raw) if raw.strip() else None
+    except yamlio.DuplicateKeyError as err:
+        raise ConfigError(f"{where or f'value {raw.strip()!r}'}: {err.problem}") from None
     except yaml.YAMLError:
         return raw
 

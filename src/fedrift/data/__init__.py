@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedrift.data.base import Dataset, arrays_dataset
+from fedrift.data.base import Dataset, arrays_dataset, check_dataset
 from fedrift.errors import ConfigError
 from fedrift.registry import Registry
 
@@ -27,14 +27,19 @@ FROM_ROOT += ("office_caltech10",)
 
 def load_dataset(name: str, root: Path | None, options: Any) -> Dataset:
     """Load dataset ``name``; ``options`` is an instance of its registered params class. A
-    ``root`` given to an embedded dataset is refused: the user meant files it would ignore."""
+    ``root`` given to an embedded dataset is refused: the user meant files it would ignore.
+    Data read from files (and a plugin's) passes :func:`~fedrift.data.base.check_dataset` once
+    here: empty splits, class ids beyond the model's head, non-finite or absurd features are a
+    DataError naming the file, before anything is sized from them."""
     entry = DATASETS.get(name, "data.name")
-    if root is not None and name not in FROM_ROOT and entry.source == "built in":
+    generated = name not in FROM_ROOT and entry.source == "built in"  # embedded: no file of the user's
+    if root is not None and generated:
         raise ConfigError(
             f"data.root: {name} is embedded and reads no folder; allowed: no data.root with {name}, "
             f"or a dataset read from data.root ({', '.join(FROM_ROOT)})"
         )
-    return entry.factory(root=root, options=options)
+    dataset = entry.factory(root=root, options=options)
+    return dataset if generated else check_dataset(dataset, root)
 
 
-__all__ = ["DATASETS", "FROM_ROOT", "Dataset", "arrays_dataset", "load_dataset"]
+__all__ = ["DATASETS", "FROM_ROOT", "Dataset", "arrays_dataset", "check_dataset", "load_dataset"]

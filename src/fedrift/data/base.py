@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from fedrift.errors import DataError
+
+FEATURE_LIMIT = 1e6
+"""The largest magnitude of a float feature (after the loader's own scaling). The models take
+inputs of order 1 (standardised, or pixels / 255) and start from weights of order
+1/sqrt(fan-in): a feature a million times that is a unit slip or a corrupt row (raw
+timestamps, an unscaled counter, 1e300), and its first step sends the loss to inf, where the
+run would blame ``train.lr``. float32 stays exact to 1 in 2**24 well past it."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,7 @@ class Dataset:
     train_domains: np.ndarray | None = None  # int64 (n_train,): index into domain_names
     test_domains: np.ndarray | None = None  # int64 (n_test,), or None
     domain_names: tuple[str, ...] = ()
+    source: str = ""  # the file or folder the samples were read from, named by refusals ("": none)
 
     def __post_init__(self) -> None:
         if (self.x_train.dtype == torch.uint8) != (self.pixel_norm is not None):
@@ -173,24 +184,111 @@ def arrays_dataset(
     x_test: "np.ndarray | torch.Tensor",
     y_test: "np.ndarray | torch.Tensor",
     num_classes: int | None = None,
+    source: str = "",
 ) -> Dataset:
     """A Dataset from arrays in memory (numpy or CPU torch): uint8 ``x`` is images, ``(n, C, H, W)``
     or ``(n, H, W)`` (one channel), normalised per channel with the training split's statistics;
     any other ``x`` is float features used as they are (as float32). ``y`` holds class ids from
-    0; ``num_classes`` None: the largest id + 1."""
+    0; ``num_classes`` None: the largest id + 1 (:func:`class_count` checks both against the
+    sample count). ``source``: the file the arrays came from, named by refusals."""
     xtr, xte = np.asarray(x_train), np.asarray(x_test)
-    ytr, yte = np.asarray(y_train).astype(np.int64), np.asarray(y_test).astype(np.int64)
-    if num_classes is None:
-        num_classes = int(max(ytr.max(initial=-1), yte.max(initial=-1))) + 1
+    ytr, yte = np.asarray(y_train), np.asarray(y_test)
+    num_classes = class_count(ytr, yte, num_classes, _where(source, name))
+    ytr, yte = ytr.astype(np.int64), yte.astype(np.int64)
     if xtr.dtype == np.uint8:
         if xtr.ndim == 3:
             xtr, xte = xtr[:, None], xte[:, None]
-        return image_dataset(name, xtr, ytr, xte, yte, num_classes)
-    return Dataset(
-        name,
-        torch.from_numpy(np.ascontiguousarray(xtr, dtype=np.float32)),
-        torch.from_numpy(ytr),
-        torch.from_numpy(np.ascontiguousarray(xte, dtype=np.float32)),
-        torch.from_numpy(yte),
-        num_classes,
-    )
+        return replace(image_dataset(name, xtr, ytr, xte, yte, num_classes), source=source)
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, refused by check_dataset
+        xtr, xte = np.ascontiguousarray(xtr, dtype=np.float32), np.ascontiguousarray(xte, dtype=np.float32)
+    return Dataset(name, torch.from_numpy(xtr), torch.from_numpy(ytr), torch.from_numpy(xte), torch.from_numpy(yte),
+                   num_classes, source=source)
+
+
+def _where(source: str | None, name: str) -> str:
+    """How a refusal names the data: ``data.root: FILE``, or the dataset when it has no file."""
+    return f"data.root: {source}" if source else f"data: {name}"
+
+
+def _need_samples(n_train: int, n_test: int, where: str) -> None:
+    for split, n in (("train", n_train), ("test", n_test)):
+        if not n:
+            raise DataError(f"{where}: the {split} split is empty (x_{split}, y_{split} hold 0 samples); "
+                            f"allowed: at least one training and one test sample")
+
+
+def class_count(y_train: np.ndarray, y_test: np.ndarray, num_classes: int | None, where: str) -> int:
+    """The number of classes C, checked before anything (one-hot rows, the model's head, the
+    partition's counts) is sized from it: ``y`` holds integer class ids from 0 (integral floats
+    pass); C is ``num_classes`` (the config's: every id below it) or, None, the largest id + 1;
+    either way at most the number of training samples (a class no sample can show is a label
+    gone wrong: 10**9 would size gigabytes). ``where`` opens the refusal (:func:`_where`)."""
+    _need_samples(len(y_train), len(y_test), where)
+    top, top_split = -1, "y_train"
+    for split, y in (("y_train", y_train), ("y_test", y_test)):
+        if y.ndim != 1:
+            raise DataError(f"{where}: {split} has shape {y.shape}; allowed: one class id per sample, shape (N,)")
+        if not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
+            if not np.issubdtype(y.dtype, np.floating):
+                raise DataError(f"{where}: {split} is {y.dtype}; allowed: integer class ids")
+            odd = ~np.isfinite(y) | (y != np.floor(y))
+            if odd.any():
+                raise DataError(f"{where}: {split} holds {y[np.argmax(odd)]:g}; allowed: integer class ids")
+        low, high = y.min(), y.max()
+        if low < 0:
+            raise DataError(f"{where}: {split} holds class id {int(low)}; allowed: class ids from 0")
+        if high > top:
+            top, top_split = int(high), split
+    n = len(y_train)
+    if num_classes is None:
+        if top >= n:
+            raise DataError(f"{where}: {top_split} holds class id {top} but only {n} training samples; allowed: "
+                            f"class ids 0..C-1 with C at most the number of training samples")
+        return top + 1
+    file = where.split(": ", 1)[-1]
+    if top >= num_classes:
+        raise DataError(f"data.num_classes: {num_classes}, but {file} has class id {top}; allowed: {top + 1} or more")
+    if num_classes > n:
+        raise DataError(f"data.num_classes: {num_classes} is more classes than the {n} training samples of {file}; "
+                        f"allowed: {top + 1}..{n} (or null: the largest class id + 1)")
+    return int(num_classes)
+
+
+def check_dataset(ds: Dataset, source: "str | Path | None" = None) -> Dataset:
+    """``ds``, or a :class:`~fedrift.errors.DataError` naming the file read (``ds.source``; else
+    ``source``, e.g. ``data.root``; else the dataset's name) and what no run can use: an empty train or test
+    split, labels that are not ids ``0..num_classes-1`` one per sample (the model's head has
+    ``num_classes`` outputs), float features that are not finite or exceed
+    :data:`FEATURE_LIMIT` in magnitude (uint8 images and token ids are in range by their type).
+    A few reductions over each tensor, no loop over samples: called once, as a dataset loads."""
+    where = _where(ds.source or (str(source) if source else None), ds.name)
+    _need_samples(ds.x_train.shape[0], ds.x_test.shape[0], where)
+    for split, x, y in (("train", ds.x_train, ds.y_train), ("test", ds.x_test, ds.y_test)):
+        if y.dtype != torch.int64 or y.shape != (x.shape[0],):
+            raise DataError(f"{where}: y_{split} is {y.dtype} {tuple(y.shape)} beside x_{split} {tuple(x.shape)}; "
+                            f"allowed: one int64 class id per sample")
+        low, high = (int(v) for v in torch.aminmax(y))
+        if low < 0 or high >= ds.num_classes:
+            bad = low if low < 0 else high
+            raise DataError(f"{where}: y_{split} holds class id {bad}; allowed: 0..{ds.num_classes - 1} "
+                            f"({ds.num_classes} classes)")
+        if x.is_floating_point():
+            low, high = (float(v) for v in torch.aminmax(x))
+            if not (-FEATURE_LIMIT <= low and high <= FEATURE_LIMIT):  # NaN fails both
+                raise DataError(f"{where}: {_bad_feature(x, split)}; allowed: finite features of magnitude at most "
+                                f"{_num(FEATURE_LIMIT)} (scale or standardise them)")
+    return ds
+
+
+def _bad_feature(x: torch.Tensor, split: str) -> str:
+    """``x_train[17] holds nan``: the first sample with a value out of bounds (a refusal's path only)."""
+    bad = ~((x >= -FEATURE_LIMIT) & (x <= FEATURE_LIMIT)).reshape(x.shape[0], -1)
+    row = int(bad.any(1).to(torch.uint8).argmax())
+    value = float(x[row].reshape(-1)[bad[row]][0])
+    note = " (or a value beyond float32's 3.4e38)" if value in (float("inf"), float("-inf")) else ""
+    return f"x_{split}[{row}] holds {_num(value)}{note}"
+
+
+def _num(v: float) -> str:
+    """``1e6``, ``3e7``, ``0.5``, ``nan``: a number in a refusal."""
+    return f"{v:g}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")

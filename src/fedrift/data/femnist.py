@@ -55,8 +55,8 @@ def _shard(path: Path) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
             raise malformed(path, EXPECTED, f"user {user!r}: {err}") from None
         if x.shape != (n, 784) or y.shape != (n,):
             raise malformed(path, EXPECTED, f"user {user!r}: num_samples {n}, x {x.shape}, y {y.shape}")
-        if n and (y.min() < 0 or y.max() >= CLASSES or x.min() < 0 or x.max() > 1):
-            raise malformed(path, EXPECTED, f"user {user!r}: labels outside 0..{CLASSES - 1} or pixels outside [0, 1]")
+        if n and not (0 <= y.min() and y.max() < CLASSES and 0 <= x.min() and x.max() <= 1):  # NaN fails too
+            raise malformed(path, EXPECTED, f"user {user!r}: labels outside 0..{CLASSES - 1} or pixels outside [0, 1] (or NaN)")
         xs.append(_grey_levels(x))
         ys.append(y)
     return [str(u) for u in users], xs, ys

@@ -8,7 +8,10 @@ dataset loads, before the run folder exists.
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
+import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -17,6 +20,10 @@ import numpy as np
 from fedrift.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+
+MiB = 1 << 20
+ZIP_RATIO = 100  # bytes out per byte of archive: images and arrays of real data expand 1-10x
+ZIP_FLOOR = 64 * MiB  # below this the members are read whatever their ratio (a blank image deflates 1000x)
 
 
 def need_root(root: Path | None, name: str, holds: str, file_ok: bool = False) -> Path:
@@ -44,6 +51,46 @@ def need_dir(path: Path, expected: str) -> Path:
 def malformed(path: Path | str, expected: str, why: str = "") -> DataError:
     detail = f" ({why})" if why else ""
     return DataError(f"data: {path} is truncated or malformed{detail}; expected {expected}")
+
+
+def size_text(n: int) -> str:
+    """``5000 bytes``, ``65 MiB``, ``1.5 MiB``: a size in a refusal."""
+    return f"{n} bytes" if n < MiB else f"{n / MiB:,.1f}".rstrip("0").rstrip(".") + " MiB"
+
+
+def check_expansion(archive: Path | str, members: Iterable[zipfile.ZipInfo], what: str, hint: str = "") -> None:
+    """Refuse a zip bomb from the archive's directory, before a member is read: ``members``
+    (those to be read) expanding past :data:`ZIP_FLOOR` in all at more than :data:`ZIP_RATIO`
+    bytes per byte of the archive. ``what`` names them (``image files``); ``hint`` adds to what
+    is allowed."""
+    total = sum(info.file_size for info in members)
+    size = max(Path(archive).stat().st_size, 1)
+    if total > max(ZIP_FLOOR, ZIP_RATIO * size):
+        raise DataError(
+            f"data.root: {archive}: its {what} expand to {size_text(total)} from {size_text(size)} "
+            f"({total // size:,}:1); allowed: at most {ZIP_RATIO}:1 beyond {size_text(ZIP_FLOOR)}{hint} (a zip bomb?)"
+        )
+
+
+def read_bounded(path: Any, limit: int, what: str) -> bytes:
+    """The bytes of ``path`` (a file, or a zip member: ``image_cache.ZipTree``), refused unread when it
+    holds more than ``limit`` bytes: ``what`` names the kind (``image files``). A folder's
+    file is read at most ``limit + 1`` bytes, so one that grows meanwhile is caught too."""
+    if not isinstance(path, (str, os.PathLike)):  # a zip member: its size from the archive's directory (zipfile reads no more)
+        size = path.info().file_size
+        if size > limit:
+            raise too_big(path, size, limit, what)
+        return path.read_bytes()
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        size = max(Path(path).stat().st_size, len(data))
+        raise too_big(path, size, limit, what)
+    return data
+
+
+def too_big(path: Any, size: int, limit: int, what: str) -> DataError:
+    return DataError(f"data.root: {path} is {size_text(size)}; allowed: {what} of at most {size_text(limit)}")
 
 
 def md5sum(path: Path) -> str:
@@ -119,5 +166,6 @@ def resize_grey(x: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-__all__ = ["DataError", "IMAGE_SUFFIXES", "check_md5", "field", "fit", "load_pickle", "malformed", "md5sum",
-           "need_dir", "need_file", "need_root", "read_pickle", "resize_grey"]
+__all__ = ["DataError", "IMAGE_SUFFIXES", "ZIP_FLOOR", "ZIP_RATIO", "check_expansion", "check_md5", "field", "fit",
+           "load_pickle", "malformed", "md5sum", "need_dir", "need_file", "need_root", "read_bounded", "read_pickle",
+           "resize_grey", "size_text", "too_big"]

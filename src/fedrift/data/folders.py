@@ -16,10 +16,10 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from fedrift.data import DATASETS
+from fedrift.data import DATASETS, image_cache
 from fedrift.data.base import Dataset, image_dataset, with_domains
 from fedrift.data.embedded import stratified_split
-from fedrift.data.files import DataError, malformed, need_dir, need_file, need_root
+from fedrift.data.files import DataError, malformed, need_dir, need_file, need_root, read_bounded
 from fedrift.data.image_cache import Tree, image_files, open_root, read_images
 from fedrift.params import params
 
@@ -98,7 +98,8 @@ def _tiny_root(root: Tree) -> Tree:
 
 def _lines(path: Tree, expected: str) -> list[str]:
     try:
-        return [line.rstrip("\r\n") for line in need_file(path, expected).read_text().splitlines() if line.strip()]
+        text = read_bounded(need_file(path, expected), image_cache.TEXT_BYTES, "text files").decode()
+        return [line.rstrip("\r\n") for line in text.splitlines() if line.strip()]
     except UnicodeDecodeError as err:
         raise malformed(path, expected, str(err)) from None
 

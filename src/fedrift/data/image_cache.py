@@ -10,6 +10,12 @@ run reads one array instead of decoding, and a changed, added or removed file is
 folder, and by the archive's own CRC-32 and size for a zip member (recorded in the zip's
 directory: keying 60,000 members reads none of them).
 
+Sizes are bounded before anything is read: an image file (folder file or zip member) of at
+most :data:`IMAGE_BYTES`, decoding to at most :data:`IMAGE_PIXELS` pixels, a text file (a
+class list) of at most :data:`TEXT_BYTES`, and a zip's image members together expanding at
+most :data:`~fedrift.data.files.ZIP_RATIO` times the archive (past 64 MiB): a zip bomb is
+refused from the archive's directory, naming the member.
+
 :func:`open_root` lets every image loader take ``data.root`` as a folder, a ``.zip``, or a
 folder holding one ``.zip``: :class:`ZipTree` walks an archive with the same calls (``/``,
 ``iterdir``, ``is_dir``, ``read_bytes``) as :class:`pathlib.Path` walks a folder, so the
@@ -28,9 +34,12 @@ from typing import Union
 import numpy as np
 
 from fedrift.cache import cache_dir, save_atomic
-from fedrift.data.files import IMAGE_SUFFIXES, DataError, fit, malformed
+from fedrift.data.files import IMAGE_SUFFIXES, DataError, check_expansion, fit, malformed, read_bounded, too_big
 
 FORMAT = "fedrift-images-v1"  # change when decoding or resizing changes: old entries then miss
+IMAGE_BYTES = 64 << 20  # one image file: a 24-megapixel PNG is about 40 MB; the models read at most 1024x1024
+IMAGE_PIXELS = 89_478_485  # Pillow's MAX_IMAGE_PIXELS (where it only warns): 256 MiB as RGB
+TEXT_BYTES = 16 << 20  # a class list or annotation file (Tiny-ImageNet's largest: 0.4 MB)
 
 
 class ZipTree:
@@ -90,8 +99,12 @@ class ZipTree:
     def iterdir(self) -> list[ZipTree]:
         return [ZipTree(self.archive, child, self._index) for child in self._index.get(self.at, [])]
 
+    def info(self) -> zipfile.ZipInfo:
+        """The member's entry in the archive's directory (its sizes: nothing read)."""
+        return self.archive.getinfo(self.at)
+
     def read_bytes(self) -> bytes:
-        return self.archive.read(self.at)  # checks the member's CRC-32
+        return self.archive.read(self.at)  # checks the member's CRC-32; at most info().file_size bytes
 
     def read_text(self) -> str:
         return self.read_bytes().decode()
@@ -126,6 +139,11 @@ def _open_zip(path: Path, holds: str) -> ZipTree:
         top = ZipTree.open(zipfile.ZipFile(path))
     except (zipfile.BadZipFile, OSError) as err:
         raise malformed(path, f"a zip archive holding {holds}", f"{type(err).__name__}: {err}") from None
+    images = [i for i in top.archive.infolist() if os.path.splitext(i.filename)[1].lower() in IMAGE_SUFFIXES]
+    big = next((i for i in images if i.file_size > IMAGE_BYTES), None)
+    if big is not None:  # refused from the directory, before the images ahead of it are decoded
+        raise too_big(top / big.filename, big.file_size, IMAGE_BYTES, "image files")
+    check_expansion(path, images, "image files")
     inner = top.iterdir()
     # An archive made by zipping the dataset's folder holds that one folder: read inside it.
     if len(inner) == 1 and inner[0].is_dir() and any(c.name in ("train", "test") for c in inner[0].iterdir()):
@@ -137,10 +155,10 @@ def content_key(path: Tree) -> bytes:
     """What identifies a file's content: its archive CRC-32 and size inside a zip, the SHA-256
     of its bytes in a folder."""
     if isinstance(path, ZipTree):
-        info = path.archive.getinfo(path.at)
+        info = path.info()
         return f"zip:{info.CRC:08x}:{info.file_size}".encode()
     try:
-        return hashlib.sha256(path.read_bytes()).digest()
+        return hashlib.sha256(read_bounded(path, IMAGE_BYTES, "image files")).digest()
     except OSError as err:
         raise DataError(f"data: {path} cannot be read ({err.strerror or err}); expected an image file") from None
 
@@ -157,13 +175,19 @@ def images_key(paths: list[Tree], size: int, channels: int) -> str:
 def read_image(path: Tree, size: int, channels: int) -> np.ndarray:
     """uint8 ``(channels, size, size)``: the image decoded by Pillow, converted to RGB (3) or
     grey (1), resized bilinearly to ``size`` x ``size`` when it is another size. A damaged
-    file or zip member is refused naming it."""
+    file or zip member is refused naming it, as is one beyond :data:`IMAGE_BYTES` (unread)
+    or :data:`IMAGE_PIXELS` (undecoded: Pillow reads the size from the header)."""
     from PIL import Image
 
     try:
-        data = path.read_bytes()  # a zip member's CRC-32 is checked here
+        data = read_bounded(path, IMAGE_BYTES, "image files")  # a zip member's CRC-32 is checked here
         with Image.open(io.BytesIO(data)) as img:
+            if img.width * img.height > IMAGE_PIXELS:
+                raise DataError(f"data.root: {path} is {img.width}x{img.height} pixels; "
+                                f"allowed: images of at most {IMAGE_PIXELS:,} pixels")
             arr = np.asarray(fit(img.convert("RGB" if channels == 3 else "L"), size), dtype=np.uint8)
+    except DataError:
+        raise
     except Exception as err:  # unidentifiable, truncated, bad CRC, unreadable
         raise malformed(path, "an image file Pillow can decode", f"{type(err).__name__}: {err}") from None
     return arr.reshape(size, size, channels).transpose(2, 0, 1)

@@ -3,7 +3,9 @@
 ``x`` is either uint8 images, ``(N, H, W)`` (one channel) or ``(N, H, W, C)`` (numpy's and
 Keras' layout; ``layout: nchw`` for ``(N, C, H, W)``), kept as uint8 and normalised per
 channel with the training split's statistics; or float features of any shape ``(N, ...)``,
-used as model input as they are. ``y`` holds integer class ids from 0.
+used as model input as they are. ``y`` holds integer class ids from 0. The archive's members
+are bounded before they are read (:func:`fedrift.data.files.check_expansion`), the class ids
+against the sample count (:func:`fedrift.data.base.class_count`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pydantic import Field
 
 from fedrift.data import DATASETS
 from fedrift.data.base import Dataset, arrays_dataset
-from fedrift.data.files import DataError, malformed, need_file, need_root
+from fedrift.data.files import DataError, check_expansion, malformed, need_file, need_root
 from fedrift.params import params
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -54,10 +56,13 @@ def _read(path: Path) -> dict[str, np.ndarray]:
             missing = [k for k in KEYS if k not in npz.files]
             if missing:
                 raise malformed(path, EXPECTED, f"no {', '.join(missing)}")
+            if isinstance(getattr(npz, "zip", None), zipfile.ZipFile):  # sizes from its directory, before reading
+                members = [npz.zip.getinfo(f"{k}.npy") for k in KEYS if f"{k}.npy" in npz.zip.NameToInfo]
+                check_expansion(path, members, "arrays", ", or arrays saved uncompressed (np.savez)")
             return {k: npz[k] for k in KEYS}
     except DataError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+    except (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile) as err:
         raise malformed(path, EXPECTED, f"{type(err).__name__}: {err}") from None
 
 
@@ -75,19 +80,13 @@ def load_npz(root: Path | None, options: NpzParams) -> Dataset:
         x, y = a[f"x_{split}"], a[f"y_{split}"]
         if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or len(y) != len(x):
             raise malformed(path, EXPECTED, f"y_{split} is {y.dtype} {y.shape} beside x_{split} {x.shape}")
-        if len(y) and y.min() < 0:
-            raise malformed(path, EXPECTED, f"y_{split} has negative class ids")
     x_train, x_test = a["x_train"], a["x_test"]
-    if x_train.shape[1:] != x_test.shape[1:] or x_train.dtype != x_test.dtype or not len(x_train):
+    if x_train.shape[1:] != x_test.shape[1:] or x_train.dtype != x_test.dtype:
         raise malformed(path, EXPECTED, f"x_train {x_train.dtype} {x_train.shape}, x_test {x_test.dtype} {x_test.shape}")
-    top = int(max(a["y_train"].max(), a["y_test"].max(initial=0))) + 1
-    classes = options.num_classes or top
-    if top > classes:
-        raise DataError(f"data.num_classes: {classes}, but {path} has class id {top - 1}; allowed: {top} or more")
     if x_train.dtype == np.uint8:
         if x_train.ndim not in (3, 4):
             raise malformed(path, EXPECTED, f"uint8 x_train {x_train.shape} is not (N, H, W) or (N, H, W, C)")
         x_train, x_test = _images(x_train, options.layout), _images(x_test, options.layout)
     elif not np.issubdtype(x_train.dtype, np.floating):
         raise malformed(path, EXPECTED, f"x_train is {x_train.dtype}")
-    return arrays_dataset("npz", x_train, a["y_train"], x_test, a["y_test"], classes)
+    return arrays_dataset("npz", x_train, a["y_train"], x_test, a["y_test"], options.num_classes, source=str(path))

@@ -63,7 +63,7 @@ from fedrift.experiments.stacked import wants_stack
 from fedrift.experiments.tuned import BEST, tune_base
 from fedrift.overrides import parse_algorithm
 from fedrift.report.table import flatten, short_names
-from fedrift.safe_files import atomic_file, make_dir, write_atomic
+from fedrift.safe_files import make_dir, write_atomic
 
 STARTUP = 10  # trials from the Sobol design before TPE proposes (TPE's own start-up count)
 STACK_MOST = 48  # trials in one stack (engine.executor: stacked): the largest stack measured on a GPU
@@ -541,13 +541,14 @@ def write_results(tune: Tune, echo: Callable[[str], None] = print, figures: bool
         "# searched, the values at its edge, and the base they were chosen on (compare warns when its runs differ)\n"
         + yamlio.dump(best))
     keys = sorted({k for r in results.values() for t in r["trials"] for k in t["params"]})
-    with atomic_file(tune.root / "trials.csv") as raw, io.TextIOWrapper(raw, newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["entry", "trial", "state", "status", "val_accuracy", "rounds", *keys])
-        for r in results.values():
-            for t in r["trials"]:
-                w.writerow([t["entry"], t["trial"], t["state"], t["status"], t["val_accuracy"], t["rounds"],
-                            *(t["params"].get(k, "") for k in keys)])
+    table = io.StringIO(newline="")
+    w = csv.writer(table)
+    w.writerow(["entry", "trial", "state", "status", "val_accuracy", "rounds", *keys])
+    for r in results.values():
+        for t in r["trials"]:
+            w.writerow([t["entry"], t["trial"], t["state"], t["status"], t["val_accuracy"], t["rounds"],
+                        *(t["params"].get(k, "") for k in keys)])
+    write_atomic(tune.root / "trials.csv", table.getvalue())
     html_path, md = render_tune_page(tune.root, results, figures=figures)
     write_atomic(tune.root / "tune.md", md)
     echo(f"best settings in {tune.root / BEST}; trials in {tune.root / 'trials.csv'}; report in {html_path}")
