@@ -17,7 +17,7 @@ import yaml
 from fedrift import yamlio
 from fedrift.config import Config, apply_overrides, config_dict, load_config, same_root, to_yaml
 from fedrift.engine.checkpoint import FOLDER as CHECKPOINTS, MANIFEST
-from fedrift.engine.outputs import OWNED, unfinished
+from fedrift.engine.outputs import OWNED, mark, unfinished
 from fedrift.engine.step_values import fedavg_step
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.naming import fmt_value, safe_name
@@ -349,7 +349,10 @@ def copy_trial(spec: RunSpec, trials: Sequence[tuple[Path, Mapping[str, Any]]]) 
             continue
         names = [n for n in OWNED if n not in ("summary.json", "final_model.pt") and (trial / n).is_file()]
         with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
+            fresh = not spec.dir.exists() or not any(spec.dir.iterdir())
             make_dir(spec.dir)
+            if fresh:
+                mark(spec.dir)  # a run folder like any other: a later overwrite may clear it
             for name in [*names, "summary.json"]:  # the summary last: it marks the run finished
                 copy_file(trial / name, spec.dir / name)
         return trial

@@ -254,7 +254,7 @@ def _tune_step(study: Study, upto: Sequence[Entry], built: Mapping[str, Any], he
     wanted = [built[e.entry] for e in upto if e.tuned]
     names = {s.name for s, _ in wanted}
     with writing("out", "; allowed: a folder this user can create and write", "create or write"):
-        study.tune_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(study.tune_dir)
     if (study.tune_dir / DESCRIPTION).is_file():  # the tune goes on with the entries so far (the others stay in
         desc = _read_json(study.tune_dir / DESCRIPTION)  # its database, their spaces in the ledger)
         for k, v in (desc.get("studies") or {}).items():
