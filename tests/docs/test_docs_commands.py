@@ -27,8 +27,8 @@ def test_every_docs_command(capsys, tmp_path, monkeypatch):
 
     san = x509.load_pem_x509_certificate((work / "server.pem").read_bytes()).extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value
-    assert san.get_values_for_type(x509.DNSName) == ["fl.example.org"]
-    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
+    assert san.get_values_for_type(x509.DNSName) == ["fl.example.org", "localhost"]
+    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.5", "127.0.0.1"]
     assert (work / "runs" / "fedavg-a05" / "summary.json").is_file()
     assert (work / "runs" / "compare-compare" / "report.html").is_file()
 

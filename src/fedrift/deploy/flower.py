@@ -52,7 +52,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-from fedrift.deploy.project import (AGAIN, CONFIG_KEY, RESUBMIT, FINGERPRINTS_KEY, INSTALL, MARKER, NODE_CLIENT, NODE_ROOT,
+from fedrift.deploy.project import (AGAIN, RESUBMIT, FINGERPRINTS_KEY, INSTALL, MARKER, NODE_CLIENT, NODE_ROOT,
                                     OVERRIDES_KEY, REPLY_KEY, WAIT_KEY, check_deployable, submitted_config)
 from fedrift.errors import ConfigError, FedriftError
 

@@ -5,6 +5,16 @@ deployment on several machines (docs/tutorials/deploy-flower.md), with certifica
 
 Nothing leaves the machine: every address is 127.0.0.1, Flower's telemetry is off, and the
 SuperLink installs no app dependencies (fedrift is already importable).
+
+Who can submit a run: Flower 1.42 serves the SuperLink's Control API (``flwr run``), its
+Runtime API (the ServerApps') and its Fleet API (the SuperNodes') on one port, and the Control
+API checks no one in Flower's open-source build (account login is Flower Enterprise's). A
+submitted ServerApp is any Python code, run as this user. So the port listens on 127.0.0.1
+only (``LOOPBACK``), and Flower's switches for its older gRPC servers, which listen on every
+interface by default, are kept out of the processes' environment (``LEGACY_GRPC``): only this
+machine's processes reach it, every local user's included (see "Who can submit a run" in
+docs/tutorials/deploy-flower.md). :meth:`LoopbackFederation.listening` says where each
+process listens. Private keys are written readable by this user only (0600).
 """
 
 from __future__ import annotations
@@ -23,6 +33,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+LOOPBACK = "127.0.0.1"  # every address the federation listens on or dials
+# Flower's switches for the gRPC Control and Fleet APIs it kept beside the HTTP ones, which
+# listen on 0.0.0.0:9093 and 0.0.0.0:9092 unless told otherwise: never set for the federation
+LEGACY_GRPC = ("FLWR_INTERNAL_GRPC_CONTROL_API", "FLWR_INTERNAL_GRPC_FLEET_API")
+PRIVATE = 0o600  # a private key's mode: read and written by its owner only
+PUBLIC = 0o644  # a certificate's or a public key's
 _FLWR_CLI = threading.Lock()  # flwr's command line runs in this process (LoopbackFederation.flwr)
 CONNECTION = "fedrift-loopback"  # the SuperLink connection's name in FLWR_HOME/config.toml
 # seconds a wait goes on while no run advances (a round takes seconds here): above Flower's
@@ -34,8 +50,55 @@ STALL = 300.0
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """``path`` made anew with ``data``, created with ``mode`` (a private key is never readable
+    by others, not even for a moment): what stood at the name is removed first (a link
+    itself, never what it points to), and ``O_EXCL | O_NOFOLLOW`` refuses whatever is put
+    there meanwhile."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def listening_sockets(pids: set[int]) -> set[tuple[str, int]]:
+    """``(address, port)`` of every TCP socket in the LISTEN state that processes ``pids`` hold
+    (Linux: their /proc fds matched against /proc/net/tcp and tcp6; IPv6 addresses as
+    ``ipaddress`` writes them, an IPv4-mapped one as its IPv4 address)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:  # gone meanwhile
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table, size in (("tcp", 4), ("tcp6", 16)):
+        try:
+            rows = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hexip, hexport = fields[1].split(":")
+            raw = b"".join(bytes.fromhex(hexip[i:i + 8])[::-1] for i in range(0, len(hexip), 8))  # host-order words
+            ip = ipaddress.ip_address(raw) if size == 4 else ipaddress.IPv6Address(raw)
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            found.add((str(ip), int(hexport, 16)))
+    return found
 
 
 def _rows(done: Path | None) -> int:
@@ -64,7 +127,10 @@ def gaussian_blobs(n_train: int, n_test: int, dim: int, classes: int, spread: fl
 
 def make_certificates(folder: Path, nodes: int) -> None:
     """A CA, the SuperLink's certificate (for 127.0.0.1 and localhost) signed by it, and one
-    EC key pair per SuperNode (OpenSSH format, as Flower's SuperNode authentication wants)."""
+    EC key pair per SuperNode (OpenSSH format, as Flower's SuperNode authentication wants).
+    The private keys (``server.key``, ``nodeK``) are created with mode 0600, the rest 0644
+    (both less the umask); a file or link already at a name is replaced, never written through.
+    The CA's key is not kept."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -93,15 +159,15 @@ def make_certificates(folder: Path, nodes: int) -> None:
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(valid[0]).not_valid_after(valid[1]).add_extension(alt, critical=False)
             .sign(ca_key, hashes.SHA256()))
-    (folder / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (folder / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "server.key").write_bytes(pem(key))
+    _write_new(folder / "ca.crt", ca.public_bytes(serialization.Encoding.PEM), PUBLIC)
+    _write_new(folder / "server.pem", cert.public_bytes(serialization.Encoding.PEM), PUBLIC)
+    _write_new(folder / "server.key", pem(key), PRIVATE)
     for i in range(nodes):
         node = ec.generate_private_key(ec.SECP384R1())
-        (folder / f"node{i}").write_bytes(node.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
-        (folder / f"node{i}.pub").write_bytes(node.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+        _write_new(folder / f"node{i}", node.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()), PRIVATE)
+        _write_new(folder / f"node{i}.pub", node.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH), PUBLIC)
 
 
 class LoopbackFederation:
@@ -128,7 +194,8 @@ class LoopbackFederation:
         self.bin = Path(sys.executable).parent
         # Flower starts its helpers (flower-superexec, flwr-serverapp, flwr-clientapp) from PATH
         path = f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}"
-        self.env = {**os.environ, "PATH": path, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": str(folder / "flwr-home")}
+        self.env = {**{k: v for k, v in os.environ.items() if k not in LEGACY_GRPC}, "PATH": path,
+                    "FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": str(folder / "flwr-home")}
         if os.environ.get("PYTHONPATH"):  # the processes run in ``folder``: its entries made absolute
             self.env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)
         self.procs: list[subprocess.Popen] = []
@@ -153,8 +220,8 @@ class LoopbackFederation:
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{certs / "ca.crt"}"\n')
-        self._spawn("superlink", "flower-superlink", "--host", "127.0.0.1", "--port", str(self.port),
+            f'address = "{LOOPBACK}:{self.port}"\nroot-certificates = "{certs / "ca.crt"}"\n')
+        self._spawn("superlink", "flower-superlink", "--host", LOOPBACK, "--port", str(self.port),
                     "--ssl-ca-certfile", str(certs / "ca.crt"), "--ssl-certfile", str(certs / "server.pem"),
                     "--ssl-keyfile", str(certs / "server.key"), "--enable-supernode-auth",
                     "--disable-runtime-dependency-installation", *self._server_isolation())
@@ -168,7 +235,7 @@ class LoopbackFederation:
             isolation = () if self.isolation == "subprocess" else ("--isolation", "process")
             self._spawn(f"supernode{k}", "flower-supernode", "--superlink", f"127.0.0.1:{self.port}",
                         "--root-certificates", str(certs / "ca.crt"), "--auth-supernode-private-key",
-                        str(certs / f"node{k}"), "--node-config", config, "--port", str(ports[k]), *isolation)
+                        str(certs / f"node{k}"), "--node-config", config, "--host", LOOPBACK, "--port", str(ports[k]), *isolation)
         for k in range(self.clients if self.isolation != "subprocess" else 0):  # beside SuperNode k, its Runtime API
             node = self.procs[1 + k]
             args = ("--runtime-api-address", f"127.0.0.1:{ports[k]}", "--insecure", "--parent-pid", str(node.pid))
@@ -381,6 +448,12 @@ class LoopbackFederation:
                     found[child] = group[child]
                     todo.append(child)
         return found
+
+    def listening(self) -> set[tuple[str, int]]:
+        """``(address, port)`` of every TCP socket the federation's processes listen on, the
+        processes they started included (:func:`listening_sockets`): each address is
+        ``LOOPBACK``."""
+        return listening_sockets({p.pid for p in self.procs} | set(self.descendants()))
 
     def stop(self) -> None:
         # their process groups, taken while the processes that made them still live: a run's

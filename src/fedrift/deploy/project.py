@@ -172,27 +172,35 @@ CHECKLIST = "DEPLOY.md"  # in the app folder: the steps from this config to sepa
 def checklist(cfg: "Config", n: int, out: Path, wait_seconds: float) -> str:
     """The steps from a simulation config to a SuperLink and SuperNodes on other machines, for
     this config (its client count and threads), as the checklist in docs/tutorials/deploy-flower.md
-    gives them: what a first deployment gets wrong is the certificate's address, the client
-    count, fedrift missing on a device, and threads that make results differ from simulation."""
+    gives them: what a first deployment gets wrong is the certificate's address, who can reach
+    the SuperLink's Control API (and so run code on it), the client count, fedrift missing on a
+    device, and threads that make results differ from simulation."""
     threads = cfg.engine.threads
     equal = ("engine.threads is 1: the deployed run equals `fedrift run` of this config bit for bit" if threads == 1
              else f"engine.threads is {'auto' if threads is None else threads}: set engine.threads=1 for results equal to `fedrift run` of this config")
     steps = [
         "1. Certificates: a CA, and the SuperLink's certificate signed by it whose subjectAltName holds the address "
-        "the SuperNodes dial (the docs' 'Deploy with Flower' page, docs/tutorials/deploy-flower.md, has the openssl commands); an ECDSA key pair per "
+        "the SuperNodes dial and 127.0.0.1 and localhost (the SuperLink's own ServerApps and your SSH tunnel dial those; "
+        "the docs' 'Deploy with Flower' page, docs/tutorials/deploy-flower.md, has the openssl commands); an ECDSA key pair per "
         "device (ssh-keygen -t ecdsa -b 384 -N \"\" -f device0), registered once: flwr supernode register device0.pub SUPERLINK.",
-        f"2. One SuperNode per client: the partition has {n} clients (partition.num_clients), so {n} SuperNodes, device K started with "
+        "2. Who can submit a run: whoever reaches the SuperLink's port, and a run's ServerApp is any code, run as the "
+        "SuperLink's user (its ClientApp on every device). Flower 1.42 serves the Control API (flwr run) on the port the "
+        "SuperNodes use and checks no one there: start the SuperLink on loopback only (flower-superlink --host 127.0.0.1 "
+        "--port 9093 ..., never 0.0.0.0), submit through SSH (ssh -N -L 9093:127.0.0.1:9093 you@SERVER, the SUPERLINK "
+        "connection's address being 127.0.0.1:9093), and let the SuperNodes in through a proxy that passes /v1/fleet/ "
+        "only (the page's section 'Who can submit a run' has the nginx configuration).",
+        f"3. One SuperNode per client: the partition has {n} clients (partition.num_clients), so {n} SuperNodes, device K started with "
         f"--node-config 'partition-id=K data-root=\"...\"' for K = 0 ... {n - 1}; several on one machine each need "
         "their own --port.",
-        "3. fedrift on every machine: install fedrift[flower] (this version) on the server and on every device; the "
-        "SuperLink runs with --disable-runtime-dependency-installation.",
-        f"4. {equal}.",
-        f"5. Waiting: the ServerApp waits {wait_seconds:g} s for the SuperNodes (--wait) and each round up to "
+        "4. fedrift on every machine: install fedrift[flower] (this version) on the server and on every device; the "
+        "SuperLink runs with --disable-runtime-dependency-installation (a run installs no packages there).",
+        f"5. {equal}.",
+        f"6. Waiting: the ServerApp waits {wait_seconds:g} s for the SuperNodes (--wait) and each round up to "
         "reply-seconds (3600; flwr run ... --run-config 'reply-seconds=600') for a reply.",
-        "6. Restarts: start the SuperLink with --database state.db so that registrations and runs survive a restart.",
-        f"7. Run: flwr run {out} SUPERLINK --stream; Flower's exit code does not carry the outcome: check "
+        "7. Restarts: start the SuperLink with --database state.db so that registrations and runs survive a restart.",
+        f"8. Run: flwr run {out} SUPERLINK --stream; Flower's exit code does not carry the outcome: check "
         "flwr ls SUPERLINK --run-id ID, or status in the run folder's summary.json.",
-        f"8. Again (a run folder is never reused silently): flwr run {out} SUPERLINK --stream --run-config "
+        f"9. Again (a run folder is never reused silently): flwr run {out} SUPERLINK --stream --run-config "
         f"'{OVERRIDES_KEY}=\"output.overwrite=true\"' (or \"output.dir=/a/new/folder\"); no rebuild needed.",
     ]
     return "\n".join([f"# Deploying {out}", "", *steps, ""])

@@ -39,6 +39,10 @@ More ``engine.workers`` than the cluster has CPUs are lowered to its CPUs with a
 actor a CPU); while actors wait for CPUs that other jobs hold, a line every ``SAY_EVERY``
 seconds says what they wait for.
 
+A local Ray (no ``engine.ray_address``) listens on loopback only (:func:`loopback_only`): a
+Ray node runs whatever code reaches it, and Ray's default on Linux is every interface. A
+cluster the user starts is theirs to place on a trusted network (docs/tutorials/ray-cluster.md).
+
 Ray is an optional extra (``pip install 'fedrift[ray]'``).
 """
 
@@ -49,7 +53,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 
@@ -78,6 +83,14 @@ TOKEN_SOURCES = "RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/
 # Read once, by ray.init, which is reached only once check_head found a head node answering
 # (Ray's wait for one that never answers was this long too: an hour, before). A user's value stays.
 GCS_WAIT = ("RAY_gcs_rpc_server_reconnect_timeout_s", "600")
+# Ray's single-machine mode (its default on Windows and macOS): the node's address is 127.0.0.1,
+# and a node whose address is 127.0.0.1 binds its servers (GCS, raylet, object manager, agents)
+# to it; otherwise they bind to every interface. Ray 2.60 turns a 127.0.0.1 given to ray.init
+# (``_node_ip_address``) into the machine's outside address (services.resolve_ip_for_localhost),
+# so this switch is the way: read by each Ray process as it imports ray (the local Ray's
+# processes, started by ray.init, inherit it) and, in this driver, by get_node_ip_address through
+# ray_constants.ENABLE_RAY_CLUSTER, which loopback_only sets meanwhile.
+LOOPBACK_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 KEEP_SECONDS = 30.0  # how long a finished run's actors wait for the next run of this driver (0: killed at once)
 _KEPT: dict[str, list[tuple[Any, object]]] = {}  # a cluster's GCS address -> (actor, its stay's token)
 _KEPT_LOCK = threading.Lock()
@@ -90,6 +103,28 @@ def require_ray() -> Any:
     except ImportError:
         raise ConfigError("engine.executor: ray needs the ray package; install it with pip install 'fedrift[ray]'") from None
     return ray
+
+
+@contextmanager
+def loopback_only() -> Iterator[None]:
+    """While a local Ray starts (``ray.init`` without an address): every Ray process it starts
+    listens on 127.0.0.1 only (``LOOPBACK_ONLY``; checked against /proc/net/tcp on Linux with
+    Ray 2.60: the same is to be checked again when Ray is upgraded). Restored afterwards, so
+    that a later run of this process can join a cluster on other machines."""
+    from ray._private import ray_constants
+
+    name, value = LOOPBACK_ONLY
+    saved_env, saved = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[name] = value
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+        if saved_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved_env
 
 
 def host_port(address: str) -> tuple[str, int]:
@@ -406,9 +441,14 @@ class RayExecutor:
                 os.environ[GCS_WAIT[0]] = GCS_WAIT[1]
             try:
                 # "local": a Ray of the run's own even when a cluster started with `ray start` runs on
-                # this machine (a bare init joins that one, and refuses num_cpus with a traceback)
-                ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, configure_logging=False,
-                         **({} if address else {"num_cpus": self.workers or available_cpus()}))
+                # this machine (a bare init joins that one, and refuses num_cpus with a traceback);
+                # it listens on loopback only
+                if address:
+                    ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                else:
+                    with loopback_only():
+                        ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False,
+                                 num_cpus=self.workers or available_cpus())
             except ConnectionError as err:
                 raise ConfigError(f"engine.ray_address: no Ray cluster at {address!r} ({err}); allowed: the "
                                   "address of a running head node (ray start --head), or null for a local Ray") from None
