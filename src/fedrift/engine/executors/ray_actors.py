@@ -114,13 +114,16 @@ def loopback_only() -> Iterator[None]:
     from ray._private import ray_constants
 
     name, value = LOOPBACK_ONLY
-    saved_env, saved = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
+    known = hasattr(ray_constants, "ENABLE_RAY_CLUSTER")  # a Ray without it: the variable alone
+    saved_env, saved = os.environ.get(name), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     os.environ[name] = value
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    if known:
+        ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
+        if known:
+            ray_constants.ENABLE_RAY_CLUSTER = saved
         if saved_env is None:
             os.environ.pop(name, None)
         else:
