@@ -50,6 +50,7 @@ from fedrift.cli import main
 # flwr is an optional extra that `make test` installs: its absence is a set-up error, not a skip
 assert importlib.util.find_spec("flwr") is not None, "the flower extra is missing: make test installs it (pip install 'fedrift[flower]')"
 
+from fedrift.data.base import FEATURE_LIMIT  # noqa: E402
 from fedrift.deploy.loopback import LoopbackFederation, gaussian_blobs  # noqa: E402
 from fedrift.deploy.project import write_app  # noqa: E402
 
@@ -91,7 +92,9 @@ def _roots(base: Path) -> tuple[Path, dict[int, Path]]:
     full = _arrays()
     np.savez(_mkdir(base / "full") / "data.npz", **full)
     partition = fedrift.api.prepare(_config(base / "full", "fedavg", base / "unused")).partition
-    hidden = {**full, "x_train": np.full_like(full["x_train"], np.nan)}
+    # where a client's inputs are not, the largest feature fedrift takes (data.base.FEATURE_LIMIT;
+    # NaN is refused as bad data): one step on it would change every result the test compares
+    hidden = {**full, "x_train": np.full_like(full["x_train"], FEATURE_LIMIT)}
     np.savez(_mkdir(base / "server") / "data.npz", **hidden)
     devices = {}
     for k in range(CLIENTS):

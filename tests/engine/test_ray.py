@@ -536,3 +536,58 @@ def test_a_token_the_cluster_refuses_is_named(cluster, tmp_path, case):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expect in lines[0] and "engine.ray_address" in lines[0], proc.stderr
     assert time.monotonic() - start < 60
+
+
+# -- a local Ray listens on loopback only (issue 68, F14) -------------------------------
+# ray.init replaced by a function that notes what Ray's own code would see: no Ray process
+# starts. Here, not in a file of their own: ray is imported only after the cluster fixture set
+# RAY_AUTH_MODE (a ray imported earlier in this process reads it unset, and every cluster test
+# after it fails to authenticate).
+
+
+class _Seen(Exception):
+    """Raised by the fake ray.init once it has noted what it saw: nothing runs further."""
+
+
+def _start_local(monkeypatch, address: str | None) -> dict:
+    """What ``ray.init`` sees when the executor starts its Ray: its arguments, the node address
+    Ray would take for this machine, the switch the Ray processes it starts inherit."""
+    from types import SimpleNamespace
+
+    import ray
+    from ray._private import services
+
+    from fedrift.engine.executors import ray_actors
+
+    seen: dict = {}
+
+    def init(**kwargs):
+        seen.update(kwargs=kwargs, node_ip=services.get_node_ip_address(), env=os.environ.get(ray_actors.LOOPBACK_ONLY[0]))
+        raise _Seen
+
+    monkeypatch.delenv(ray_actors.LOOPBACK_ONLY[0], raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray._private.worker, "_global_node", None)  # a Ray an earlier test of this process started
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray_actors, "check_head", lambda address: None)
+    cfg = SimpleNamespace(engine=SimpleNamespace(ray_address=address, workers=2, teacher_cache=None))
+    with pytest.raises(_Seen):
+        ray_actors.RayExecutor(cfg)._start()
+    return seen
+
+
+def test_a_local_ray_listens_on_loopback_only(cluster, monkeypatch):
+    from ray._private import ray_constants
+
+    from fedrift.engine.executors import ray_actors
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    seen = _start_local(monkeypatch, None)
+    assert seen["kwargs"]["address"] == "local" and seen["kwargs"]["num_cpus"] == 2
+    assert seen["node_ip"] == "127.0.0.1"  # the node's address: its servers bind to it
+    assert seen["env"] == "0"  # the same in every process that ray.init starts
+    # afterwards as before: a later run of this process may join a cluster elsewhere
+    assert ray_constants.ENABLE_RAY_CLUSTER == before and ray_actors.LOOPBACK_ONLY[0] not in os.environ
+    seen = _start_local(monkeypatch, "10.0.0.5:6379")  # joining a cluster leaves Ray's addresses alone
+    assert seen["kwargs"]["address"] == "10.0.0.5:6379" and "num_cpus" not in seen["kwargs"]
+    assert seen["env"] is None
