@@ -53,7 +53,7 @@ def main() -> None:
             else:
                 ds = Dataset("bench", torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(xt), torch.from_numpy(yt), 10)
             base, check = best(load, args.reps), best(lambda: check_dataset(ds, path), args.reps)
-            print(f"{kind}: load {base * 1e3:.1f} ms, check {check * 1e3:.1f} ms, check / load {check / base:.3f}")
+            print(f"{kind}: load {base * 1e3:.1f} ms, check {check * 1e3:.2f} ms, check / load {check / base:.3f}")
 
 
 if __name__ == "__main__":
