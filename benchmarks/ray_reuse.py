@@ -43,7 +43,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="measurements per mode, alternating")
     ap.add_argument("--workers", type=int, default=2, help="actors per run (and the Ray's CPUs)")
     args = ap.parse_args()
-    ray.init(address="local", num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+    with ray_actors.loopback_only():  # as fedrift starts a local Ray: listening on 127.0.0.1 only
+        ray.init(address="local", num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
     address = ray.get_runtime_context().gcs_address
     keep = ray_actors.KEEP_SECONDS
     seconds: dict[str, list[float]] = {"new actors": [], "kept actors": []}

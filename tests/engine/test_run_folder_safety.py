@@ -235,3 +235,17 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(capsys, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert main(["run", "--resume", str(run)]) == 0
     assert "continued from the checkpoint of round 2" in capsys.readouterr().out
+
+
+def test_a_link_at_a_tunes_study_database_is_refused(capsys, tmp_path):
+    """Optuna's sqlite would write through a link at ``study.db`` (its path was resolved, the
+    link followed): refused like any other file of the folder."""
+    root = tmp_path / "tune"
+    root.mkdir()
+    victim = _victim(tmp_path)
+    (root / "study.db").symlink_to(victim)
+    tune = [a for a in FAST if not a.startswith("output.")]
+    one_line_refusal(capsys, ["tune", *tune, "train.rounds=2", "partition.val_share=0.2", "algorithms=fedavg", "--trials", "1",
+                              "--out", str(root)],
+                     f"{root / 'study.db'} is a symbolic link")
+    assert victim.read_text() == "the owner's file\n"

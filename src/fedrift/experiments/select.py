@@ -104,7 +104,8 @@ from fedrift.errors import ConfigError, DivergenceError, writing
 from fedrift.experiments.naming import safe_name
 from fedrift.experiments.pool import interruptible, run_pool, shielded
 from fedrift.experiments.space import Dim, resolve_space, startup_points
-from fedrift.experiments.studies import fail_stale, finished_trials, fixed_sampler_class, load_optuna, one_trial
+from fedrift.experiments.studies import (STUDY_DB, fail_stale, finished_trials, fixed_sampler_class, load_optuna,
+                                         one_trial, study_storage)
 from fedrift.experiments.tuned import BEST, tune_base
 from fedrift.overrides import parse_algorithm
 from fedrift.experiments.select_plan import (
@@ -117,7 +118,6 @@ from fedrift.safe_files import make_dir, write_atomic
 CONFIRMATION = ("seeds", "top")  # what a rerun of the same select may change
 LATER = ("floor", "confirmation")  # what a select learns as it runs (select.json), not its identity
 STUDY = "select"
-STUDY_DB = "study.db"
 STATE = "select.json"
 CANDIDATES = "candidates.yaml"
 RECOMMENDATION = "recommendation.yaml"
@@ -191,7 +191,7 @@ class Select:
 
     @property
     def storage(self) -> str:
-        return f"sqlite:///{(self.root / STUDY_DB).resolve()}"
+        return study_storage(self.root)
 
     @property
     def rungs(self) -> list[int]:

@@ -8,10 +8,21 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 from fedrift.errors import ConfigError
 from fedrift.experiments.pool import shielded
+from fedrift.safe_files import refuse_link
+
+STUDY_DB = "study.db"  # a tune's, a select's or a study's Optuna database, in its folder
+
+
+def study_storage(folder: Path) -> str:
+    """Optuna's storage URL of the study database in ``folder``: refused when a link stands at
+    its name (sqlite would write through it); the folder's own path resolved, not the file's."""
+    refuse_link(folder / STUDY_DB)
+    return f"sqlite:///{folder.resolve() / STUDY_DB}"
 
 
 def load_optuna() -> Any:

@@ -53,6 +53,7 @@ from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, writing
 from fedrift.experiments.space import takes
 from fedrift.experiments.study_file import Entry, Study, load_study
+from fedrift.experiments.studies import study_storage
 from fedrift.experiments.study_status import finished_trials, progress, tune_target
 from fedrift.report.table import flatten
 from fedrift.safe_files import make_dir, write_atomic
@@ -147,9 +148,7 @@ def _validate_tunes(study: Study, entries: Sequence[Entry], built: Mapping[str, 
 
 
 def _storage(study: Study) -> str:
-    from fedrift.experiments.tune import STUDY_DB
-
-    return f"sqlite:///{(study.tune_dir / STUDY_DB).resolve()}"
+    return study_storage(study.tune_dir)
 
 
 def _retire(study: Study, name: str, echo: Echo) -> Path:
@@ -165,7 +164,7 @@ def _retire(study: Study, name: str, echo: Echo) -> Path:
     dest.mkdir(parents=True)
     try:
         optuna.copy_study(from_study_name=name, from_storage=_storage(study),
-                          to_storage=f"sqlite:///{(dest / 'study.db').resolve()}")
+                          to_storage=study_storage(dest))
         optuna.delete_study(study_name=name, storage=_storage(study))
     except KeyError:  # no such study in the database: only its folders
         pass

@@ -51,7 +51,7 @@ def _storage(db: Path) -> Any:
 def finished_trials(study: Study, name: str) -> int | None:
     """Finished (complete or pruned) trials of the tune folder's study ``name``; None without one."""
     from fedrift.experiments.studies import finished_trials as finished, load_optuna
-    from fedrift.experiments.tune import STUDY_DB
+    from fedrift.experiments.studies import STUDY_DB
 
     db = study.tune_dir / STUDY_DB
     if not db.is_file():

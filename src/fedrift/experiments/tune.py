@@ -55,8 +55,8 @@ from fedrift.config import Config, apply_overrides, config_dict, entry_doc
 from fedrift.engine.folder_lock import FolderLock
 from fedrift.errors import ConfigError, DivergenceError, writing
 from fedrift.experiments.naming import safe_name
-from fedrift.experiments.studies import (fail_stale, finished_trials, fixed_sampler_class, load_optuna, one_trial,
-                                         tell_outcome)
+from fedrift.experiments.studies import (fail_stale, finished_trials, fixed_sampler_class, load_optuna,
+                                         one_trial, study_storage, tell_outcome)
 from fedrift.experiments.pool import interruptible, run_pool, shielded
 from fedrift.experiments.space import Dim, resolve_space, startup_points, takes
 from fedrift.experiments.stacked import wants_stack
@@ -67,7 +67,6 @@ from fedrift.safe_files import make_dir, write_atomic
 
 STARTUP = 10  # trials from the Sobol design before TPE proposes (TPE's own start-up count)
 STACK_MOST = 48  # trials in one stack (engine.executor: stacked): the largest stack measured on a GPU
-STUDY_DB = "study.db"
 DESCRIPTION = "tune.json"
 
 
@@ -109,7 +108,7 @@ class Tune:
 
     @property
     def storage(self) -> str:
-        return f"sqlite:///{(self.root / STUDY_DB).resolve()}"
+        return study_storage(self.root)
 
 
 def build_tune(
