@@ -235,3 +235,18 @@ def test_constraints_pin_every_distribution_the_setup_installs_at_its_installed_
     assert not stale, f"constraints.txt is not what is installed: {'; '.join(stale)}: run make lock"
     first = next(line for line in (ROOT / "constraints.txt").read_text().splitlines() if not line.startswith("#"))
     assert first == "torch==2.13.0"  # torch first, as make setup installs it
+
+
+def test_a_study_files_own_numbers_are_bounded(tmp_path):
+    """A study file's trials, rounds, seeds and jobs are held to a config's bounds (a typo's
+    10**23 trials was taken as it was)."""
+    from fedrift.experiments.study_file import load_study
+
+    for body, said in (("tune: {trials: 100000000000000000000000}\n", "tune.trials: 100000000000000000000000 is too large"),
+                       ("seeds: [0, 99999999999999999999]\n", "seeds: 99999999999999999999 is not a seed"),
+                       ("jobs: 10000000000\n", "jobs: 10000000000 is too large")):
+        path = tmp_path / "s.yaml"
+        path.write_text("base: {data: {name: digits}}\nentries: [fedavg]\n" + body)
+        with pytest.raises(ConfigError, match="study file") as err:
+            load_study(path)
+        assert said in str(err.value), err.value

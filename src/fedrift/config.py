@@ -409,7 +409,7 @@ def check_numbers(value: Any, key: str, counts: bool = True) -> None:
 
 def _check_int(value: int, key: str) -> None:
     last = key.rsplit(".", 1)[-1]
-    if last == "seed" or last.endswith("_seed"):
+    if last in ("seed", "seeds") or last.endswith("_seed"):  # seeds: a study's or a grid's list
         if not 0 <= value <= SEED_MAX:
             raise ConfigError(f"{key}: {_shown(value)} is not a seed; allowed: a whole number from 0 to "
                               f"{SEED_MAX} (2**63 - 1)")

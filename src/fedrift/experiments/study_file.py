@@ -51,7 +51,7 @@ from typing import Annotated, Any, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fedrift.config import apply_overrides, config_dict, plugin_list, read_yaml
+from fedrift.config import apply_overrides, check_numbers, config_dict, plugin_list, read_yaml
 from fedrift.errors import ConfigError
 from fedrift.experiments.naming import safe_name
 from fedrift.experiments.space import Dim, default_space, resolve_space, takes
@@ -266,6 +266,11 @@ def load_study(path: str | Path, out: str | Path | None = None) -> Study:
         file = StudyFile.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_one_line(err, where)) from None
+    try:  # the study's own numbers (trials, rounds, seeds, jobs) as a config's: finite, within bounds
+        check_numbers(file.model_dump(include={"seeds", "jobs"}), "")
+        check_numbers(file.tune.model_dump(include={"rounds", "seed", "trials"}) if file.tune else {}, "tune")
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
     here = path.parent
 
     def beside(name: str) -> Path:  # a path of the file, relative to its folder
