@@ -7,8 +7,15 @@ from the committed runs, so neither can drift from what they describe. Nothing i
 the build runs offline.
 """
 
+import logging
 import sys
 from pathlib import Path
+
+# Python's default for loggers outside sphinx (warnings only, to stderr), made explicit: the
+# theme's accessible-pygments calls logging.basicConfig(level=INFO) when imported, which would
+# print other libraries' INFO lines (matplotlib's font cache) under make docs -q.
+if not logging.root.handlers:
+    logging.root.addHandler(logging.lastResort)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))

@@ -251,6 +251,15 @@ def test_config_show_prints_the_resolved_config_that_run_takes_back(capsys, tmp_
     _fails(capsys, ["config", "show", "algorithm.mu=0.1"], "algorithm.mu")
 
 
+def test_config_alone_prints_what_config_show_prints(capsys):
+    """``fedrift config`` with no sub-command prints the defaults as ``config show`` does
+    (it failed with 'the following arguments are required: {show}', issue 72)."""
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    assert main(["config", "show"]) == 0 and capsys.readouterr().out == out
+    assert "name: fedavg" in out
+
+
 def _commands(parser, prefix="fedrift"):
     import argparse
 

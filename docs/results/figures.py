@@ -91,9 +91,13 @@ def gaps(out: Path) -> Path:
     return png
 
 
+def draw(out: Path = OUT) -> list[Path]:
+    """Every figure in ``out``, quietly (the docs build's ``fedrift_figures`` calls this)."""
+    return [*curves(out), gaps(out)]
+
+
 def main(argv: Sequence[str]) -> int:
-    out = Path(argv[0]) if argv else OUT
-    for path in [*curves(out), gaps(out)]:
+    for path in draw(Path(argv[0]) if argv else OUT):
         print(path)
     return 0
 

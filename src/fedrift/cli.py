@@ -34,9 +34,11 @@ def _parser() -> argparse.ArgumentParser:
 
     conf = sub.add_parser(
         "config", help="print the resolved config as YAML (fedrift run -c takes it back)",
-        description="The config a command would run, written out: fedrift config show prints it.",
+        description="The config a command would run, written out: fedrift config show prints it (fedrift config "
+        "alone prints the defaults, as fedrift config show does).",
     )
-    csub = conf.add_subparsers(dest="config_command", required=True, metavar="{show}")
+    conf.set_defaults(config=None, overrides=[])  # no sub-command: what config show prints for the defaults
+    csub = conf.add_subparsers(dest="config_command", metavar="{show}")
     show = csub.add_parser(
         "show", help="print the defaults, or -c FILE with the overrides, resolved, as YAML",
         description="Print the config fedrift run would use (the defaults, or -c FILE, with the key=value overrides), "

@@ -4,6 +4,7 @@ references) from this tree, offline, and its pages hold what they are for."""
 from __future__ import annotations
 
 import html
+import os
 import re
 import subprocess
 import sys
@@ -17,13 +18,31 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
+def build(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """``make docs``'s build, with the results figures to draw again and a new matplotlib font
+    cache: the two steps that printed lines under -q (issue 72)."""
     out = tmp_path_factory.mktemp("docs") / "html"
+    for png in (ROOT / "docs" / "_generated" / "figures").glob("*.png"):
+        os.utime(png, (0, 0))  # older than the runs: the build draws them
+    env = {**os.environ, "MPLCONFIGDIR": str(tmp_path_factory.mktemp("matplotlib"))}
     proc = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-n", "-W", "--keep-going", "-q",
                            "-d", str(out.parent / "doctrees"), str(ROOT / "docs"), str(out)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, f"make docs would fail:\n{proc.stderr[-6000:]}"
-    return out
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def site(build) -> Path:
+    return build[0]
+
+
+def test_the_quiet_build_prints_nothing(build):
+    """Under -q a build that passes -W prints nothing: no figure paths, no INFO line of a
+    library (matplotlib's font cache, once the theme's accessible-pygments set INFO)."""
+    _, proc = build
+    assert proc.stdout == "", proc.stdout[-2000:]
+    assert proc.stderr == "", proc.stderr[-2000:]
 
 
 def test_the_makefile_builds_as_this_test_does():

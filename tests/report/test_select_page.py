@@ -84,3 +84,24 @@ def test_round_words_and_budget_lines():
     assert spent_text({}) is None
     assert spent_text({"budget": {"seconds": None, "rounds": 60, "spent_seconds": 30, "spent_rounds": 1}}) == \
         "30 s of no time limit; 1 round of 60"
+
+
+def test_the_page_is_titled_by_the_base_configs_data_and_partition(tmp_path):
+    """Not the folder's name (``fedrift select: select``, issue 72): the data and partition
+    of the base config, from the select itself (here one refused by its budget)."""
+    from conftest import tiny_config
+
+    from fedrift.errors import ConfigError
+    from fedrift.experiments.select import select
+
+    base = tiny_config(tmp_path, train={"rounds": 6}, partition={"val_share": 0.2})
+    base.pop("output")
+    with pytest.raises(ConfigError):
+        select(base, out=tmp_path / "select", algorithms=["fedavg", "fedprox"], budget_rounds=27, seeds=[1, 2, 3],
+               top=1, min_rounds=2, verbose=False)
+    title = "fedrift select on digits (dirichlet alpha=0.5, 6 clients)"
+    html = (tmp_path / "select" / "select.html").read_text()
+    assert f"<title>{title}</title>" in html and f"<h1>{title}</h1>" in html
+    assert (tmp_path / "select" / "select.md").read_text().startswith(f"# {title}\n")
+    old = render_select_page(tmp_path / "old", {})  # a page without the setting: the folder's name
+    assert "<title>fedrift select: old</title>" in old.read_text()

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -197,8 +198,8 @@ def test_final_local_accuracy_column_when_runs_report_it(runs, tmp_path):
     lines = to_markdown(rows).splitlines()
     col = [c.strip() for c in lines[0].split("|")].index("final local %")
     cells = {row.split("|")[1].strip(): row.split("|")[col].strip() for row in lines[2:] if row.startswith("|")}
-    assert cells["fedavg alpha=0.1"] == "85.0 +- 5.0" and cells["fedprox alpha=0.1"] == "70.0 +- 0.0"
-    assert cells["fedavg alpha=1.0"] == "75.0 +- 0.0"
+    assert cells["fedavg alpha=0.1"] == "85.0 +- 5.0" and cells["fedprox alpha=0.1"] == "70.0"  # one run: no spread
+    assert cells["fedavg alpha=1.0"] == "75.0"
     path = runs / "a/s2/summary.json"  # a run from before the metric: the mean says it is of 2
     path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "final_local_accuracy"}))
     lines = to_markdown(summarize(load_groups(runs)[0])).splitlines()
@@ -266,3 +267,62 @@ def test_python_api_rows(grid):
         assert r["target"] == pytest.approx(0.9 * rows[0]["best_accuracy_mean"])  # default: 90% of fedavg's best
     desc = json.loads((root / "compare.json").read_text())
     assert desc["algorithms"] == ["fedavg", "fedprox:mu=0.1"] and desc["seeds"] == [0, 1]
+
+
+def test_one_seed_shows_the_value_alone_in_every_format(runs, capsys, monkeypatch):
+    """A setting of one completed run shows ``92.0``, not ``92.0 +- 0.0`` (issue 72), in
+    Markdown, the printed table (plain and rich) and report.html, whose note says so."""
+    from fedrift.report.table import print_table
+
+    rows = summarize(load_groups(runs)[0], at_rounds=[2], target=None)
+    md = to_markdown(rows, [2])
+    assert "| fedavg alpha=1.0 | 1/1 | 92.0 | 92.0 | 70.0 |" in md
+    assert "| fedprox alpha=0.1 | 1/2 (1 diverged) | 84.0 | 84.0 | 80.0 |" in md
+    assert "| 85.0 +- 5.0 | 83.0 +- 5.0 |" in md and "+- 0.0" not in md  # more seeds keep their spread
+    text = to_text(rows, [2])
+    assert "+- 0.0" not in text and "92.0" in text
+    print_table(rows, [2])
+    assert "+- 0.0" not in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)  # rich's table, on a wide terminal
+    monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((300, 40)))
+    monkeypatch.setenv("COLUMNS", "300")
+    print_table(rows, [2])
+    out = capsys.readouterr().out
+    assert "┃" in out or "│" in out, out  # rich drew it
+    assert "± 0.0" not in out and "92.0" in out and "85.0 ± 5.0" in out
+    assert main(["report", str(runs), "report.at_rounds=2", "report.plots=false", "report.tsne=none"]) == 0
+    page = (runs / "report.html").read_text()
+    results = page[page.index('<table id="results"'):page.index("</table>", page.index('<table id="results"'))]
+    assert "<td>92.0</td>" in results and "±&nbsp;0.0" not in results and "± 0.0" not in results
+    assert "the value alone for 1 seed" in page
+
+
+def _titled_runs(root):
+    """fedavg and fedprox on digits, dirichlet alpha 0.1 over 20 clients, one seed each."""
+    for name, alg in (("a", FEDAVG), ("p", FEDPROX)):
+        write_run(root / name, 0, alg, 0.1, [0.5, 0.6])
+        cfg = yaml.safe_load((root / name / "config.yaml").read_text())
+        cfg["partition"].update(num_clients=20, min_size=5)
+        (root / name / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+def test_the_report_title_says_what_was_compared(tmp_path, capsys):
+    """The printed table and report.html are titled by the algorithms, data and partition, not
+    the folder's name (issue 72); report.title still overrides."""
+    root = _titled_runs(tmp_path / "runs")
+    title = "fedrift comparison: fedavg, fedprox on digits (dirichlet alpha=0.1, 20 clients)"
+    assert main(["report", str(root), "report.plots=false", "report.tsne=none"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == title  # the printed table's title
+    page = (root / "report.html").read_text()
+    assert f"<title>{title}</title>" in page and f"<h1>{title}</h1>" in page
+    assert main(["report", str(root), "report.plots=false", "report.tsne=none", "report.title=My runs"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "My runs"
+    page = (root / "report.html").read_text()
+    assert "<title>My runs</title>" in page and "<h1>My runs</h1>" in page
+
+
+def test_a_swept_partition_value_is_left_out_of_the_title(runs):
+    from fedrift.report.table import describe_groups
+
+    assert describe_groups(load_groups(runs)[0]) == "fedavg, fedprox on digits (dirichlet)"  # alpha 0.1 and 1.0

@@ -113,6 +113,7 @@ from fedrift.experiments.select_plan import (
 )
 from fedrift.experiments.select_verdict import REFERENCE, recommend, values_text, wrap
 from fedrift.report.select_page import duration_text, render_select_page
+from fedrift.report.table import describe_data
 from fedrift.safe_files import make_dir, write_atomic
 
 CONFIRMATION = ("seeds", "top")  # what a rerun of the same select may change
@@ -184,6 +185,7 @@ class Select:
     n_val: int = 0  # validation samples
     auto_rungs: bool = False  # min_rounds not given: the first rung waits for the floor
     probed: dict[str, Cost] = field(default_factory=dict)  # --dry-run's timed probe
+    setting: str = ""  # the base config's data and partition, for the page's title
 
     @property
     def reference(self) -> str:
@@ -233,6 +235,7 @@ def build_select(
     from fedrift.algorithms import ALGORITHMS
     from fedrift.api import build_run, prepare, resolve_options
     from fedrift.config import load_config
+    from fedrift.engine.build import config_yaml
 
     if budget is None and budget_rounds is None:
         raise ConfigError("select needs a budget; allowed: --budget DURATION (2h, 90m) and/or --budget-rounds N")
@@ -314,6 +317,7 @@ def build_select(
         entries, left_out, rounds, seed, seed_list, min(top, len(entries) - 1), startup, r0, eta, pruner,
         seconds, budget_rounds)
     plan.auto_rungs = min_rounds is None
+    plan.setting = describe_data([yamlio.load(config_yaml(cfg, prep.options))])
     val = getattr(prep.partition, "val", None)
     idx = getattr(val, "values", None)
     if idx is not None and len(idx):
@@ -1033,6 +1037,7 @@ def select(
                                                               ["no confirmation: nothing was run over seeds"]),
                    "trials": trials, "picked": state["picked"], "rungs": plan.rungs,
                    "entries": [e.entry for e in plan.entries], "left_out": plan.left_out, "rounds": plan.rounds,
+                   "setting": plan.setting,
                    "tuning": _tuning(plan, trials),
                    "budget": {"seconds": plan.budget_seconds, "rounds": plan.budget_rounds,
                               "spent_seconds": plan.description.get("spent", 0.0),

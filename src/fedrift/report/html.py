@@ -26,7 +26,7 @@ Options (``report.*`` on the command line, keyword arguments in Python):
   whose numbers go beside the measured ones: the paper's setting a run matches, the published
   accuracy and the published gap to FedAvg, with a note naming paper, table and source file;
 - ``plots``: false writes the tables and a report without figures;
-- ``title``: the report's title.
+- ``title``: the report's title (default: the algorithms, data and partition compared).
 
 Run folders may come from anyone: a folder whose ``config.yaml`` cannot be read is skipped,
 and a ``final_model.pt`` that is not a state dict of tensors leaves out its figure, each with
@@ -56,6 +56,7 @@ from fedrift.report.paired import note, resolve_reference
 from fedrift.report.table import (
     Group,
     default_target,
+    describe_groups,
     display_table,
     load_groups,
     parse_target,
@@ -190,12 +191,18 @@ def _tables(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo, qu
         write_atomic(root / "results.csv", to_csv(rows))
         write_atomic(root / "results.md", to_markdown(rows, at_rounds))
     if not quiet and echo is print:
-        print_table(rows, at_rounds, title=opts.title or f"fedrift comparison: {root.resolve().name}")
+        print_table(rows, at_rounds, title=report_title(root, groups, opts))
     elif not quiet:
         echo(to_markdown(rows, at_rounds))
     if checked and not quiet:
         echo(claims.to_text(checked))
     return rows, at_rounds, checked
+
+
+def report_title(root: Path, groups: Sequence[Group], opts: ReportOptions) -> str:
+    """``report.title``, else what was compared (``fedrift comparison: fedavg, fedprox on mnist
+    (dirichlet alpha=0.1, 20 clients)``), else the folder's name."""
+    return opts.title or f"fedrift comparison: {describe_groups(groups) or root.resolve().name}"
 
 
 def _claims(root: Path, groups: Sequence[Group], opts: ReportOptions) -> list[dict[str, Any]]:
@@ -444,7 +451,7 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
                 checked: Sequence[dict[str, Any]] = (), notes: Sequence[str] = ()) -> str:
     """The page; ``notes``: lines on what was left out (a skipped run folder, a figure's
     unreadable model file), shown at its top."""
-    title = opts.title or f"fedrift comparison: {root.resolve().name}"
+    title = report_title(root, groups, opts)
     headers, cells = display_table(rows, at_rounds, pm="±")
     paired_note = note(rows, pm="±")
     paper_note = published.note(rows, pm="±")
@@ -458,7 +465,7 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
         "</tbody></table>",
         "<h2>Results</h2>",
         *fit_table("results", headers, cells),
-        '<p class="note">Accuracies in percent: mean ± sample standard deviation (ddof=1; 0 for one seed) over the '
+        '<p class="note">Accuracies in percent: mean ± sample standard deviation (ddof=1; the value alone for 1 seed) over the '
         "runs that completed; diverged runs are counted, not averaged. acc@r: the last evaluation at or before round r. "
         "Rounds to target: mean over the runs that reached it (how many in brackets)"
         + (f"; target rule {_e(_target(opts, groups))}" if _target(opts, groups) else "")
@@ -514,4 +521,4 @@ def check_report_names(opts: Any, algorithms: Sequence[str]) -> None:
     claims.resolve_claims(opts.claims, names)  # and a claim about an algorithm it lacks
 
 
-__all__ = ["ReportOptions", "build_report", "check_report_names", "fit_table", "page_head", "make_figures", "render_html", "resolve_at_rounds", "write_tables"]
+__all__ = ["ReportOptions", "build_report", "check_report_names", "fit_table", "page_head", "make_figures", "render_html", "report_title", "resolve_at_rounds", "write_tables"]

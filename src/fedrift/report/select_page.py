@@ -183,7 +183,9 @@ def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True
     left = [f"{k}: {v}" for k, v in (page.get("left_out") or {}).items()]
     seeds = page.get("seeds") or []
 
-    md = ["# fedrift select", "", f"**{outcome}**", ""]
+    setting = str(page.get("setting") or "")  # the base config's data and partition
+    title = f"fedrift select on {setting}" if setting else f"fedrift select: {root.resolve().name}"
+    md = [f"# {title}" if setting else "# fedrift select", "", f"**{outcome}**", ""]
     if text:
         md += [text, "", *(f"- {ln}" for ln in rest), *([""] if rest else [])]
         md += ["Next:", "", f"    {command}", ""] if command else []
@@ -202,7 +204,7 @@ def render_select_page(root: Path, page: Mapping[str, Any], figures: bool = True
     png = _figure(root, page) if figures and trials else None
     kind = "warn" if str(page.get("outcome") or "") in ("no recommendation", "stopped", "refused") else "meta"
     parts = [
-        *page_head(f"fedrift select: {root.resolve().name}",
+        *page_head(title,
                    ", when the select ended; the search scores validation accuracy only; the test set is read by the "
                    "confirmation's report", generated=generated),
         f'<p id="outcome" class="{kind}"><strong>{_e(outcome)}</strong></p>',

@@ -321,6 +321,43 @@ def discover_groups(root: Path, notes: list[str] | None = None) -> list[Group]:
     return groups
 
 
+# partition options every partition may have: not what tells one split from another
+_PARTITION_PLUMBING = ("name", "holdout", "val_share", "num_clients", "min_size", "max_redraws", "min_local_test")
+
+
+def describe_data(configs: Iterable[Mapping[str, Any]]) -> str:
+    """``mnist (dirichlet alpha=0.1, 20 clients)``: the data and partition the configs share
+    (a value they differ in is left out, a dataset or partition name listed); "" without any."""
+    flats = [flatten(c) for c in configs if c]
+    if not flats:
+        return ""
+
+    def values(key: str) -> list[Any]:
+        return list(dict.fromkeys(json.dumps(f.get(key), default=str) for f in flats))
+
+    def one(key: str) -> Any:
+        found = values(key)
+        return json.loads(found[0]) if len(found) == 1 else None
+
+    names = [json.loads(v) for v in values("data.name") if v != "null"]
+    kinds = [json.loads(v) for v in values("partition.name") if v != "null"]
+    keys = dict.fromkeys(k for f in flats for k in f if k.startswith("partition."))
+    options = [f"{k.split('.', 1)[1]}={_fmt_value(one(k))}" for k in keys
+               if k.split(".", 1)[1] not in _PARTITION_PLUMBING and one(k) is not None]
+    clients = one("partition.num_clients")
+    split = " ".join([", ".join(map(str, kinds)), *options]).strip()
+    detail = ", ".join(x for x in (split, f"{clients} clients" if clients else "") if x)
+    return " ".join(x for x in (", ".join(map(str, names)), f"({detail})" if detail else "") if x)
+
+
+def describe_groups(groups: Sequence[Group]) -> str:
+    """``fedavg, fedprox on mnist (dirichlet alpha=0.1, 20 clients)``: what a table compares
+    (its algorithms, and the data and partition of its runs' configs); "" without groups."""
+    algorithms = ", ".join(dict.fromkeys(g.algorithm.split(":")[0] for g in groups))
+    data = describe_data(r.config for g in groups for r in g.runs)
+    return f"{algorithms} on {data}" if algorithms and data else algorithms
+
+
 def _common_parts(paths: list[Path]) -> list[str]:
     parts = [p.parts for p in paths]
     out = []
@@ -450,9 +487,17 @@ def _per_round(run: Run, key: str) -> float | None:
 
 
 def fmt_acc(mean: float | None, std: float | None, pm: str = "+-") -> str:
+    """``19.1 +- 2.3`` in percent; ``19.1`` alone when ``std`` is None (one seed: no spread)."""
     if mean is None:
         return "-"
-    return f"{100 * mean:.1f} {pm} {100 * (std or 0.0):.1f}"
+    if std is None:
+        return f"{100 * mean:.1f}"
+    return f"{100 * mean:.1f} {pm} {100 * std:.1f}"
+
+
+def _spread(row: Mapping[str, Any], key: str, n: int | None = None) -> float | None:
+    """The std of ``key`` in ``row``, None when it is over one run (``n``, else the completed runs)."""
+    return None if (n if n else row.get("completed")) == 1 else row.get(f"{key}_std")
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -495,13 +540,13 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
         cells.append([
             r["setting"],
             runs,
-            fmt_acc(r["best_accuracy_mean"], r["best_accuracy_std"], pm),
-            fmt_acc(r["final_accuracy_mean"], r["final_accuracy_std"], pm),
-            *([fmt_acc(r.get("test_accuracy_at_best_val_mean"), r.get("test_accuracy_at_best_val_std"), pm)]
+            fmt_acc(r["best_accuracy_mean"], _spread(r, "best_accuracy"), pm),
+            fmt_acc(r["final_accuracy_mean"], _spread(r, "final_accuracy"), pm),
+            *([fmt_acc(r.get("test_accuracy_at_best_val_mean"), _spread(r, "test_accuracy_at_best_val"), pm)]
               if validated else []),
             *([_fmt_some(r, LOCAL_KEY, pm)] if local else []),
             *(_fmt_some(r, k, pm) for k, _ in calibrated),
-            *(fmt_acc(r[f"accuracy_at_{t}_mean"], r[f"accuracy_at_{t}_std"], pm) for t in at_rounds),
+            *(fmt_acc(r[f"accuracy_at_{t}_mean"], _spread(r, f"accuracy_at_{t}"), pm) for t in at_rounds),
             *(paired.cell(r, key, pm) for key, _ in pairs),
             *([_fmt_num(None if r.get("target") is None else 100 * r["target"], 1)] if several else []),
             reach,
@@ -533,8 +578,8 @@ def _insert_published(rows: Sequence[dict[str, Any]], headers: list[str], cells:
 
 def _fmt_some(row: Mapping[str, Any], key: str, pm: str) -> str:
     """mean +- std, and "(n/m runs)" when only n of the m completed runs have the value."""
-    cell = fmt_acc(row.get(f"{key}_mean"), row.get(f"{key}_std"), pm)
     n = row.get(f"{key}_n") or 0
+    cell = fmt_acc(row.get(f"{key}_mean"), _spread(row, key, n), pm)
     return cell if not n or n == row["completed"] else f"{cell} ({n}/{row['completed']} runs)"
 
 
@@ -630,6 +675,8 @@ __all__ = [
     "Run",
     "accuracy_at",
     "default_target",
+    "describe_data",
+    "describe_groups",
     "display_table",
     "load_groups",
     "load_run",
