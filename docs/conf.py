@@ -2,8 +2,9 @@
 
 Markdown pages (MyST) in the furo theme, as Flower's, Optuna's and Ray's sites are built.
 The reference pages include files that ``_ext/fedrift_reference.py`` generates from the code
-when the build starts, and the results page's figures are drawn by ``results/figures.py``
-from the committed runs, so neither can drift from what they describe. Nothing is fetched:
+when the build starts (the examples page: ``_ext/fedrift_examples.py``, from ``examples/``),
+and the results page's figures are drawn by ``results/figures.py`` from the committed runs, so
+none can drift from what they describe. Nothing is fetched:
 the build runs offline.
 """
 
@@ -23,11 +24,24 @@ sys.path.insert(0, str(HERE / "_ext"))
 project = "fedrift"
 author = "the fedrift authors"
 copyright = "the fedrift authors, Apache-2.0"
-from fedrift.version import __version__ as release  # noqa: E402
 
+
+def _fedrift_version() -> str:
+    """``__version__`` of src/fedrift/version.py, read from the file: importing ``fedrift.version``
+    would import the package (torch and every layer) first."""
+    import ast
+
+    tree = ast.parse((HERE.parent / "src" / "fedrift" / "version.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise RuntimeError("src/fedrift/version.py has no __version__")
+
+
+release = _fedrift_version()
 version = release
 
-extensions = ["myst_parser", "sphinx.ext.autodoc", "fedrift_reference", "fedrift_figures"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "fedrift_reference", "fedrift_examples", "fedrift_figures"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "_generated", "README.md", "**/*-prose.md", "index-intro.md"]

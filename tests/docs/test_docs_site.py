@@ -79,6 +79,31 @@ def test_the_reference_pages_are_generated_from_the_code(site):
         assert f"fedrift {name}" in cli, f"fedrift {name} is not on the CLI page"
 
 
+def test_the_site_shows_fedrift_s_version(site):
+    """conf.py's release is src/fedrift/version.py's __version__, and the theme shows it."""
+    from fedrift.version import __version__
+
+    home = (site / "index.html").read_text()
+    assert f"fedrift {__version__}" in home, "the index page does not show the version"
+    assert f"<title>fedrift {__version__}</title>" in home
+
+
+def test_the_examples_page_lists_every_example_and_paper_study(site):
+    page = html.unescape((site / "reference" / "examples.html").read_text())
+    files = sorted(p.relative_to(ROOT).as_posix() for p in
+                   [*(ROOT / "examples").glob("*.yaml"), *(ROOT / "examples" / "papers").rglob("*.yaml")])
+    assert any(f.endswith(".study.yaml") for f in files)
+    for file in files:
+        assert file in page, f"{file} is not on the examples page"
+    assert 'href="examples.html"' in (site / "reference" / "index.html").read_text(), "not in the reference's toctree"
+
+
+def test_the_changelog_is_on_the_site(site):
+    page = html.unescape((site / "changelog.html").read_text())
+    assert "Unreleased" in page and "0.1.0" in page and "--trust-plugins" in page
+    assert 'href="changelog.html"' in (site / "index.html").read_text()
+
+
 def test_the_results_page_shows_the_orderings_and_its_figures(site):
     page = (site / "results" / "index.html").read_text()
     assert "FedADC+ &gt; FedADC" in page and "FedGKD &gt; FedAvg" in page  # the orderings table, from BENCHMARKS.md

@@ -18,11 +18,17 @@ from fedrift.safe_files import refuse_link
 STUDY_DB = "study.db"  # a tune's, a select's or a study's Optuna database, in its folder
 
 
+SQLITE_WAIT_S = 60  # how long a connection waits for another process's write to end
+
+
 def study_storage(folder: Path) -> str:
     """Optuna's storage URL of the study database in ``folder``: refused when a link stands at
-    its name (sqlite would write through it); the folder's own path resolved, not the file's."""
+    its name (sqlite would write through it); the folder's own path resolved, not the file's.
+    A parallel tune's or select's trials (processes) share the file: on a loaded machine one
+    held its lock past sqlite's default 5 s and another's read failed ("database is locked",
+    in the suite beside a docs build), so a connection waits ``SQLITE_WAIT_S``."""
     refuse_link(folder / STUDY_DB)
-    return f"sqlite:///{folder.resolve() / STUDY_DB}"
+    return f"sqlite:///{folder.resolve() / STUDY_DB}?timeout={SQLITE_WAIT_S}"
 
 
 def load_optuna() -> Any:

@@ -41,11 +41,11 @@ def tune_target(study: Study, entry: Entry) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _storage(db: Path) -> Any:
+def _storage(folder: Path) -> Any:
     """One storage per database and process (opening one checks its schema: half a second)."""
-    from fedrift.experiments.studies import load_optuna
+    from fedrift.experiments.studies import load_optuna, study_storage
 
-    return load_optuna().storages.RDBStorage(f"sqlite:///{db}")
+    return load_optuna().storages.RDBStorage(study_storage(folder))
 
 
 def finished_trials(study: Study, name: str) -> int | None:
@@ -57,7 +57,7 @@ def finished_trials(study: Study, name: str) -> int | None:
     if not db.is_file():
         return None
     try:
-        st = load_optuna().load_study(study_name=name, storage=_storage(db.resolve()))
+        st = load_optuna().load_study(study_name=name, storage=_storage(study.tune_dir.resolve()))
     except KeyError:
         return None
     return len(finished(st))
