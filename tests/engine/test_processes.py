@@ -110,7 +110,8 @@ def test_job_order_worker_errors_and_no_child_left(tiny):
         # workers start again on the next round; one is killed: reported, the others stopped
         ex.run_round(tools, payload, jobs, 3)
         os.kill(ex._procs[0].process.pid, signal.SIGKILL)
-        with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) died while training round 4 \(exit code -9"):
+        # dead before its round was sent, or as it trains: which one is the kill's timing (both seen)
+        with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) died while (being sent|training) round 4 \(exit code -9"):
             ex.run_round(tools, payload, jobs, 4)
         assert mp.active_children() == []
     finally:
