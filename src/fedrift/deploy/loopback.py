@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from fedrift.safe_files import write_atomic
+
 LOOPBACK = "127.0.0.1"  # every address the federation listens on or dials
 # Flower's switches for the gRPC Control and Fleet APIs it kept beside the HTTP ones, which
 # listen on 0.0.0.0:9093 and 0.0.0.0:9092 unless told otherwise: never set for the federation
@@ -55,14 +57,11 @@ def free_port() -> int:
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
-    """``path`` made anew with ``data``, created with ``mode`` (a private key is never readable
-    by others, not even for a moment): what stood at the name is removed first (a link
-    itself, never what it points to), and ``O_EXCL | O_NOFOLLOW`` refuses whatever is put
-    there meanwhile."""
+    """``path`` made anew with ``data`` and ``mode`` (a private key is never readable by others,
+    not even for a moment): what stood at the name is removed first (a link itself, never what
+    it points to), then the file is written by ``fedrift.safe_files``, never through a link."""
     path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    write_atomic(path, data, mode)
 
 
 def listening_sockets(pids: set[int]) -> set[tuple[str, int]]:

@@ -173,6 +173,10 @@ class Checkpointer:
         """Delete the checkpoint (the run finished: nothing is left to continue)."""
         if self.dir.is_dir() and not self.dir.is_symlink():
             remove_checkpoints(self.dir)
+            try:
+                self.dir.rmdir()
+            except OSError:  # another program's files are in it: they stay, and so does the folder
+                pass
 
     # -- loading -----------------------------------------------------------------------
 
@@ -326,14 +330,10 @@ def ours(name: str) -> bool:
 
 
 def remove_checkpoints(folder: Path) -> None:
-    """Delete fedrift's checkpoint files in ``folder``, and the folder when that empties it."""
+    """Delete fedrift's checkpoint files in ``folder`` (the folder stays: its remover decides)."""
     for p in folder.iterdir():
         if ours(p.name) and not p.is_dir():
             p.unlink()
-    try:
-        folder.rmdir()
-    except OSError:  # another program's files are in it: they stay, and so does the folder
-        pass
 
 
 def _sync_dir(path: Path) -> None:
