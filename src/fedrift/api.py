@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -92,7 +93,8 @@ def run(
     ``result`` holds the partial result; the checkpoint is kept for :func:`resume`). ``on_round(row)`` is called
     with each evaluated round's metrics (see :func:`fedrift.engine.loop.run_federation`).
     """
-    return run_prepared(prepare(config, overrides), resume=resume, on_round=on_round)
+    started = time.perf_counter()  # the summary's run_seconds and setup_seconds count the data's loading too
+    return run_prepared(prepare(config, overrides), resume=resume, on_round=on_round, started=started)
 
 
 def resume(run_dir: str | Path, overrides: list[str] | None = None) -> RunResult:
@@ -104,7 +106,8 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None) -> RunResult
     d = Path(run_dir)
     doc = apply_overrides(run_config(d), overrides or [], shared_options)
     doc["output"] = {**(doc.get("output") or {}), "dir": str(d), "overwrite": False}
-    return run_prepared(prepare(doc), resume=True)
+    started = time.perf_counter()
+    return run_prepared(prepare(doc), resume=True, started=started)
 
 
 def run_config(run_dir: Path) -> dict[str, Any]:
@@ -131,10 +134,12 @@ def run_config(run_dir: Path) -> dict[str, Any]:
 
 
 def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[str, Any]], None] | None = None,
-                 executor: Any = None) -> RunResult:
+                 executor: Any = None, started: float | None = None) -> RunResult:
     """Run from validated pieces (tests and tools may swap the partition first). ``executor``:
     the one to train with, instead of a new one of ``engine.executor`` (stacked runs hand
-    each run its member of their stack: ``fedrift.experiments.stacked``)."""
+    each run its member of their stack: ``fedrift.experiments.stacked``). ``started``: when the
+    run began (``time.perf_counter``: before its data was prepared), else now."""
+    started = time.perf_counter() if started is None else started
     cfg = prep.config
     model, algorithm = build_run(prep)
     executor_name = resolve_executor(cfg, prep, model)
@@ -172,7 +177,7 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
         facts["threads"] = torch.get_num_threads()
         try:
             with cudnn_choice(cfg):
-                loop = _federate(cfg, fed, model, algorithm, executor, writer, checkpoints, snap, on_round)
+                loop = _federate(cfg, fed, model, algorithm, executor, writer, checkpoints, snap, on_round, started)
         except OutputError as err:
             if isinstance(err, LinkRefused) or not checkpoints.exists():  # space alone would not help
                 raise
@@ -212,11 +217,12 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
 
 
 def _federate(cfg: Config, fed: Federation, model: FedModel, algorithm: Algorithm, executor: Any, writer: RunWriter,
-              checkpoints: Checkpointer, snap: Snapshot | None, on_round: Callable[[dict[str, Any]], None] | None) -> Any:
+              checkpoints: Checkpointer, snap: Snapshot | None, on_round: Callable[[dict[str, Any]], None] | None,
+              started: float) -> Any:
     """``run_federation``, with an OSError on a file of the run folder (the client-state
     store on disk) turned into an OutputError."""
     try:
-        return run_federation(cfg, fed, model, algorithm, executor, writer, checkpoints, snap, on_round)
+        return run_federation(cfg, fed, model, algorithm, executor, writer, checkpoints, snap, on_round, started)
     except OSError as err:
         if not _inside(err.filename, writer.dir):
             raise

@@ -277,7 +277,46 @@ def test_resume_refuses_a_finished_run_and_a_folder_without_one(tiny, tmp_path):
         fedrift.resume(tmp_path / "nowhere")
 
 
+def _ctrl_c_while_training(monkeypatch, k):
+    """Runs stop as at Ctrl-C while round ``k``'s clients train (before its aggregation)."""
+    from fedrift.engine import loop
+
+    train = loop.train_clients
+
+    def stop(executor, tools, payload, jobs, t, *args):
+        if t == k:
+            raise KeyboardInterrupt
+        return train(executor, tools, payload, jobs, t, *args)
+
+    monkeypatch.setattr(loop, "train_clients", stop)
+    return lambda: monkeypatch.setattr(loop, "train_clients", train)
+
+
+@pytest.mark.agreement
+@pytest.mark.parametrize("name", ["fedavg", "fedgkd_vote", "fedproto"])
+def test_a_stop_saves_the_last_whole_round_whatever_checkpoint_every_says(tiny, tmp_path, name, monkeypatch):
+    """Ctrl-C (a budget's stop, SIGTERM) while round 4 trains, with no periodic checkpoint
+    (checkpoint_every 0): round 3's checkpoint is saved at the stop, the summary and its line
+    say so, and the resumed run ends with the same bits as one never stopped."""
+    cfg = lambda d: _config(tiny, name, "sequential", tmp_path / d, checkpoint_every=0)  # noqa: E731
+    whole = fedrift.run(cfg("whole"))
+    undo = _ctrl_c_while_training(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        fedrift.run(cfg("stopped"))
+    undo()
+    summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["checkpoint_round"] == 3
+    assert summary["message"].endswith("it continues from the checkpoint of round 3")
+    assert summary["run_seconds"] >= summary["setup_seconds"] > 0
+    resumed = fedrift.resume(tmp_path / "stopped")
+    assert resumed.summary["resumed_from_round"] == 3
+    _ends_as_reference(whole, resumed, tmp_path / "stopped")
+    assert resumed.summary["run_seconds"] > summary["run_seconds"]  # the earlier call's time counts too
+
+
 def test_no_checkpoint_yet_runs_again_from_round_one(tiny, tmp_path):
+    """Ctrl-C in round 4's metrics line: its state changed already (neither round 3's nor whole),
+    so the stop saves no checkpoint of it, and with none periodic the resume starts afresh."""
     cfg, run_dir, _ = _stopped_run(tiny, tmp_path, checkpoint_every=0)
     assert not (run_dir / "checkpoint").exists()
     resumed = fedrift.resume(run_dir)

@@ -30,16 +30,19 @@ def run_federation(
     checkpoints: Checkpointer | None = None,
     resume: Snapshot | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    started: float | None = None,
 ) -> LoopResult:
     """Rounds 1..``train.rounds`` (from ``resume.round + 1`` when given a checkpoint's
     snapshot), saving a checkpoint when ``checkpoints`` says one is due. ``on_round`` sees
     each evaluated round's metrics row once it is written (a tuner's pruner reads them; an
-    exception it raises stops the run there, with the metrics so far kept)."""
+    exception it raises stops the run there, with the metrics so far kept). A stop (Ctrl-C,
+    a lost cluster) saves the checkpoint of the last whole round first (``Server.keep_on_stop``).
+    ``started``: the run's start (``time.perf_counter``), its summary's ``run_seconds`` count from it."""
     server = Server(cfg, fed, model, algorithm, writer, checkpoints, resume, on_round,
                     clients_build_teacher=getattr(executor, "builds_teacher", False),
                     reuse_uploads=getattr(executor, "one_client_at_a_time", False),
                     extra_state=getattr(executor, "checkpoint_state", None),
-                    hands_over=getattr(executor, "hands_over", False))
+                    hands_over=getattr(executor, "hands_over", False), started=started)
     if resume is not None and resume.executor is not None and hasattr(executor, "restore_state"):
         # the executor that saved it (processes: its workers' teacher memos); one with equal
         # results that keeps none (engine/checkpoint.py EQUAL_EXECUTORS) computes those rows again
@@ -61,6 +64,7 @@ def run_federation(
         err.result = server.result(status=err.status, message=str(err))  # fedrift.api writes summary.json
         raise
     except ClusterLostError as err:  # stopped as at Ctrl-C: the checkpoint stays for --resume
+        server.keep_on_stop()
         out = server.result(status=err.status, message=f"{err}; {server.interrupted()}{err.hint}")
         if checkpoints is not None:
             out.summary["checkpoint_round"] = checkpoints.last_round
@@ -68,6 +72,7 @@ def run_federation(
         err.result = out  # fedrift.api writes summary.json
         raise
     except KeyboardInterrupt as err:
+        server.keep_on_stop()
         out = server.result(status="interrupted", message=server.interrupted())
         if checkpoints is not None:
             out.summary["checkpoint_round"] = checkpoints.last_round

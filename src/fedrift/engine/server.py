@@ -37,7 +37,7 @@ from fedrift.engine.sampling import SAMPLERS, cohort_size, eval_clients
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
 from fedrift.functional.tree import RunningSum, all_finite, shares_memory, signature, stack, tree_bytes
-from fedrift.errors import ConfigError, DivergenceError, NoClientsError
+from fedrift.errors import ConfigError, DivergenceError, FedriftError, NoClientsError
 from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import LocalParts, evaluate, evaluate_personal
 from fedrift.models.base import FedModel
@@ -128,7 +128,7 @@ class Server:
         checkpoints: Checkpointer | None = None, resume: Snapshot | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None, clients_build_teacher: bool = False,
         reuse_uploads: bool = False, extra_state: Callable[[], Any] | None = None, prephase_on_clients: bool = False,
-        hands_over: bool = False,
+        hands_over: bool = False, started: float | None = None,
     ) -> None:
         tc = cfg.train
         self.cfg, self.fed, self.model, self.algorithm, self.writer = cfg, fed, model, algorithm, writer
@@ -190,6 +190,13 @@ class Server:
             if self.accountant is not None:  # its rounds so far, not saved: composed again
                 self.epsilon = self.accountant.step(resume.round)
             self.first = resume.round + 1
+        # the run's own time (its start-up, every round's evaluation and checkpoints): resumes add theirs
+        self.started = time.perf_counter() if started is None else started
+        self.totals.setdefault("run_seconds", 0.0)
+        self.prior_seconds = float(self.totals["run_seconds"])
+        self.totals.setdefault("setup_seconds", time.perf_counter() - self.started)
+        self.closed = self.first - 1  # the last round whose state is whole (closed)
+        self.touched = False  # whether the round in progress changed the state or the store already
         self.bound = DivergenceBound(cfg.engine.divergence_factor, cfg.engine.divergence_loss, self.totals)
         self.t = self.first - 1
         self.bar = tqdm(total=tc.rounds, initial=self.first - 1, desc=algorithm.name, unit="round",
@@ -259,6 +266,7 @@ class Server:
         """The client's new state into the store, and out of the output (None: a device keeps
         its state itself)."""
         if out.state is not None and self.algorithm.init_client is not None:
+            self.touched = True
             self.store.put(out.client_id, out.state)
             out.state = None
 
@@ -282,6 +290,7 @@ class Server:
         divergence too: it stops the run, or under ``engine.accept_failures`` the client is
         left out here and counted as diverged."""
         cfg, fed, alg, t, tc = self.cfg, self.fed, rnd.tools.algorithm, rnd.t, self.cfg.train
+        self.touched = True  # from here on the state is neither round t-1's nor (until the end) round t's
         for o in outputs:
             if self.bound.factor is not None and o.client_id not in rnd.norms:
                 rnd.norms[o.client_id] = update_norm(o.upload, rnd.payload)
@@ -364,6 +373,7 @@ class Server:
             self.bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", best=f"{self.best[0]:.3f}")
         if self.checkpoints is not None and self.checkpoints.due(t, tc.rounds):
             self.checkpoint(t)
+        self.closed, self.touched = t, False
         self.bar.update(1)
         return row
 
@@ -409,8 +419,26 @@ class Server:
             raise self._diverged(t, str(err)) from None
         return row
 
+    def keep_on_stop(self) -> None:
+        """A stop (Ctrl-C, SIGTERM, a budget, a lost cluster): the checkpoint of the last whole
+        round, whatever ``engine.checkpoint_every`` says, so the next call continues from there;
+        none when the round in progress had changed the state or the client store already (a
+        stop inside the aggregation), nor after the last round (the run ends there)."""
+        c = self.checkpoints
+        if c is None or self.touched or self.closed <= c.last_round or self.closed >= self.cfg.train.rounds:
+            return
+        try:
+            self.checkpoint(self.closed)
+        except (FedriftError, OSError, KeyboardInterrupt) as err:  # the stop goes on; the last checkpoint stays
+            log.warning(f"the checkpoint of round {self.closed} was not saved at the stop ({err or 'a second stop'})")
+
+    def run_seconds(self) -> float:
+        """The run's time so far: start-up, rounds, evaluation, checkpoints (and earlier calls')."""
+        return self.prior_seconds + time.perf_counter() - self.started
+
     def checkpoint(self, t: int) -> None:
         assert self.checkpoints is not None
+        self.totals["run_seconds"] = self.run_seconds()
         memo = self.tools.teacher_memo.dump() if self.tools.teacher_memo is not None else None
         extra = self.extra_state() if self.extra_state is not None else None
         size = self.writer.sync()
@@ -461,6 +489,7 @@ class Server:
     def result(self, status: str = "completed", message: str = "") -> LoopResult:
         """The run's result so far: history, summary, and (completed) the final state."""
         out, tc = self.out, self.cfg.train
+        self.totals["run_seconds"] = self.run_seconds()
         if status == "completed":
             # a calibrated model (CCVR) is the run's final model; the trained one stays in server_state
             out.global_params = self.calibrated if self.calibrated is not None else self.state["params"]
@@ -551,6 +580,8 @@ def _summary(out: LoopResult, totals: dict, best: tuple[float, int], rounds: int
         "rounds_planned": rounds,
         "wall_seconds": totals["seconds"],
         "seconds_per_round": totals["seconds"] / done if done else None,
+        "run_seconds": totals.get("run_seconds"),
+        "setup_seconds": totals.get("setup_seconds"),
         "bytes_down_total": totals["bytes_down"],
         "bytes_up_total": totals["bytes_up"],
         **{f"{k}_total": totals[k] for k in ("clients_returned", "clients_dropped", "clients_failed", "clients_straggling")},
