@@ -35,7 +35,8 @@ Statistics, per setting, over its runs:
   t interval over seeds: see :mod:`fedrift.report.paired`.
 - With ``report.paper=NAME``, the seed paper's published numbers for the row's method and
   setting beside the measured ones: see :mod:`fedrift.report.published`.
-- Seconds per round (training, no evaluation) and wall seconds are from ``summary.json``; bytes
+- Seconds per round (training, no evaluation) and wall seconds (the run's own: start-up, rounds,
+  evaluation; ``run_seconds``, the training's ``wall_seconds`` for runs from before it) are from ``summary.json``; bytes
   down and up per round are the summary's totals over its rounds, averaged over runs.
 """
 
@@ -451,7 +452,8 @@ def summarize(
             row[f"accuracy_at_{t}_mean"], row[f"accuracy_at_{t}_std"] = mean_std(accuracy_at(r, t) for r in done)
         row["rounds_mean"], _ = mean_std(r.summary.get("rounds") for r in done)
         row["seconds_per_round_mean"], _ = mean_std(r.summary.get("seconds_per_round") for r in done)
-        row["wall_seconds_mean"], row["wall_seconds_std"] = mean_std(r.summary.get("wall_seconds") for r in done)
+        row["wall_seconds_mean"], row["wall_seconds_std"] = mean_std(
+            r.summary.get("run_seconds", r.summary.get("wall_seconds")) for r in done)
         row["bytes_down_per_round"], _ = mean_std(_per_round(r, "bytes_down_total") for r in done)
         row["bytes_up_per_round"], _ = mean_std(_per_round(r, "bytes_up_total") for r in done)
         rows.append(row)
