@@ -469,7 +469,8 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
         "runs that completed; diverged runs are counted, not averaged. acc@r: the last evaluation at or before round r. "
         "Rounds to target: mean over the runs that reached it (how many in brackets)"
         + (f"; target rule {_e(_target(opts, groups))}" if _target(opts, groups) else "")
-        + . s/round: training seconds per round; wall s: the run's own time (start-up, rounds, evaluation); down/up: bytes per round. The same table is in "
+        + ". s/round: training seconds per round; wall s: the run's own time (start-up, rounds, evaluation); "
+        "down/up: bytes per round. The same table is in "
         "results.csv (raw numbers) and results.md." + (f" {_e(paired_note)}" if paired_note else "") + "</p>",
         *([f'<p class="note" id="published">{_e(paper_note)}</p>'] if paper_note else []),
     ]
