@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if tail:
         setattr(args, tail, [*getattr(args, tail), *extra])
     terminated: list[int] = []
+    if hasattr(sys.stdout, "reconfigure"):  # a line as it is said, also into a file (a study's log)
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         with _stop_on_sigterm(terminated):
             code = _dispatch(args)

@@ -60,6 +60,27 @@ class FolderLock:
         self.release()
 
 
+def holder(folder: Path) -> str | None:
+    """The live process holding ``folder``'s lock (``pid N on HOST since ...``), else None: read
+    from its file, not by taking the lock (a look would refuse a run starting at that moment)."""
+    try:
+        text = (folder / LOCK_NAME).read_text().strip()
+    except OSError:
+        return None
+    parts = text.split()
+    if len(parts) < 4 or parts[0] != "pid" or not parts[1].isdigit():
+        return None
+    if parts[3] != socket.gethostname():
+        return text  # another machine's: cannot be checked from here
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return text
+
+
 def _same_file(fd: int, path: Path) -> bool:
     try:
         return os.fstat(fd).st_ino == os.stat(path).st_ino

@@ -43,7 +43,7 @@ running ones record themselves as interrupted (continued from their checkpoints 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from fedrift.config import Config
 from fedrift.engine.folder_lock import FolderLock
@@ -66,6 +66,8 @@ def compare(
     report_options: Mapping[str, Any] | None = None,
     verbose: bool = True,
     tuned: str | Path | None = None,
+    after: Callable[[Any, dict[str, Any]], None] | None = None,
+    deadline: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run a grid of experiments (resumable) and return the results table as rows.
 
@@ -79,6 +81,7 @@ def compare(
     ``report=True`` also writes
     ``results.csv``, ``results.md``, the figures and ``report.html`` under ``out``;
     ``report_options`` are the ``report.*`` options (``at_rounds``, ``target``, ``tsne`` ...).
+    ``after`` and ``deadline``: see :func:`fedrift.experiments.grid.run_grid` (a study's).
     """
     if jobs < 1:
         raise ConfigError(f"jobs: must be at least 1 (got {jobs})")
@@ -100,7 +103,7 @@ def compare(
         make_dir(grid.root)
         lock = FolderLock(grid.root, "--out")
     with lock:  # a second compare on this root is refused while this one runs
-        run_grid(grid, jobs, echo)
+        run_grid(grid, jobs, echo, after, deadline)
         if report:
             rows, html = build_report(grid.root, opts, echo=echo)
             echo(f"report in {html}")

@@ -362,11 +362,45 @@ def copy_trial(spec: RunSpec, trials: Sequence[tuple[Path, Mapping[str, Any]]]) 
 def _describe_result(r: dict[str, Any]) -> str:
     if r["status"] != "completed":
         return f"{r['status']} ({r.get('message', '').split(';')[0]})"
-    return f"{r.get('note', '')}final {r['final_accuracy']:.4f}, best {r['best_accuracy']:.4f}, {r['seconds']:.1f} s"
+    rounds = f"{r['rounds']} rounds, " if r.get("rounds") else ""
+    return (f"{r.get('note', '')}final {r['final_accuracy']:.4f}, best {r['best_accuracy']:.4f}, "
+            f"{rounds}{r['seconds']:.1f} s")
 
 
-def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> dict[str, str]:
-    """Run the grid's unfinished runs; returns run name -> status (reused ones included)."""
+def first_round_seconds(root: Path) -> float | None:
+    """What a run of this grid needs to reach its first checkpoint (its start-up and one round,
+    evaluation included), as its finished runs measured it (the median); None before any."""
+    import statistics
+
+    need = []
+    for p in root.glob("*/seed*/summary.json"):
+        try:
+            s = json.loads(p.read_text())
+            setup, whole, rounds = float(s["setup_seconds"]), float(s["run_seconds"]), int(s["rounds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if s.get("status") == "completed" and rounds > 0 and not s.get("resumed_from_round"):
+            need.append(setup + (whole - setup) / rounds)
+    return statistics.median(need) if need else None
+
+
+def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print,
+             after: Callable[[RunSpec, dict[str, Any]], None] | None = None,
+             deadline: float | None = None) -> dict[str, str]:
+    """Run the grid's unfinished runs; returns run name -> status (reused ones included).
+    A line when each run starts and ends, and every minute one per run in progress
+    (:class:`fedrift.experiments.heartbeat.Heartbeat`); ``after(spec, result)`` when a run ends.
+    ``deadline`` (epoch seconds: a budget's end): a run is not started when it could not reach
+    its first round's checkpoint before it (:func:`first_round_seconds`), so a budget's stop
+    leaves every stopped run something to continue from."""
+    from fedrift.experiments.heartbeat import Heartbeat
+
+    with Heartbeat([grid.root], echo):
+        return _run_grid(grid, jobs, echo, after, deadline)
+
+
+def _run_grid(grid: Grid, jobs: int, echo: Callable[[str], None],
+              after: Callable[[RunSpec, dict[str, Any]], None] | None, deadline: float | None) -> dict[str, str]:
     with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
         make_dir(grid.root)
         write_atomic(grid.root / GRID_FILE, json.dumps(grid.description, indent=1, default=str) + "\n")
@@ -403,6 +437,8 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
         done += 1
         statuses[spec.name] = result["status"]
         echo(f"[{done}/{total}] {spec.setting.label} seed {spec.seed}: {_describe_result(result)}")
+        if after is not None:
+            after(spec, result)
 
     tasks = stacks_of(todo)  # a setting's seeds (and settings at other values) as one stack (experiments.stacked)
     for task in tasks:
@@ -410,9 +446,12 @@ def run_grid(grid: Grid, jobs: int = 1, echo: Callable[[str], None] = print) -> 
             echo(f"{', '.join(dict.fromkeys(s.setting.label for s in task))}: seeds "
                  f"{', '.join(dict.fromkeys(str(s.seed) for s in task))} trained as one stack")
 
+    need = first_round_seconds(grid.root) if deadline is not None else None
+
     def start(task: list[RunSpec]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         if len(task) == 1:
-            return execute_run, (task[0].doc, task[0].name in resume)
+            limit = (deadline, need) if deadline is not None else ()
+            return execute_run, (task[0].doc, task[0].name in resume, *limit)
         return stack_results, ([s.doc for s in task], [s.name in resume for s in task])
 
     def finish(task: list[RunSpec], result: Any) -> None:

@@ -191,14 +191,22 @@ def _pool_context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def execute_run(doc: dict[str, Any], resume: bool = False) -> dict[str, Any]:
+def execute_run(doc: dict[str, Any], resume: bool = False, deadline: float | None = None,
+                need: float | None = None) -> dict[str, Any]:
     """Run one config (in this process or a pool worker); a divergence is a result, not an
     error. ``resume``: continue the stopped run in its folder from its checkpoint; a
-    checkpoint that cannot be used (another config, corrupt) is said and the run rerun."""
+    checkpoint that cannot be used (another config, corrupt) is said and the run rerun.
+    ``deadline`` (epoch seconds) and ``need`` (seconds to a first checkpoint): not started
+    (``{"status": "not started"}``) when the deadline comes before it could save one."""
     from fedrift.api import run
     from fedrift.engine.checkpoint import CheckpointError
     from fedrift.errors import DivergenceError
+    from fedrift.report.select_page import duration_text
 
+    if deadline is not None and need is not None and time.time() + need > deadline:
+        return {"status": "not started",
+                "message": f"the budget has {duration_text(max(0.0, deadline - time.time()))} left and a run needs "
+                           f"about {duration_text(need)} to its first round's checkpoint; it runs next time"}
     start = time.perf_counter()
     note = ""
     try:
@@ -215,6 +223,7 @@ def execute_run(doc: dict[str, Any], resume: bool = False) -> dict[str, Any]:
         "status": "completed",
         "final_accuracy": s.get("final_accuracy"),
         "best_accuracy": s.get("best_accuracy"),
+        "rounds": s.get("rounds"),
         "seconds": time.perf_counter() - start,
         "note": note,
     }

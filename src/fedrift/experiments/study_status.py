@@ -14,13 +14,11 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
 from fedrift.config import entry_doc
-from fedrift.engine.folder_lock import LOCK_NAME
+from fedrift.engine.folder_lock import holder
 from fedrift.experiments.naming import fmt_value, safe_name
 from fedrift.experiments.study_file import Entry, Study, load_study
 from fedrift.overrides import parse_value
@@ -69,26 +67,6 @@ def _summary(d: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
-
-
-def holder(folder: Path) -> str | None:
-    """The live process holding a fedrift folder lock (``pid N on HOST since ...``), else None."""
-    try:
-        text = (folder / LOCK_NAME).read_text().strip()
-    except OSError:
-        return None
-    parts = text.split()
-    if len(parts) < 4 or parts[0] != "pid" or not parts[1].isdigit():
-        return None
-    if parts[3] != socket.gethostname():
-        return text  # another machine's: cannot be checked from here
-    try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return text
 
 
 def setting_dirs(study: Study, entry: Entry) -> list[str]:
