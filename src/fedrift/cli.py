@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Iterator
 
 from fedrift.errors import ConfigError, FedriftError, writing
+from fedrift.version import __version__
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedrift", description="Federated learning under client drift.")
+    p.add_argument("--version", action="version", version=f"fedrift {__version__}", help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser(
@@ -174,6 +176,10 @@ def _parser() -> argparse.ArgumentParser:
     srun.add_argument("--budget", default=None, help="stop as at Ctrl-C after this long (15m, 2h, 900s); run again to go on")
     srun.add_argument("--jobs", type=int, default=None, help="trials and runs at once, in processes (default: the file's jobs:, 1)")
     srun.add_argument("--no-report", action="store_true", help="the tables only, no figures or report.html")
+    srun.add_argument("--dry-run", action="store_true",
+                      help="say the runs, trials and rounds and estimate the time from a short probe; run nothing")
+    srun.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                      help="for every entry, run and trial (train.rounds=20, seeds=0); a change reruns what it changes")
     sstat = ssub.add_parser(
         "status", help="finished, running and left, with the measured cost and the rest's estimate",
         description="Print the study's tunes and runs: finished, running and left, the time they took and an "
@@ -181,6 +187,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sstat.add_argument("file", metavar="FILE", help="the study file")
     sstat.add_argument("--out", default=None, help="the study's folder (default: the file's out:, else runs/study-<name>)")
+    sstat.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="the study at this size (default: the key=value its last study run was given)")
 
     flower = sub.add_parser(
         "flower", help="deploy a config with Flower (SuperLink, SuperNodes): pip install 'fedrift[flower]'",
@@ -207,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # compare and report take key=value tokens before and after their --options
     tail = {"compare": "grid", "tune": "grid", "select": "grid", "report": "options", "list": "options", "flower": "overrides",
-            "config": "overrides"}.get(args.command)
+            "config": "overrides", "study": "overrides"}.get(args.command)
     if extra and (tail is None or any(x.startswith("-") or "=" not in x for x in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if tail:
@@ -486,11 +494,17 @@ def _study(args: argparse.Namespace) -> int:
     if args.study_command == "status":
         from fedrift.experiments.study_status import study_status
 
-        print("\n".join(study_status(args.file, args.out)))
+        print("\n".join(study_status(args.file, args.out, args.overrides)))
         return 0
     from fedrift.experiments.study_run import run_study
 
-    run_study(args.file, out=args.out, budget=args.budget, jobs=args.jobs, report=not args.no_report)
+    if args.dry_run:
+        from fedrift.experiments.study_plan import dry_run
+
+        print("\n".join(dry_run(args.file, args.out, args.jobs, args.overrides)))
+        return 0
+    run_study(args.file, out=args.out, budget=args.budget, jobs=args.jobs, report=not args.no_report,
+              overrides=args.overrides)
     return 0
 
 

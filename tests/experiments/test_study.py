@@ -147,7 +147,9 @@ def test_status_finds_the_folders_compare_makes(tmp_path):
                       study.runs_dir)
     assert [d for e in study.entries for d in setting_dirs(study, e)] == [
         s.dir for e in study.entries for s in grid.settings if s.algorithm == e.entry]
-    assert "\n".join(study_status(study.path)).endswith("0 of 4 tune trials, 0 of 12 runs; left: no cost measured yet")
+    assert "\n".join(study_status(study.path)).endswith(
+        f"0 of 4 tune trials, 0 of 12 runs; left: 12 runs of 3 rounds and 4 trials of 2 rounds; no cost measured yet "
+        f"(fedrift study run {study.path} --dry-run measures the cost on this machine)")
 
 
 def _kill_when(proc: subprocess.Popen, pattern: str, root: Path, path: Path) -> None:
@@ -324,3 +326,106 @@ def test_where_runs_stack_an_entrys_seeds_run_together_after_its_tune(tmp_path, 
                     "== study: tune fedprox:mu=0.01 (2 trials, in " + str(tmp_path / "out" / "tune") + ")",
                     "fedprox:mu=0.01: trials 0, 1 trained as one stack",
                     "== study: fedprox:mu=0.01, seeds 0, 1", "fedprox:mu=0.01: seeds 0, 1 trained as one stack"]
+
+
+def _small_study(folder: Path, rounds: int = 3, seeds=(0,)) -> Path:
+    """Two entries, not tuned, ``rounds`` rounds: a study a test can run whole in seconds."""
+    return write_study(folder, entries=[{"entry": "fedavg", "tune": False}, {"entry": "fedprox:mu=0.01", "tune": False}],
+                       seeds=list(seeds), tune=None, report={"tsne": "none"})
+
+
+def test_key_value_sizes_the_study_is_recorded_and_a_change_reruns(tmp_path, capsys):
+    """``study run FILE train.rounds=2 seeds=0``: every run at 2 rounds, one seed; recorded in
+    study.json, which ``study status`` then reads; another value reruns the runs it changes."""
+    path = write_study(tmp_path, entries=["fedavg", {"entry": "fedavgm", "tune": False}], report={"tsne": "none"})
+    assert main(["study", "run", str(path), "train.rounds=2", "seeds=0", "--no-report"]) == 0
+    runs = sorted((tmp_path / "out" / "runs").glob("*/seed*/summary.json"))
+    assert [p.parent.parent.name + "/" + p.parent.name for p in runs] == ["fedavg/seed0", "fedavgm/seed0"]
+    assert all(json.loads(p.read_text())["rounds"] == 2 for p in runs)
+    ledger = json.loads((tmp_path / "out" / "runs" / "study.json").read_text())
+    assert ledger["overrides"] == ["train.rounds=2", "seeds=0"] and ledger["seeds"] == [0]
+    status = "\n".join(study_status(path))
+    assert "run with train.rounds=2 seeds=0" in status and "0 of 0 runs" not in status and "2 of 2 runs" in status
+    capsys.readouterr()
+    assert main(["study", "run", str(path), "train.rounds=3", "seeds=0", "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "changed since the last run (base.train.rounds: 2 -> 3)" in out
+    assert all(json.loads(p.read_text())["rounds"] == 3 for p in runs)
+
+
+@pytest.mark.parametrize("token, key", [("seed=1", "seed"), ("algorithm.mu=0.1", "algorithm.mu"), ("rounds", "key=value"),
+                                        ("seeds=a", "seeds=a")])
+def test_bad_key_values_are_refused_in_one_line(tmp_path, capsys, token, key):
+    from conftest import one_line_refusal
+
+    one_line_refusal(capsys, ["study", "run", str(_small_study(tmp_path)), token], key)
+
+
+def test_dry_run_says_the_size_and_estimates_from_a_probe_writing_nothing(tmp_path, capsys):
+    path = _small_study(tmp_path, seeds=(0, 1, 2))
+    assert main(["study", "run", str(path), "--dry-run", "train.rounds=4"]) == 0
+    out = capsys.readouterr().out
+    assert "runs: 2 entries x 3 seeds = 6 runs of 4 rounds (24 rounds in all)" in out
+    assert "probe: fedavg seed 0, 2 rounds on this machine: start-up " in out
+    assert "left: 6 runs of 4 rounds, about " in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_reports_are_rewritten_together_when_each_run_ends(tmp_path, monkeypatch):
+    """At the start of the third run (where a kill could land) results.md, study.md and
+    report.html show the same two finished runs."""
+    from fedrift.experiments import study_run
+
+    monkeypatch.setattr(study_run._Reports, "PACE", 0.0)
+    path = _small_study(tmp_path, seeds=(0, 1))
+    real, seen = fedrift.api.run, []
+
+    def look(config, *args, **kwargs):
+        runs = tmp_path / "out" / "runs"
+        if len(seen) == 2:
+            seen.append({name: (runs / name).read_text() for name in ("results.md", "study.md", "report.html")})
+        else:
+            seen.append(None)
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(fedrift.api, "run", look)
+    assert run_study(path, verbose=False).finished
+    files = seen[2]
+    assert "runs 1/2 finished" in files["study.md"] and "finished: 0 of 0 tune trials, 2 of 4 runs" in files["study.md"]
+    for name, text in files.items():
+        assert "fedprox:mu=0.01" in text and "fedavg" in text, name
+
+
+def test_a_budget_stop_leaves_each_stopped_run_a_checkpoint_the_next_call_continues(tmp_path, monkeypatch, capsys):
+    """Rounds of 0.4 s, no periodic checkpoint, a budget that ends mid-run (as a stop mostly
+    does, while clients train): the stopped run's
+    checkpoint is of its last whole round, and the next call continues it from there to the
+    results of a study never stopped."""
+    from fedrift.engine import loop
+
+    path = _small_study(tmp_path / "a", rounds=10)
+    whole = _small_study(tmp_path / "b", rounds=10)
+    for p in (path, whole):
+        doc = yaml.safe_load(p.read_text())
+        doc["overrides"] = {"train.rounds": 10, "engine.checkpoint_every": 0}
+        p.write_text(yaml.safe_dump(doc))
+    train = loop.train_clients
+
+    def slow(*args):  # the clients' training, where a stop mostly lands
+        time.sleep(0.4)
+        return train(*args)
+
+    monkeypatch.setattr(loop, "train_clients", slow)
+    outcome = run_study(path, budget="3s", report=False)
+    assert outcome.budget_hit
+    stopped = json.loads((tmp_path / "a" / "out" / "runs" / "fedavg" / "seed0" / "summary.json").read_text())
+    assert stopped["status"] == "interrupted" and stopped["checkpoint_round"] >= 1, stopped
+    monkeypatch.setattr(loop, "train_clients", train)
+    assert run_study(path, verbose=False, report=False).finished
+    resumed = json.loads((tmp_path / "a" / "out" / "runs" / "fedavg" / "seed0" / "summary.json").read_text())
+    assert resumed["resumed_from_round"] == stopped["checkpoint_round"]
+    assert run_study(whole, verbose=False, report=False).finished
+    for name in ("fedavg", "fedprox-mu=0.01"):
+        a = json.loads((tmp_path / "a" / "out" / "runs" / name / "seed0" / "summary.json").read_text())
+        b = json.loads((tmp_path / "b" / "out" / "runs" / name / "seed0" / "summary.json").read_text())
+        assert a["final_accuracy"] == b["final_accuracy"], name

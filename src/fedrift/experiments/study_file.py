@@ -47,7 +47,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal, Mapping, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -253,9 +253,36 @@ def _entries(file: StudyFile, where: str) -> list[Entry]:
     return out
 
 
-def load_study(path: str | Path, out: str | Path | None = None) -> Study:
+def _command_overrides(tokens: Sequence[str], file: StudyFile) -> tuple[list[str], list[int] | None]:
+    """The command line's ``key=value`` tokens, checked as the file's ``overrides:`` are, and
+    the seeds of a ``seeds=0,1`` (which replaces the file's)."""
+    from fedrift.overrides import parse_value, split_list
+
+    out, seeds = [], None
+    for token in tokens:
+        key, sep, raw = token.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"study run: {token!r} is not of the form key=value; allowed: a config key and its "
+                              "value, e.g. train.rounds=20, or seeds=0,1")
+        if key == "seeds":
+            seeds = [parse_value(v) for v in split_list(raw)]
+            if not seeds or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in seeds):
+                raise ConfigError(f"study run: seeds={raw}: allowed: distinct integers >= 0, e.g. seeds=0,1")
+            continue
+        if key in ("seed", "algorithm.name", "output.dir") or key.startswith(("sweep.", "algorithm.")):
+            raise ConfigError(f"study run: {key}: the study file sets it (sweep:, entries:, out:); allowed: "
+                              "other config keys and seeds, e.g. train.rounds=20 seeds=0")
+        if key in file.sweep:
+            raise ConfigError(f"study run: {key}: both swept by the study and given here; allowed: other keys")
+        out.append(f"{key}={token.partition('=')[2]}")
+    return out, seeds
+
+
+def load_study(path: str | Path, out: str | Path | None = None, overrides: Sequence[str] = ()) -> Study:
     """Read and check a study file (nothing is run, no data is loaded); ``out`` replaces its
-    ``out:``."""
+    ``out:``; ``overrides`` (``key=value``, the command line's) join its ``overrides:``, for
+    every entry, run and trial (``output.*``: the runs only)."""
     from fedrift.plugins import load_plugins
     from fedrift.report.html import ReportOptions, check_report_names
 
@@ -284,7 +311,10 @@ def load_study(path: str | Path, out: str | Path | None = None) -> Study:
         config: str | dict[str, Any] = str(base_path)
     else:
         config = dict(file.base)
-    overrides = _as_overrides(file.overrides, f"{where}: overrides")
+    command, seeds = _command_overrides(overrides, file)
+    if seeds is not None:
+        file = file.model_copy(update={"seeds": seeds})
+    overrides = _as_overrides(file.overrides, f"{where}: overrides") + command
     base = apply_overrides(config_dict(config), overrides)
     load_plugins(plugin_list(base.get("plugins")))  # an algorithm a plugin adds is then known
     entries = _entries(file, where)

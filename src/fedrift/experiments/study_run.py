@@ -44,6 +44,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -369,24 +370,27 @@ def _changes(study: Study, old: Mapping[str, Any]) -> list[str]:
 
 
 def _run_step(study: Study, entries: Sequence[Entry], seeds: Sequence[int], values: Path | None, jobs: int,
-              verbose: bool) -> None:
+              verbose: bool, after: Callable[[Any, dict[str, Any]], None], deadline: float | None) -> None:
     from fedrift.experiments.compare import compare
 
     compare(study.config, algorithms=[e.entry for e in entries], seeds=list(seeds), sweep=study.sweep or None,
             overrides=study.overrides, out=study.runs_dir, jobs=jobs, report=False, verbose=verbose,
-            tuned=values)
+            tuned=values, after=after, deadline=deadline)
 
 
 def run_study(path: str | Path, out: str | Path | None = None, budget: str | float | None = None,
-              jobs: int | None = None, verbose: bool = True, report: bool = True) -> Outcome:
+              jobs: int | None = None, verbose: bool = True, report: bool = True,
+              overrides: Sequence[str] = ()) -> Outcome:
     """Tune what is not tuned, run what is not run, report what is finished (module docstring).
     ``budget``: a duration (``15m``, ``2h``, seconds) after which the study stops as at Ctrl-C.
+    ``overrides``: ``key=value`` for every entry, run and trial (and ``seeds=``), recorded in
+    ``study.json``: a change reruns what it changes, as an edited file does.
     A Ctrl-C raises KeyboardInterrupt after the work in progress recorded itself; the budget's
     stop returns an :class:`Outcome` that is not ``finished``."""
     from fedrift.experiments.select import parse_duration
 
     echo: Echo = print if verbose else (lambda _m: None)
-    study = load_study(path, out)
+    study = load_study(path, out, overrides)
     jobs = jobs if jobs is not None else study.file.jobs
     if jobs < 1:
         raise ConfigError(f"--jobs: must be at least 1 (got {jobs})")
@@ -397,17 +401,22 @@ def run_study(path: str | Path, out: str | Path | None = None, budget: str | flo
         make_dir(study.runs_dir / LOCK)
         lock = FolderLock(study.runs_dir / LOCK, "study")  # one study run a folder at a time
     with lock:
-        return _run(study, jobs, seconds, verbose, report, echo)
+        return _run(study, jobs, seconds, verbose, report, echo, list(overrides))
 
 
-def _run(study: Study, jobs: int, seconds: float | None, verbose: bool, report: bool, echo: Echo) -> Outcome:
+def _run(study: Study, jobs: int, seconds: float | None, verbose: bool, report: bool, echo: Echo,
+         overrides: list[str]) -> Outcome:
     """The study under its lock: prepared, its steps run, its report written (run_study)."""
+    from fedrift.experiments.heartbeat import Heartbeat
+
     timer = _Budget(seconds)  # from the command's start: a device's quarter hour counts its set-up too
+    deadline = time.time() + seconds if seconds is not None else None
     finished = False
     description: dict[str, Any] | None = None
     try:
-        description, opts, steps = _prepare(study, jobs, echo)
-        steps(verbose)
+        description, opts, steps = _prepare(study, jobs, echo, overrides)
+        with Heartbeat([study.runs_dir, study.tune_dir], echo):
+            steps(verbose, _Reports(study, description, opts, report), deadline)
         finished = True
     except KeyboardInterrupt:
         if not timer.hit:
@@ -428,7 +437,8 @@ def _run(study: Study, jobs: int, seconds: float | None, verbose: bool, report: 
         raise
 
 
-def _prepare(study: Study, jobs: int, echo: Echo) -> tuple[dict[str, Any], Any, Callable[[bool], None]]:
+def _prepare(study: Study, jobs: int, echo: Echo,
+             overrides: list[str]) -> tuple[dict[str, Any], Any, Callable[..., None]]:
     """Everything checked before anything runs (every run of the grid, the tunes that will
     run), the entries' changes said, the ledger written; returns the grid's description, the
     report options and the steps to run."""
@@ -455,7 +465,8 @@ def _prepare(study: Study, jobs: int, echo: Echo) -> tuple[dict[str, Any], Any, 
             if spec.setting.algorithm not in names or run_state(spec)[0] != "reuse"}
     opts = ReportOptions.parse(study.report)
     ledger: dict[str, Any] = {
-        "version": 1, "file": str(study.path), "order": [e.entry for e in study.entries], "seeds": study.seeds,
+        "version": 1, "file": str(study.path), "overrides": overrides, "order": [e.entry for e in study.entries],
+        "seeds": study.seeds,
         "entries": {e.entry: {"hash": study.entry_hash(e), "tuned": e.tuned,
                               "study": e.study_name if e.tuned else None,
                               "settings": json.loads(json.dumps(study.settings(e), default=str))}
@@ -468,7 +479,7 @@ def _prepare(study: Study, jobs: int, echo: Echo) -> tuple[dict[str, Any], Any, 
     # GPU) runs all its seeds at once: a stack costs about what one run does
     stacked = {spec.setting.algorithm for spec in grid.runs if wants_stack(spec.doc)}
 
-    def steps(verbose: bool) -> None:
+    def steps(verbose: bool, after: Callable[[Any, dict[str, Any]], None], deadline: float | None) -> None:
         values = None
         for k, entry in enumerate(study.entries):  # each entry's tune and seed 0, the reference first
             if entry.tuned:
@@ -477,13 +488,13 @@ def _prepare(study: Study, jobs: int, echo: Echo) -> tuple[dict[str, Any], Any, 
             seeds = [s for s in (study.seeds if entry.entry in stacked else study.seeds[:1]) if (entry.entry, s) in left]
             if seeds:
                 echo(f"== study: {entry.entry}, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}")
-                _run_step(study, [entry], seeds, values, jobs, verbose)
+                _run_step(study, [entry], seeds, values, jobs, verbose, after, deadline)
         for seed in study.seeds[1:]:  # then each seed of every entry
             todo = [e for e in study.entries if (e.entry, seed) in left and e.entry not in stacked]
             if todo:
                 echo(f"== study: seed {seed} of " + ("every entry" if len(todo) == len(study.entries)
                                                      else ", ".join(e.entry for e in todo)))
-                _run_step(study, todo, [seed], values, jobs, verbose)
+                _run_step(study, todo, [seed], values, jobs, verbose, after, deadline)
         _save_ledger(study, ledger)
 
     return {**grid.description, "report": opts.as_json(), "study": str(study.path)}, opts, steps
@@ -497,20 +508,50 @@ def _write_description(study: Study, description: Mapping[str, Any]) -> None:
         _write_json(study.runs_dir / GRID_FILE, description)
 
 
-def _finish(study: Study, description: Mapping[str, Any], opts: Any, finished: bool, budget_hit: bool,
-            seconds: float | None, report: bool, echo: Echo) -> Outcome:
+class _Reports:
+    """The report files (``results.md``, ``report.html``, ``study.md``) written again together
+    when a run ends, so that a kill leaves them saying the same; at most about a sixth of the
+    time goes to them (a rewrite waits five times its own cost since the last), the last one
+    is the study's end's (:func:`_finish`)."""
+
+    PACE = 5.0  # a rewrite waits PACE times the last one's cost
+
+    def __init__(self, study: Study, description: Mapping[str, Any], opts: Any, html: bool) -> None:
+        self.study, self.description, self.opts, self.html = study, description, opts, html
+        self.last, self.cost = 0.0, 0.0
+
+    def __call__(self, spec: Any = None, result: Mapping[str, Any] | None = None) -> None:
+        if result is not None and result.get("status") in ("not started", "interrupted"):
+            return
+        if time.monotonic() - self.last < self.PACE * self.cost:
+            return
+        start = time.monotonic()
+        _write_reports(self.study, self.description, self.opts, self.html, lambda _m: None)
+        self.last = time.monotonic()
+        self.cost = self.last - start
+
+
+def _write_reports(study: Study, description: Mapping[str, Any], opts: Any, html: bool,
+                   echo: Echo) -> tuple[list[str], Path | None]:
+    """The whole grid's ``compare.json``, the tables (and ``report.html``) and ``study.md``;
+    the progress lines and the report's path."""
     from fedrift.report.html import build_report, write_tables
 
     _write_description(study, description)
-    lines = progress(study)
-    outcome = Outcome(finished, budget_hit and not finished, lines=lines)
+    lines, page = progress(study), None
     if any(study.runs_dir.glob("*/seed*/summary.json")):
-        if report:
-            _, html = build_report(study.runs_dir, opts, echo=echo)
-            outcome.report = html
+        if html:
+            _, page = build_report(study.runs_dir, opts, echo=echo)
         else:
             write_tables(study.runs_dir, opts, echo=echo)
         _write_markdown(study, lines)
+    return lines, page
+
+
+def _finish(study: Study, description: Mapping[str, Any], opts: Any, finished: bool, budget_hit: bool,
+            seconds: float | None, report: bool, echo: Echo) -> Outcome:
+    lines, page = _write_reports(study, description, opts, report, echo)
+    outcome = Outcome(finished, budget_hit and not finished, report=page, lines=lines)
     for line in lines:
         echo(line)
     if outcome.budget_hit:
