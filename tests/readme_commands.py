@@ -22,8 +22,10 @@ NOT_RUN = re.compile(r"<!--\s*not run:\s*(\S.*?)\s*-->\s*$")
 
 
 def doc_pages() -> list[Path]:
-    """The docs' own Markdown pages (not the generated reference, nor a build)."""
-    return sorted(p for p in DOCS.rglob("*.md") if not {"_generated", "_build"} & set(p.relative_to(DOCS).parts))
+    """The docs' own Markdown pages (not the generated reference, nor the lab notebook's section
+    pages the build writes into results/notebook/, nor a build)."""
+    return sorted(p for p in DOCS.rglob("*.md") if not {"_generated", "_build"} & set(p.relative_to(DOCS).parts)
+                  and not p.is_relative_to(DOCS / "results" / "notebook"))
 
 
 def code_blocks(text: str, skipped: bool = False) -> list[tuple[str, str]]:

@@ -217,6 +217,14 @@ def test_a_real_ctrl_c_writes_an_interrupted_summary_and_says_how_to_continue(tm
     assert "Traceback" not in err and f"continue with: fedrift run --resume {run}" in err
 
 
+def test_version_prints_fedrift_s_version(capsys):
+    from fedrift.version import __version__
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out == f"fedrift {__version__}\n"
+
+
 def test_the_usage_line_names_every_command(capsys):
     """``fedrift --help``'s usage line lists each command (it left out ``select`` once, issue 52)."""
     from fedrift.cli import main

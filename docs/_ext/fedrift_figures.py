@@ -1,5 +1,6 @@
 """Sphinx extension: draw the results page's figures (``results/figures.py``) when the build
-starts, unless they are newer than every committed run they are drawn from."""
+starts, unless they are newer than every committed run they are drawn from (and than the code
+that draws them); and load ``fedrift_notebook``, the lab notebook's pages, one per section."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def stale(figures: Any, out: Path) -> bool:
         return True
     oldest = min(p.stat().st_mtime for p in pngs)
     folders = {figures.RESULTS / f for f in figures.CURVES.values()} | {figures.RESULTS / g[1] for g in figures.GAPS}
-    sources = [Path(figures.__file__)] + [p for f in folders for p in f.rglob("*") if p.is_file()]
+    code = [Path(figures.__file__), figures.ROOT / "src" / "fedrift" / "report" / "plots.py"]  # and how it draws
+    sources = code + [p for f in folders for p in f.rglob("*") if p.is_file()]
     return any(p.stat().st_mtime > oldest for p in sources)
 
 
@@ -38,5 +40,6 @@ def _on_builder_inited(app: Any) -> None:
 
 
 def setup(app: Any) -> dict[str, Any]:
+    app.setup_extension("fedrift_notebook")  # the lab notebook's section pages (results/notebook/)
     app.connect("builder-inited", _on_builder_inited)
     return {"parallel_read_safe": True, "version": "1"}

@@ -48,3 +48,23 @@ def test_every_gap_drawn_is_the_tables_and_the_runs():
         d = differences(figures._group(groups, a), figures._group(groups, b), ["best_accuracy"])
         shown = f"{100 * d['best_accuracy_diff_mean']:+.1f} +- {100 * d['best_accuracy_diff_ci95']:.1f}"
         assert re.match(re.escape(shown) + r"\b", table[ROWS[label]]), (label, shown, table[ROWS[label]])
+
+
+def test_the_results_figures_legends_cover_no_curve(tmp_path, monkeypatch):
+    """Issue 72 item 6: in R1's and R2's learning curves the legend covered the FedAvg curves the
+    text compares against; every legend the results page's figures draw now covers none."""
+    from fedrift.report import plots
+    from report.test_plots import legend_hits
+
+    drawn = []
+
+    def keep(fig, base):
+        drawn.append(fig)
+        return save(fig, base)
+
+    save = plots.save
+    monkeypatch.setattr(plots, "save", keep)
+    figures.curves(tmp_path)
+    assert len(drawn) == len(figures.CURVES)
+    for name, fig in zip(figures.CURVES, drawn):
+        assert legend_hits(fig) == [], name

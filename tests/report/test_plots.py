@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from fedrift.report.plots import curve_stats, drift_curves, has_drift, learning_curves, partition_plots
+from fedrift.report import plots
+from fedrift.report.plots import curve_stats, drift_curves, has_drift, learning_curves, new_figure, partition_plots, save
 from fedrift.report.table import load_groups
 from fedrift.report.tsne import choose_runs, embed, run_features, tsne_plot
 
@@ -21,6 +22,89 @@ def check_png_svg(plot, min_size=(200, 300)):
     assert root.tag.endswith("svg")
 
 
+def legend_hits(fig) -> list[str]:
+    """The lines (by label) whose data points, or points along their segments, lie under an axes
+    legend of ``fig``, in display coordinates after a draw: measured here from the renderer's
+    extents alone, not with the placement code's own test."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    hits = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer)
+        for line in ax.get_lines():
+            xy = line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float))
+            t = np.linspace(0, 1, 11)[:, None, None]
+            points = np.vstack([xy, (xy[:-1] * (1 - t) + xy[1:] * t).reshape(-1, 2)])
+            under = ((points[:, 0] >= box.x0) & (points[:, 0] <= box.x1) & (points[:, 1] >= box.y0)
+                     & (points[:, 1] <= box.y1))
+            if under.any():
+                hits.append(line.get_label())
+    return hits
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """Every figure ``save`` writes, kept to be measured after."""
+    figures = []
+
+    def keep(fig, base):
+        figures.append(fig)
+        return save(fig, base)
+
+    monkeypatch.setattr(plots, "save", keep)
+    return figures
+
+
+def crowded(loc):
+    """Six phase-shifted sines with bands: at every x the lines spread over the whole y range,
+    so no place inside the axes is free for a six-entry legend."""
+    fig = new_figure(6.0, 3.6)
+    ax = fig.subplots()
+    x = np.linspace(0, 10, 120)
+    for k in range(6):
+        y = np.sin(x + k)
+        ax.plot(x, y, label=f"setting {k} with a long name (n=3)", marker="o", ms=2)
+        ax.fill_between(x, y - 0.1, y + 0.1, alpha=0.2)
+    ax.legend(fontsize=8, loc=loc)
+    fig.tight_layout()
+    return fig, ax
+
+
+def test_a_legend_covers_no_curve_even_on_a_crowded_plot(tmp_path):
+    """Issue 72 item 6: the legend of a figure the report saves covers none of its curves, where
+    matplotlib's own choice (loc="best", the least covered place inside) covers some."""
+    fig, _ = crowded("best")
+    assert legend_hits(fig), "the crowded plot has a free place after all: the test shows nothing"
+    fig, ax = crowded("best")
+    save(fig, tmp_path / "crowded")
+    assert legend_hits(fig) == []
+    renderer = fig.canvas.get_renderer()
+    assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1  # beside the axes
+    assert fig.get_figwidth() > 6.0  # widened for it, not the axes shrunk to make room
+    check_png_svg(plots.Plot("", "", tmp_path / "crowded.png", tmp_path / "crowded.svg"))
+
+
+def test_a_legend_stays_inside_where_a_corner_is_free(tmp_path):
+    """Curves that climb leave the upper left free: the legend goes there, over nothing (R2's
+    figure: the reference stays near 10%, under a legend in the lower right)."""
+    fig = new_figure(6.0, 3.6)
+    ax = fig.subplots()
+    x = np.arange(1, 41)
+    for k, top in enumerate((5, 30, 45)):
+        ax.plot(x, 10 + top * (1 - np.exp(-x / 12)), label=f"method {k}")
+    ax.legend(fontsize=8, loc="lower right")  # over the reference's curve, as the report's was
+    assert legend_hits(fig)
+    save(fig, tmp_path / "climb")
+    assert legend_hits(fig) == []
+    renderer = fig.canvas.get_renderer()
+    box, axes = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert axes.x0 < box.x0 < axes.x0 + 20 and axes.y1 - 20 < box.y1 < axes.y1  # the upper left, inside
+    assert fig.get_figwidth() == 6.0
+
+
 def test_curve_stats_hand_values():
     curves = [[(1, 0.2), (2, 0.4)], [(1, 0.4), (2, 0.8)], [(1, 0.3)]]
     rounds, mean, low, high = curve_stats(curves, "minmax")
@@ -30,13 +114,14 @@ def test_curve_stats_hand_values():
     assert (high - mean).tolist() == pytest.approx([0.1, np.sqrt(0.08)])  # sample std of (.2,.4,.3) and (.4,.8)
 
 
-def test_figures_of_the_grid(grid, tmp_path):
+def test_figures_of_the_grid(grid, tmp_path, drawn):
     root, _ = grid
     groups, _ = load_groups(root)
     assert has_drift(groups)
     for band in ("minmax", "std"):
         check_png_svg(learning_curves(groups, tmp_path / f"lc-{band}", band))
     check_png_svg(drift_curves(groups, tmp_path / "drift"))
+    assert len(drawn) == 3 and all(legend_hits(fig) == [] for fig in drawn)  # no legend on a curve
     parts = partition_plots(groups, tmp_path)
     assert len(parts) == 1  # one partition config (seed 0's run drawn)
     check_png_svg(parts[0])

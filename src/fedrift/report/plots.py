@@ -48,8 +48,92 @@ def new_figure(width: float, height: float) -> Figure:
     return fig
 
 
+# Where an axes' legend may sit inside its axes, in the order tried: the upper left first (the
+# room accuracy curves leave as they climb), then the other corners, then the edges' middles.
+INSIDE = ("upper left", "upper right", "lower right", "lower left", "center left", "center right",
+          "upper center", "lower center")
+
+
+def covers_data(ax: Any, box: Any, pad: float = 3.0) -> bool:
+    """True when ``box`` (a display-coordinate Bbox, as a legend's ``get_window_extent``) covers
+    anything ``ax`` plots: a line's segments or markers, a band's area, a scatter's points, a
+    bar. ``pad``: pixels round ``box`` for line widths and markers."""
+    from matplotlib.collections import PathCollection, PolyCollection
+    from matplotlib.path import Path as MplPath
+
+    box = box.padded(pad)
+    for line in ax.get_lines():
+        if not line.get_visible():
+            continue
+        xy = line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float))
+        finite = np.isfinite(xy).all(axis=1)
+        for run in np.split(xy, np.flatnonzero(~finite)):  # a NaN breaks a line: each piece alone
+            run = run[np.isfinite(run).all(axis=1)]
+            if len(run) == 1 and box.contains(*run[0]):
+                return True
+            if len(run) > 1 and MplPath(run).intersects_bbox(box, filled=False):
+                return True
+    for coll in ax.collections:
+        if not coll.get_visible():
+            continue
+        if isinstance(coll, PathCollection):  # scatter: markers at the offsets
+            points = coll.get_offset_transform().transform(np.asarray(coll.get_offsets(), dtype=float))
+            radius = float(np.sqrt(np.max(coll.get_sizes(), initial=36.0))) / 2 * ax.figure.dpi / 72
+            grown = box.padded(radius)
+            if any(grown.contains(x, y) for x, y in points if np.isfinite(x) and np.isfinite(y)):
+                return True
+            continue
+        to_display = coll.get_transform()
+        for path in coll.get_paths():
+            if to_display.transform_path(path).intersects_bbox(box, filled=isinstance(coll, PolyCollection)):
+                return True
+    return any(patch.get_visible() and patch.get_transform().transform_path(patch.get_path()).intersects_bbox(box)
+               for patch in ax.patches)
+
+
+def clear_legends(fig: Figure) -> None:
+    """Every axes legend of ``fig`` moved where it covers nothing plotted (issue 72 item 6): inside
+    its axes at the first place of :data:`INSIDE` that covers no curve, band or point, measured
+    on the drawn figure; where none is clear, beside the axes on the right, the figure widened
+    by the legend's width and laid out again (then the others are measured again). ``save``
+    calls this, so every figure the report and the docs draw gets it."""
+    legends = [(ax, ax.get_legend()) for ax in fig.axes if ax.get_visible() and ax.get_legend() is not None]
+    beside: set[int] = set()
+    for _ in range(4):
+        fig.draw_without_rendering()  # limits, layout and text sizes as they will be saved
+        renderer = fig.canvas.get_renderer()
+        moved = []
+        for ax, leg in legends:
+            if id(leg) in beside:
+                continue
+            for loc in INSIDE:
+                leg.set_bbox_to_anchor(None)
+                leg.set_loc(loc)
+                if not covers_data(ax, leg.get_window_extent(renderer)):
+                    break
+            else:
+                leg.set_loc("upper left")
+                leg.set_bbox_to_anchor((1.02, 1.0), transform=ax.transAxes)
+                beside.add(id(leg))
+                moved.append((ax, leg))
+        if not moved:
+            return
+        widths: dict[float, float] = {}  # per column of panels: the widest legend moved beside it
+        for ax, leg in moved:
+            column = round(ax.get_position().x0, 3)
+            widths[column] = max(widths.get(column, 0.0), leg.get_window_extent(renderer).width / fig.dpi + 0.15)
+        fig.set_figwidth(fig.get_figwidth() + sum(widths.values()))
+        fig.tight_layout()
+    for ax, leg in legends:  # laid out four times and still moving: every legend beside its axes
+        leg.set_loc("upper left")
+        leg.set_bbox_to_anchor((1.02, 1.0), transform=ax.transAxes)
+    fig.tight_layout()
+
+
 def save(fig: Figure, base: Path) -> tuple[Path, Path]:
-    """``base.png`` and ``base.svg``."""
+    """``base.png`` and ``base.svg``, every legend first moved off what is plotted
+    (:func:`clear_legends`)."""
+    clear_legends(fig)
     make_dir(base.parent)
     png, svg = base.with_suffix(".png"), base.with_suffix(".svg")
     for path, kind in ((png, "png"), (svg, "svg")):
@@ -121,8 +205,7 @@ def learning_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -
         return None
     colours = _colours(groups)
     rows, cols = _grid_shape(len(panels))
-    wide = max(len(gs) for _, gs in panels) > 6
-    fig = new_figure(max(6.0, (6.6 if wide else 4.6) * cols), 3.6 * rows + 0.4)
+    fig = new_figure(max(6.0, 4.6 * cols), 3.6 * rows + 0.4)  # save widens it for a legend beside a panel
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
@@ -142,10 +225,7 @@ def learning_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("test accuracy (%)")
         ax.grid(True, alpha=0.3)
-        if len(gs) > 6:  # many lines: the legend goes beside the panel, not over the curves
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        else:
-            ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=7 if len(gs) > 6 else 8)  # placed by save: on no curve (clear_legends)
     what = "min to max" if band == "minmax" else "mean +- std"
     fig.suptitle(f"Global test accuracy: mean over seeds, band {what}", fontsize=11)
     fig.tight_layout()
@@ -185,7 +265,7 @@ def drift_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -> P
             ax.set_ylabel(name, fontsize=9)
             ax.grid(True, alpha=0.3)
             if i == 0:
-                ax.legend(fontsize=8)
+                ax.legend(fontsize=8)  # placed by save: on no curve (clear_legends)
     fig.suptitle("Client drift: local models vs the global model they started from", fontsize=11)
     fig.tight_layout()
     png, svg = save(fig, base)
@@ -250,4 +330,5 @@ def partition_plots(groups: Sequence[Group], folder: Path, warn: Any = print) ->
     return plots
 
 
-__all__ = ["Plot", "curve_stats", "drift_curves", "has_drift", "learning_curves", "partition_plots", "run_dataset"]
+__all__ = ["Plot", "clear_legends", "covers_data", "curve_stats", "drift_curves", "has_drift", "learning_curves",
+           "partition_plots", "run_dataset"]
