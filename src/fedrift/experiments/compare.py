@@ -81,7 +81,7 @@ def compare(
     ``report=True`` also writes
     ``results.csv``, ``results.md``, the figures and ``report.html`` under ``out``;
     ``report_options`` are the ``report.*`` options (``at_rounds``, ``target``, ``tsne`` ...).
-    ``after`` and ``deadline``: see :func:`fedrift.experiments.grid.run_grid` (a study's).
+    ``after`` and ``deadline``: see ``fedrift.experiments.grid.run_grid`` (a study's).
     """
     if jobs < 1:
         raise ConfigError(f"jobs: must be at least 1 (got {jobs})")
