@@ -216,10 +216,11 @@ def entry(path: Path, benchmarks: str, studies: dict[Path, dict[str, Any]]) -> d
             t = dict(train)
             t.update({k.split(".", 1)[1]: v for k, v in setting.items() if k.startswith("train.")})
             per_setting.append(_cost(t))
-        runs = len(algorithms) * seeds * len(settings)
-        total = sum(w for _, w in per_setting) * len(algorithms) * seeds
+        entries = len(doc.get("entries") or [])  # not len(algorithms): fedadc:variant=... twice is one name
+        runs = entries * seeds * len(settings)
+        total = sum(w for _, w in per_setting) * entries * seeds
         costs = ", ".join(dict.fromkeys(c for c, _ in per_setting))
-        cost = (f"{runs} runs ({len(algorithms)} entries x {seeds} seeds x {len(settings)} settings) of {costs}: "
+        cost = (f"{runs} runs ({entries} entries x {seeds} seeds x {len(settings)} settings) of {costs}: "
                 f"{total:,} client-epochs" + (", and the tune" if doc.get("tune") else ""))
     else:
         cost = f"{cost} = {work:,} client-epochs" if work else cost

@@ -40,9 +40,26 @@ def test_a_row_says_what_runs_what_it_reproduces_and_its_cost():
     study = ex.entry(ROOT / "examples" / "papers" / "fedgkd-table3-cifar10.study.yaml", "", studies)
     assert study["kind"] == "study" and study["paper"].startswith("FedGKD (Yao et al.), Table 3, CIFAR-10")
     assert study["cost"].startswith("72 runs (8 entries x 3 seeds x 3 settings) of 100 x 4 x 20")
+    adc = ex.entry(ROOT / "examples" / "papers" / "fedadc-table1-cifar10.study.yaml", "", studies)
+    # 10 entries (FedADC twice, Nesterov and heavy ball: 9 algorithm names) x 4 seeds x 2 values of C
+    assert adc["cost"].startswith("80 runs (10 entries x 4 seeds x 2 settings) of 500 x 20 x 2, 500 x 10 x 2: "
+                                  "1,200,000 client-epochs, and the tune")
     base = ex.entry(ROOT / "examples" / "papers" / "fedgkd-table3-cifar10.yaml", "", studies)
     assert base["paper"] == study["paper"]  # the study's base config reproduces the same table
 
+
+
+def test_every_paper_study_header_gives_its_cost_at_full_scale_on_a_cpu_and_a_gpu():
+    """Issue 72 item 3: a study's header says what it costs at full scale, on a CPU and on a GPU
+    (a time or "not measured"), and how to see it on one's own machine first (--dry-run)."""
+    for path in sorted((ROOT / "examples" / "papers").glob("*.study.yaml")):
+        text = " ".join(ex.header(path))
+        rel = path.relative_to(ROOT).as_posix()
+        assert "Cost at full scale" in text and "training samples" in text, rel
+        assert "CPU (2 cores" in text and "GPU" in text, rel
+        assert f".venv/bin/fedrift study run {rel} --dry-run" in ex.commands(ex.header(path)), rel
+        assert "a GPU;" not in text, rel  # no bare "a GPU" for a cost
+        assert not ex.STATED.search(text), rel  # estimates, not a time measured for this file
 
 def test_a_new_example_appears_by_itself(tmp_path):
     folder = tmp_path / "examples"
