@@ -139,7 +139,7 @@ class Heartbeat:
         while not self._stop.wait(self.poll):
             try:
                 now, running = time.time(), in_progress(self.roots)
-            except Exception:  # a folder changing under the watcher: look again next time
+            except (OSError, ValueError):  # a folder changing under the watcher: look again next time
                 continue
             for r in running:
                 if r.folder not in seen:
