@@ -369,7 +369,7 @@ h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bo
 .meta{color:#666;font-size:.9em}
 table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.3em .5em;text-align:right;white-space:nowrap}
-table.fit{font-size:.85em}table.fit td{white-space:normal}table.fit td,table.fit th{padding:.3em .3em}
+table.fit{font-size:.8em}table.fit td{white-space:normal}table.fit td,table.fit th{padding:.25em .25em}
 th{background:#f1f3f6;white-space:normal;vertical-align:bottom}td:first-child,th:first-child{text-align:left}
 tbody tr:nth-child(even){background:#fafbfc}
 table.kv td{text-align:left;white-space:normal}table.kv td:first-child{font-weight:600;background:#f7f7f7}
@@ -388,7 +388,7 @@ def _e(x: Any) -> str:
 
 def cell(text: Any) -> str:
     """A table cell's HTML in a ``fit`` table, whose cells may wrap so that the table fits
-    the page (1400 px, any usual font) instead of scrolling: a number such as ``32.4 ±
+    the page (a 1280 px window, any usual font) instead of scrolling: a number such as ``32.4 ±
     11.7`` or ``3.0 (1/2)`` breaks only before its ``±`` or ``(``, words anywhere."""
     escaped = _e(text)
     if not re.match(r"[-+]?\d", str(text)):
