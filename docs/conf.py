@@ -41,12 +41,12 @@ def _fedrift_version() -> str:
 release = _fedrift_version()
 version = release
 
-extensions = ["myst_parser", "sphinx.ext.autodoc", "fedrift_reference", "fedrift_examples", "fedrift_figures"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx-mathjax-offline", "fedrift_reference", "fedrift_examples", "fedrift_figures"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "_generated", "README.md", "**/*-prose.md", "index-intro.md"]
 myst_heading_anchors = 3
-myst_enable_extensions = ["colon_fence"]
+myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath"]  # $...$, $$...$$: MathJax, served from _static (sphinx-mathjax-offline)
 html_theme = "furo"
 html_title = f"fedrift {release}"
 html_static_path = []

@@ -10,7 +10,6 @@ module runs :func:`write_all` when the build starts, and fails the build (a warn
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import re
 import types
@@ -19,6 +18,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 GENERATED = Path(__file__).resolve().parents[1] / "_generated"
+# Each algorithm module's generated part (options, tuning space) is _generated/algorithms/<module>.md,
+# included by the prose pages of docs/reference/algorithms/ (the problem, the maths, the paper).
+ALGORITHM_PARTS = "algorithms"
+ALGORITHM_PAGES = Path(__file__).resolve().parents[1] / "reference" / "algorithms"
 
 # Section titles of the config page, in the order a config file usually reads.
 SECTIONS = ("data", "partition", "model", "algorithm", "train", "engine", "eval", "privacy", "output")
@@ -217,22 +220,54 @@ def config_page(model: type, names: dict[str, list[str]] | None = None) -> str:
 # Registry entries: algorithms, datasets, partitions, models
 
 
-def options_table(params: type | None) -> list[str]:
-    """An entry's options (a pydantic dataclass): name, type, default, allowed values."""
+def options_table(params: type | None, meanings: dict[str, str] | None = None) -> list[str]:
+    """An entry's options (a pydantic dataclass): name, type, default, allowed values, and with
+    ``meanings`` (:func:`option_meanings`) what each one does."""
     fields = getattr(params, "__pydantic_fields__", None) if params is not None else None
     if not fields:
         return ["No options.", ""]
-    lines = ["| option | type | default | allowed |", "|---|---|---|---|"]
+    head = ["option", "type", "default", "allowed"] + (["meaning"] if meanings is not None else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, info in fields.items():
         default = info.get_default(call_default_factory=True)
-        lines.append(f"| `{name}` | {cell(type_name(info.annotation))} | {code(default)} | "
-                     f"{cell(allowed(info.annotation, info.metadata))} |")
+        row = [f"`{name}`", cell(type_name(info.annotation)), code(default),
+               cell(allowed(info.annotation, info.metadata))]
+        if meanings is not None:
+            row.append(cell(text(meanings.get(name, ""))))
+        lines.append("| " + " | ".join(row) + " |")
     return [*lines, ""]
 
 
-def _docstring(obj: Any) -> str:
-    doc = inspect.getdoc(obj) or ""
-    return doc
+def rest_to_markdown(value: str) -> str:
+    """A docstring's reStructuredText inline markup as Markdown: a double-backquoted literal and a
+    role (``:func:`name```) become single-backquoted code."""
+    value = re.sub(r":[\w:]+:`~?([^`]+)`", r"``\1``", value)
+    return re.sub(r"``(.+?)``", lambda m: f"`{m.group(1)}`", value)
+
+
+def option_meanings(params: type | None) -> dict[str, str]:
+    """Each option's meaning from the options class's docstring and its bases' (a subclass's
+    wins): the paragraph that opens with ``name:`` for a field ``name``, on one line, its
+    reStructuredText markup as Markdown. Other lines of the docstring (its heading) are left out."""
+    fields = getattr(params, "__pydantic_fields__", None) if params is not None else None
+    if not fields:
+        return {}
+    found: dict[str, list[str]] = {}
+    for cls in reversed(params.__mro__):
+        doc = cls.__dict__.get("__doc__") or ""
+        if not doc or doc.startswith(cls.__name__ + "("):  # none, or the generated dataclass one
+            continue
+        current = None
+        for line in inspect.cleandoc(doc).splitlines():
+            entry = re.match(r"(\w+): (.*)", line)
+            if entry and entry.group(1) in fields:
+                current = entry.group(1)
+                found[current] = [entry.group(2)]
+            elif not line.strip():
+                current = None
+            elif current is not None:
+                found[current].append(line.strip())
+    return {name: rest_to_markdown(" ".join(parts)) for name, parts in found.items()}
 
 
 def _own_doc(params: type | None) -> str:
@@ -265,37 +300,33 @@ def registry_page(registry: Any, kind: str) -> str:
     return "\n".join(lines)
 
 
-def algorithms_page(registry: Any, default_space: Any, lr_space: dict[str, str]) -> str:
-    """Every algorithm, grouped by the module that defines it: the module docstring (the
-    paper, its equations, the released code and where fedrift departs), then per algorithm
-    its line, options with defaults and ``fedrift tune``'s default search space."""
+def algorithm_family(module: str) -> str:
+    """The file name of an algorithm module's generated part: its last dotted name."""
+    return module.rsplit(".", 1)[-1]
+
+
+def algorithms_page(registry: Any, default_space: Any) -> dict[str, str]:
+    """The generated part of the algorithms reference, one Markdown text per module that defines
+    algorithms (by :func:`algorithm_family`): for each of its algorithms an anchor
+    (``algorithm-<name>``), a heading, its line, its options with their defaults and meanings
+    (the options class's docstring) and ``fedrift tune``'s default search space. The prose
+    around them (the problem, the method's maths, the paper, where fedrift departs) is
+    written in ``docs/reference/algorithms/*.md``, which include these."""
     by_module: dict[str, list[Any]] = {}
     for entry in built_in(registry):
         by_module.setdefault(entry.factory.__module__, []).append(entry)
-    lines = [f"{sum(len(v) for v in by_module.values())} algorithms in {len(by_module)} modules. Every one also takes "
-             "`aggregation` (`samples`, the default, or `uniform`). `fedrift tune` searches "
-             + ", ".join(f"`{k}` `{v}`" for k, v in lr_space.items())
-             + " for every algorithm, plus the space listed under each.", ""]
+    out = {}
     for module, entries in by_module.items():
-        names = ", ".join(e.name for e in entries)
-        lines.extend([f"### {names}", "", f"`{module}`", ""])
-        mod_doc = _docstring(importlib.import_module(module))
-        if mod_doc:
-            lines.extend(fence(mod_doc))
+        lines: list[str] = []
         for entry in entries:
-            lines.extend([f"({'algorithm'}-{entry.name.replace('_', '-')})=", f"#### `{entry.name}`", "",
-                          cell(text(entry.doc)), ""])
-            own = _own_doc(entry.params)
-            if own:
-                lines.extend(fence(own))
-            lines.extend(options_table(entry.params))
-            space = {k: v for k, v in default_space(entry.name).items() if k not in lr_space}
-            if space:
-                lines.extend(["Tuning space (`fedrift tune`): " + ", ".join(f"`{k}` `{v}`" for k, v in space.items())
-                              + ".", ""])
-            else:
-                lines.extend(["Tuning space (`fedrift tune`): the learning rate only.", ""])
-    return "\n".join(lines)
+            lines.extend([f"(algorithm-{entry.name.replace('_', '-')})=", f"### `{entry.name}`", "",
+                          cell(text(entry.doc)) + ".", "", f"Defined in `{module}`.", ""])
+            lines.extend(options_table(entry.params, option_meanings(entry.params)))
+            space = default_space(entry.name)
+            lines.extend(["Tuning space (`fedrift tune`): " + ", ".join(f"`{k}` `{v}`" for k, v in space.items())
+                          + ".", ""])
+        out[algorithm_family(module)] = "\n".join(lines)
+    return out
 
 
 def summary_table(registry: Any, kind: str) -> str:
@@ -320,7 +351,7 @@ def pages() -> dict[str, str]:
     from fedrift.config import Config
     from fedrift.data import DATASETS
     from fedrift.data.partition import PARTITIONS
-    from fedrift.experiments.space import LR_SPACE, default_space
+    from fedrift.experiments.space import default_space
     from fedrift.models import MODELS
 
     names = {section: [e.name for e in built_in(registry)] for section, registry in
@@ -328,12 +359,23 @@ def pages() -> dict[str, str]:
     return {
         "cli.md": cli_page(_parser()),
         "config.md": config_page(Config, names),
-        "algorithms.md": algorithms_page(ALGORITHMS, default_space, LR_SPACE),
         "algorithms-table.md": summary_table(ALGORITHMS, "algorithm"),
         "datasets.md": registry_page(DATASETS, "dataset"),
         "partitions.md": registry_page(PARTITIONS, "partition"),
         "models.md": registry_page(MODELS, "model"),
+        **{f"{ALGORITHM_PARTS}/{family}.md": part
+           for family, part in algorithms_page(ALGORITHMS, default_space).items()},
     }
+
+
+def families_without_a_page(pages_dir: Path = ALGORITHM_PAGES) -> list[str]:
+    """The algorithm modules whose generated part (``_generated/algorithms/<family>.md``) no page
+    of ``docs/reference/algorithms/`` includes: their algorithms would be on no page."""
+    from fedrift.algorithms import ALGORITHMS
+
+    prose = "\n".join(p.read_text() for p in sorted(pages_dir.glob("*.md")))
+    families = dict.fromkeys(algorithm_family(e.factory.__module__) for e in built_in(ALGORITHMS))
+    return [f for f in families if f"_generated/{ALGORITHM_PARTS}/{f}.md" not in prose]
 
 
 def write_all(folder: Path = GENERATED) -> list[Path]:
@@ -341,6 +383,7 @@ def write_all(folder: Path = GENERATED) -> list[Path]:
     written = []
     for name, page in pages().items():
         path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         if not path.is_file() or path.read_text() != page:  # unchanged files keep their time: no rebuild
             path.write_text(page)
         written.append(path)
@@ -356,6 +399,10 @@ def _on_builder_inited(app: Any) -> None:
     for key in missing_descriptions(Config):
         log.warning(f"config key {key} has no description= in src/fedrift/config.py; the config reference needs one")
     write_all()
+    for family in families_without_a_page():
+        log.warning(f"the algorithms of fedrift.algorithms.{family} are on no page: include "
+                    f"_generated/{ALGORITHM_PARTS}/{family}.md in a page of docs/reference/algorithms/ (the "
+                    "problem, the method's maths, the paper, where fedrift departs) and list it in its toctree")
 
 
 def setup(app: Any) -> dict[str, Any]:

@@ -72,14 +72,59 @@ def test_the_algorithm_page_follows_the_registry():
 
         tau: Annotated[float, Field(ge=0)] = 1.5
 
+    def toy(hp, setup):
+        return None
+
     registry = Registry("algorithm")
     registry.register("toy", "a toy remedy", ToyParams, source="built in",  # as fedrift's own modules register
-                      space={"tau": "log:0.1:10"})(lambda hp, setup: None)
-    page = ref.algorithms_page(registry, lambda name: {"train.lr": "log:0.005:0.5", "algorithm.tau": "log:0.1:10"},
-                               {"train.lr": "log:0.005:0.5"})
-    assert "#### `toy`" in page and "a toy remedy" in page and "tau: how strongly." in page
-    assert "| `tau` | float | `1.5` | >= 0 |" in page
-    assert "Tuning space (`fedrift tune`): `algorithm.tau` `log:0.1:10`." in page
+                      space={"tau": "log:0.1:10"})(toy)
+    parts = ref.algorithms_page(registry, lambda name: {"train.lr": "log:0.005:0.5", "algorithm.tau": "log:0.1:10"})
+    assert list(parts) == [ref.algorithm_family(toy.__module__)]  # one part per module, by its last name
+    page = parts[ref.algorithm_family(toy.__module__)]
+    assert "(algorithm-toy)=\n### `toy`" in page and "a toy remedy" in page
+    assert "| `tau` | float | `1.5` | >= 0 | how strongly. |" in page  # the meaning, from the docstring
+    assert "```" not in page  # no docstring in a monospace block: the prose pages explain the method
+    assert "Tuning space (`fedrift tune`): `train.lr` `log:0.005:0.5`, `algorithm.tau` `log:0.1:10`." in page
+
+
+def test_option_meanings_come_from_the_options_docstrings_as_markdown():
+    """Each option's paragraph of its class's docstring (a subclass's wins over its base's), on
+    one line, with reST's ``code`` and :role:`name` as Markdown code; the heading left out."""
+    from fedrift.params import params
+
+    @params
+    class BaseParams:
+        """Options of the base (left out).
+
+        a: the ``a`` knob,
+            continued on a second line.
+        b: see :func:`fedrift.run`.
+        """
+
+        a: float = 1.0
+        b: int = 2
+
+    @params
+    class SubParams(BaseParams):
+        """The above, and
+
+        b: overridden here.
+        c: a new one.
+        """
+
+        c: str = "x"
+
+    assert ref.option_meanings(SubParams) == {"a": "the `a` knob, continued on a second line.",
+                                              "b": "overridden here.", "c": "a new one."}
+    table = ref.options_table(SubParams, ref.option_meanings(SubParams))
+    assert table[0] == "| option | type | default | allowed | meaning |"
+    assert "| `a` | float | `1.0` |  | the `a` knob, continued on a second line. |" in table
+
+
+def test_every_algorithm_module_has_a_prose_page():
+    """Each module that defines algorithms has its generated part included by a page of
+    docs/reference/algorithms/ (the build fails otherwise): no algorithm without its prose."""
+    assert ref.families_without_a_page() == []
 
 
 def test_the_cli_page_follows_the_parser():

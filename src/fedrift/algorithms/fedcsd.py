@@ -87,8 +87,8 @@ class FedCSDParams(AlgorithmParams):
         released code does.
     loss_form: ``paper`` is ``CE + mu L_CSD`` (eq. 15); ``convex`` is ``(1 - mu) CE + mu L_CSD``,
         the released code's form (needs ``mu <= 1``).
-    variant: ``paper`` (eq. 6-15, as above) or ``released``, the authors' code (module
-        docstring): own prototypes, mask from the refined logits, KL form. ``released`` changes
+    variant: ``paper`` (eq. 6-15) or ``released``, the arithmetic of the authors' code: own
+        prototypes, mask from the refined logits, KL form. ``released`` changes
         the defaults of the keys it is not given to the released code's: ``mu=0.5``, ``tau=4``,
         ``loss_form=convex``, ``detach_similarity=false``.
     """

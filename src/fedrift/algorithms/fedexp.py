@@ -58,7 +58,7 @@ class FedExPParams(AlgorithmParams):
     """FedExP's options (ICLR 2023, Algorithm 1).
 
     epsilon: added to ``||Delta||^2`` in ``eta_g``'s denominator (the authors' code: 1e-3 on
-        CIFAR-10/100 and CINIC-10, 0.1 on EMNIST, in its ``M epsilon`` form: module docstring):
+        CIFAR-10/100 and CINIC-10, 0.1 on EMNIST, which it adds as ``M epsilon``: M times those here):
         larger, less extrapolation; 0 would divide by zero when the clients do not move.
     average_last: report (evaluate, save) the mean of the last two iterates, Section 6.
     """

@@ -106,7 +106,7 @@ class FedGenParams(AlgorithmParams):
     noise_dim: dimension of the generator's noise input ``eps``.
     hidden: width of the generator's hidden layer (256 for small models).
     gen_lr: the generator's Adam learning rate (the released code: 3e-4 with 50 steps a
-        round; 1e-3 here for the spec's 5 steps, see the module docstring).
+        round; 1e-3 here for 5 steps a round, where 3e-4 leaves the generator near chance).
     diversity: weight of the diversity loss in the generator's objective (the code's
         ``ensemble_eta``, 1).
     """

@@ -68,7 +68,8 @@ class FedAdagradParams(AlgorithmParams):
 class FedAdamParams(FedAdagradParams):
     """FedAdam's and FedYogi's options: FedAdagrad's plus the second-moment decay.
 
-    eta_s: server learning rate ``eta`` (0.01; the module docstring says why not Adagrad's 0.1).
+    eta_s: server learning rate ``eta`` (0.01: Adam's and Yogi's first step moves each
+        coordinate by about ``eta_s``, Adagrad's by ``eta_s / 10``, hence its 0.1).
     beta2: second-moment decay (Adam: ``v = beta2 v + (1 - beta2) Delta^2``; Yogi's sign rule).
     """
 
