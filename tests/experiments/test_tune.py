@@ -469,7 +469,7 @@ def test_ctrl_c_on_a_parallel_tune_records_its_trials_as_interrupted(tiny, tmp_p
                     "space.train.lr=0.01,0.02,0.03,0.04", "--no-report"], both_train)
     assert r.code == 130 and r.err.strip().splitlines() == [
         "fedrift: interrupted; the trials in progress were stopped and recorded as interrupted; run the same fedrift "
-        "tune command again to continue (finished trials are kept, interrupted ones run again)"], r.err
+        "tune command again to continue (finished trials are kept, interrupted ones continue from their checkpoints)"], r.err
     assert r.line_s < 8.0, f"the line came {r.line_s:.1f} s after the signal (exit after {r.exit_s:.1f} s)"
     assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"
     runs = sorted(p.parent for p in out.glob("trials/fedavg/trial*/config.yaml"))
@@ -493,13 +493,45 @@ def test_ctrl_c_in_a_tune_marks_the_trial_interrupted_and_a_rerun_runs_it_again(
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
         "fedrift: interrupted; the trials in progress were stopped and recorded as interrupted; run the same fedrift "
-        "tune command again to continue (finished trials are kept, interrupted ones run again)"], err
+        "tune command again to continue (finished trials are kept, interrupted ones continue from their checkpoints)"], err
     undo()
     assert main(args) == 0
     assert "fedavg: 0 of 1 trials finished before;" in capsys.readouterr().out
     st = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{tmp_path / 't' / 'study.db'}")
     assert [(t.state.name, t.user_attrs.get("status")) for t in st.trials] == [("FAIL", "interrupted"),
                                                                                ("COMPLETE", "completed")]
+
+
+def test_a_trial_stopped_mid_run_continues_from_its_checkpoint_next_time(tiny, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while round 4 of a 6-round trial trains: the trial saves round 3's checkpoint
+    (trials keep no periodic ones), and the next tune's trial at that point takes its folder and
+    continues from round 3, to the score of a trial never stopped."""
+    from fedrift.engine import loop
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=6)))
+    args = lambda out: ["tune", "-c", str(cfg), "--out", str(tmp_path / out), "--trials", "1",  # noqa: E731
+                        "--pruner", "none", "space.train.lr=0.05", "--no-report"]
+    train = loop.train_clients
+
+    def stop(executor, tools, payload, jobs, t, *rest):
+        if t == 4:
+            raise KeyboardInterrupt
+        return train(executor, tools, payload, jobs, t, *rest)
+
+    monkeypatch.setattr(loop, "train_clients", stop)
+    assert main(args("t")) == 130
+    monkeypatch.setattr(loop, "train_clients", train)
+    assert (tmp_path / "t" / "trials" / "fedavg" / "trial0" / "checkpoint" / "manifest.json").is_file()
+    capsys.readouterr()
+    assert main(args("t")) == 0
+    assert "fedavg trial 1 (lr=0.05): continues stopped trial's run from its checkpoint of round 3" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "t" / "trials" / "fedavg" / "trial1" / "summary.json").read_text())
+    assert summary["resumed_from_round"] == 3 and summary["rounds"] == 6
+    assert not (tmp_path / "t" / "trials" / "fedavg" / "trial0").exists()
+    assert main(args("whole")) == 0
+    st = lambda out: optuna.load_study(study_name="fedavg", storage=f"sqlite:///{tmp_path / out / 'study.db'}")  # noqa: E731
+    assert st("t").best_value == st("whole").best_value
 
 
 def _by_params(results, entry):
@@ -571,7 +603,7 @@ def test_stacked_runs_of_a_tune_ctrl_c_records_its_trials_as_interrupted(tiny, t
                     "space.train.lr=0.01,0.02,0.03", "--no-report"], all_train)
     assert r.code == 130 and r.err.strip().splitlines() == [
         "fedrift: interrupted; the trials in progress were stopped and recorded as interrupted; run the same fedrift "
-        "tune command again to continue (finished trials are kept, interrupted ones run again)"], r.err
+        "tune command again to continue (finished trials are kept, interrupted ones continue from their checkpoints)"], r.err
     assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"
     runs = sorted(p.parent for p in out.glob("trials/fedavg/trial*/config.yaml"))
     assert [json.loads((d / "summary.json").read_text())["status"] for d in runs] == ["interrupted"] * 3

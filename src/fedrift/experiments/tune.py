@@ -35,8 +35,10 @@ The tune folder
     hyper-parameter). Stop it at any time and run the same command again: finished trials are
     kept, trials left running are marked failed and run anew, and only the missing ones run.
     ``--jobs N`` runs N trials at once, in processes sharing the study. A Ctrl-C records the
-    trials in progress as interrupted (state ``fail``, status ``interrupted``: run anew next
-    time) and starts no other.
+    trials in progress as interrupted (state ``fail``, status ``interrupted``) and starts no
+    other; each saves the checkpoint of its last whole round, and the next tune runs its point
+    first, as a new trial that takes over its folder and continues from that checkpoint (the
+    rounds before reported to the pruner again from its metrics).
 """
 
 from __future__ import annotations
@@ -242,6 +244,18 @@ class _TrialRun:
         self.label = f"{study.entry} trial {trial.number} ({self.shown})"
         self.trial, self.echo, self.best = trial, echo, -1.0
         self.start = time.perf_counter()
+        self.resumed = 0 if stacked else _take_stopped(tune, study, trial.number, self.values, self.doc)
+        if self.resumed:
+            echo(f"{self.label}: continues stopped trial's run from its checkpoint of round {self.resumed}")
+
+    def replay(self) -> None:
+        """A continued trial's rounds up to its checkpoint, reported to the pruner again (it
+        may prune the trial here, before any round runs)."""
+        path = Path(self.doc["output"]["dir"]) / "metrics.jsonl"
+        for line in path.read_text().splitlines() if self.resumed else []:
+            row = json.loads(line)
+            if int(row.get("round", 0)) <= self.resumed:
+                self.on_round(row)
 
     def on_round(self, row: dict[str, Any]) -> None:
         scored = score_of(row)
@@ -288,10 +302,18 @@ def _objective(tune: Tune, study: Study, threads_one: bool, echo: Callable[[str]
     from fedrift.api import run
 
     def objective(trial: Any) -> float:
+        from fedrift.engine.checkpoint import CheckpointError
+
         one = _TrialRun(tune, study, trial, threads_one, echo)
+        one.replay()
         try:
             with interruptible():  # in a pool worker, the pool's stop is the run's Ctrl-C
-                ended: Any = run(one.doc, on_round=one.on_round)
+                try:
+                    ended: Any = run(one.doc, on_round=one.on_round, resume=bool(one.resumed))
+                except CheckpointError as err:  # a checkpoint it cannot use: the trial from round 1
+                    echo(f"{one.label}: checkpoint not used ({err}), runs from round 1")
+                    one.best = -1.0
+                    ended = run(one.doc, on_round=one.on_round)
         except DivergenceError as err:
             ended = err
         return one.outcome(ended)
@@ -354,6 +376,43 @@ def _target(tune: Tune, study: Study) -> int:
     return min(tune.trials, math.prod(len(v) for v in grid.values())) if grid is not None else tune.trials
 
 
+def _trial_dir(tune: Tune, study: Study, number: int) -> Path:
+    return tune.root / "trials" / study.name / f"trial{number}"
+
+
+def _stopped(st: Any, tune: Tune, study: Study) -> list[Any]:
+    """The study's failed trials (interrupted, or left running by a killed tune) whose folder
+    holds a checkpoint: their points run first, continued from it."""
+    from fedrift.engine.checkpoint import FOLDER, MANIFEST
+
+    failed = st.get_trials(deepcopy=False, states=(load_optuna().trial.TrialState.FAIL,))
+    return [t for t in failed if (_trial_dir(tune, study, t.number) / FOLDER / MANIFEST).is_file()]
+
+
+def _take_stopped(tune: Tune, study: Study, number: int, values: Mapping[str, Any], doc: Mapping[str, Any]) -> int:
+    """Trial ``number`` at ``values`` takes over the folder of a stopped trial at the same point
+    (:func:`_stopped`): the round of its checkpoint, or 0 when there is none."""
+    from fedrift.engine.checkpoint import FOLDER, MANIFEST
+
+    st = _open_study(tune, study, tune.seed)
+    here = json.dumps(dict(values), sort_keys=True, default=str)
+    for old in _stopped(st, tune, study):
+        if json.dumps(old.params, sort_keys=True, default=str) != here or old.number == number:
+            continue
+        src, dest = _trial_dir(tune, study, old.number), Path(doc["output"]["dir"])
+        if dest.exists():
+            return 0
+        try:
+            src.rename(dest)
+        except OSError:  # taken by another worker's trial at the same point
+            return 0
+        try:
+            return int(json.loads((dest / FOLDER / MANIFEST).read_text())["round"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+    return 0
+
+
 def _worker(args: tuple[Tune, int, int, dict[str, Any] | None]) -> None:
     """A pool process: one trial of one study (the parent sends exactly as many as are
     missing; for a grid, each with its own point)."""
@@ -402,7 +461,10 @@ def _run_studies(tune: Tune, jobs: int, echo: Callable[[str], None], pruner: Any
         missing = target - have
         if missing <= 0:
             continue
-        points: list[Any] = _missing_points(st, study, tune)[:missing]
+        stopped: list[Any] = []  # continued first, from their checkpoints
+        for t in _stopped(st, tune, study):
+            stopped += [dict(t.params)] if dict(t.params) not in stopped else []
+        points: list[Any] = [*stopped, *(p for p in _missing_points(st, study, tune) if p not in stopped)][:missing]
         points += [None] * (missing - len(points))  # None: a trial TPE proposes
         # TPE's samplers get seeds no earlier call used (past the trials the study holds):
         # seeded as before, a resumed study would replay the proposals of its finished trials.
