@@ -39,6 +39,10 @@ def test_a_run_whose_lock_is_held_is_said_with_its_round_accuracy_and_rest(tmp_p
     beats = [s for s in said if "round 10/50, accuracy 41.2%" in s]
     assert 2 <= len(beats) <= 4, said  # every 0.3 s over 1 s
     assert in_progress([tmp_path]) == []  # the lock released: nothing in progress
+    idle: list[str] = []
+    with Heartbeat([tmp_path], idle.append, every=0.3, poll=0.05):
+        time.sleep(0.5)
+    assert idle and idle[0].startswith("working: no run has its folder yet"), idle
 
 
 def test_a_lock_left_by_a_dead_process_is_no_run_in_progress(tmp_path):

@@ -5,7 +5,8 @@ a study's tune trials too). A run in progress is one whose folder lock is held b
 process (:func:`fedrift.engine.folder_lock.holder`): in this process, a pool worker or
 a stack's thread alike, so the watcher needs no word from them. It says when each run starts,
 and every ``EVERY`` seconds, for each run in progress, its round, last accuracy and an
-estimate of the rest (its time so far over its rounds so far, times the rounds left).
+estimate of the rest (its time so far over its rounds so far, times the rounds left); with
+none in progress (a run loading its data before it locks its folder), that it is working.
 ``study status`` reads the same facts (:func:`in_progress`) from another process.
 """
 
@@ -145,12 +146,13 @@ class Heartbeat:
                 if r.folder not in seen:
                     self.echo(f"{r.name}: starts ({r.rounds or '?'} rounds; {r.holder.split(' since ')[0]})")
             seen = {r.folder for r in running}
-            if running and now - last_beat >= self.every:
+            if now - last_beat >= self.every:
                 for r in running:
                     self.echo(r.line(now))
+                if not running:  # a run's data loading (its folder is locked after it), a report being written
+                    self.echo("working: no run has its folder yet (a run loading its data, or the report being "
+                              "written)")
                 last_beat = now
-            elif not running:
-                last_beat = now  # a beat comes a full period after work resumes
 
 
 __all__ = ["EVERY", "Heartbeat", "Running", "in_progress"]
