@@ -8,6 +8,7 @@ The arithmetic by hand; the runs on tiny digits configs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +22,8 @@ from fedrift.experiments.select import (
     _trials, apply_floor, budget_plan, build_select, floor_round, judged_from, select,
 )
 from fedrift.experiments.select_plan import (
-    Cost, confirmation_cost, cost_of_trial, fit_confirmation, make_plan, measured_costs, order, trial_rounds,
+    MARGIN, OVERHEAD_S, Cost, confirmation_cost, cost_of_trial, estimate_room, fit_confirmation, kept_back, make_plan,
+    measured_costs, order, trial_rounds,
 )
 
 LR = {"train.lr": "log:0.03:0.3"}
@@ -116,13 +118,42 @@ def test_the_plan_keeps_the_least_search_and_refuses_only_what_cannot_pay_for_it
     # 100 rounds: 64 for the search, FedAvg's first trial 6 of them; a trial costs 2 + 4/3 rounds
     plan = make_plan(**kw, budget_seconds=None, budget_rounds=100)
     assert plan["search"]["trials_per_entry"] == pytest.approx((64 - 6) / (2 + 4 / 3) / 2)
-    # in seconds: 1 s a round, 2 s of start-up; least search 2 x 4 s, least confirmation 4 runs x 8 s
-    timed = make_plan(**{**kw, "costs": {e: Cost(1.0, 2.0, "trials") for e in ("fedavg", "fedprox")}},
-                      budget_seconds=39, budget_rounds=None)
-    assert timed["refused"].startswith("--budget: 39 s cannot pay") and "at least about 40 s" in timed["refused"]
-    assert make_plan(**{**kw, "costs": {e: Cost(1.0, 2.0, "trials") for e in ("fedavg", "fedprox")}},
-                     budget_seconds=40, budget_rounds=None)["refused"] is None
+    # in seconds: 1 s a round, 2 s of start-up; least search 2 x 4 s, least confirmation 4 runs x 8 s,
+    # kept back with MARGIN (25%) more and OVERHEAD_S (1 s): 8 + 32 x 1.25 + 1 = 49 s
+    timed = {**kw, "costs": {e: Cost(1.0, 2.0, "trials") for e in ("fedavg", "fedprox")}}
+    refused = make_plan(**timed, budget_seconds=48.9, budget_rounds=None)["refused"]
+    assert refused.startswith("--budget: 49 s cannot pay") and "at least about 49 s" in refused, refused
+    assert "kept back with 25% more and 1 s for its tables" in refused and "\n" not in refused
+    assert make_plan(**timed, budget_seconds=49, budget_rounds=None)["refused"] is None
+    # the seconds the command spent before its search count: 3 s more needed; so do a report's 5 s
+    assert "at least about 52 s" in make_plan(**timed, budget_seconds=49, budget_rounds=None, before_seconds=3)["refused"]
+    assert "at least about 53 s" in make_plan(**timed, budget_seconds=49, budget_rounds=None, overhead=5.0)["refused"]
     assert trial_rounds([3, 9, 27, 30], 3) == pytest.approx(3 + 6 / 3 + 18 / 9 + 3 / 27)
+
+
+def test_the_budget_that_would_do_is_rounded_up_and_passes():
+    """A refusal names a budget that passes the same check: rounded up (5.2 min is "at least
+    about 6 min", never 5), and the plan at that budget is not refused."""
+    from fedrift.experiments.select_plan import _dur
+
+    assert (_dur(312.0, up=True), _dur(312.0)) == ("6 min", "5 min")
+    assert (_dur(48.2, up=True), _dur(48.2)) == ("49 s", "48 s")
+    kw = dict(entries=["fedavg", "fedprox", "scaffold"], reference="fedavg", rounds=30, rungs=[3, 9, 27, 30], eta=3,
+              seeds=[1, 2, 3], top=2, costs={e: Cost(2.0, 3.0, "probe") for e in ("fedavg", "fedprox", "scaffold")})
+    # the demo's shape: least search 3 x (3 + 3 x 2) = 27 s, least confirmation 4 x 63 = 252 s kept
+    # back as 316 s, the probe's 8 s: 351 s, 5.85 min
+    refused = make_plan(**kw, budget_seconds=300, budget_rounds=None, before_seconds=8.0)["refused"]
+    assert refused.startswith("--budget: 5 min cannot pay") and "at least about 6 min" in refused, refused
+    assert "beside the 8 s the command spent before its search" in refused and "a timed probe of each entry" in refused
+    assert make_plan(**kw, budget_seconds=350, budget_rounds=None, before_seconds=8.0)["refused"] is not None
+    assert make_plan(**kw, budget_seconds=360, budget_rounds=None, before_seconds=8.0)["refused"] is None
+
+
+def test_the_least_confirmation_is_kept_back_with_its_margin():
+    """A confirmation fits a room once its estimate, 25% more and the overhead do."""
+    assert kept_back(100.0) == pytest.approx(100 * (1 + MARGIN) + OVERHEAD_S) and kept_back(0.0) == 0.0
+    assert kept_back(100.0, 5.0) == pytest.approx(130.0)
+    assert estimate_room(kept_back(80.0)) == pytest.approx(80.0) and estimate_room(None) is None
 
 
 def test_fedavg_first_then_the_cheapest_measured():
@@ -169,18 +200,49 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     assert lines[-1] == "select --dry-run: nothing was written (dry run)"
 
 
-def test_a_budget_too_small_is_refused_in_one_line_with_the_page_written(tmp_path, capsys):
+def test_a_budget_too_small_is_refused_in_one_line_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "s"
-    line = one_line_refusal(capsys, ["select", "-c", str(_cfg(tmp_path)), "--out", str(out), "--budget-rounds", "27",
-                                     "algorithms=fedavg,fedprox", "seeds=1,2,3", "top=1", "min_rounds=2"],
-                            "fedrift: error: --budget-rounds: 27 cannot pay for the least search", "at least 28")
-    assert line.endswith(f"the page: {out / 'select.html'}") or "the page: " in line, line
-    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["select.html", "select.md"]
-    page = (out / "select.md").read_text()
-    assert "refused" in page and "at least 28" in page
-    with pytest.raises(ConfigError):  # and from Python the same
+    one_line_refusal(capsys, ["select", "-c", str(_cfg(tmp_path)), "--out", str(out), "--budget-rounds", "27",
+                              "algorithms=fedavg,fedprox", "seeds=1,2,3", "top=1", "min_rounds=2"],
+                     "fedrift: error: --budget-rounds: 27 cannot pay for the least search", "at least 28")
+    assert not out.exists()  # nothing written
+    with pytest.raises(ConfigError, match="at least 28"):  # and from Python the same
         select(_base(), out=tmp_path / "t", algorithms=["fedavg", "fedprox"], budget_rounds=27, seeds=[1, 2, 3], top=1,
                min_rounds=2, verbose=False)
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("report, need", [(True, 53), (False, 49)])
+def test_a_time_budget_is_checked_on_fedavgs_probe_before_any_trial(tmp_path, capsys, monkeypatch, report, need):
+    """--budget: FedAvg timed by a probe (here its costs given: 1 s a round, 2 s of start-up,
+    every entry assumed to cost as much) before any trial; a budget below the least search
+    (2 x 4 s) and the least confirmation (4 runs x 8 s, kept back with 25% more and the
+    tables' 1 s, or the reports' 5 s) is refused in one line naming the budget that would do;
+    nothing is written, no run starts. The budget named passes the same check."""
+    import fedrift.api
+    from fedrift.experiments import select as select_module
+
+    probed, started = [], []
+    monkeypatch.setattr(select_module, "probe", lambda plan, echo, entries=None: probed.append(entries) or
+                        {plan.reference: Cost(1.0, 2.0, "probe")})
+    monkeypatch.setattr(fedrift.api, "run", lambda *a, **k: started.append(a) or {})
+    out = tmp_path / "s"
+    args = ["select", "-c", str(_cfg(tmp_path)), "--out", str(out), "algorithms=fedavg,fedprox", "seeds=1,2,3", "top=1",
+            "min_rounds=2", *([] if report else ["--no-report"])]
+    line = one_line_refusal(capsys, [*args, "--budget", "45s"], "fedrift: error: --budget: 45 s cannot pay for the least "
+                            "search (about 8 s: one trial of each entry to round 2)",
+                            "(entries not probed assumed to cost as much as those probed")
+    assert not out.exists() and not started
+    assert [[e.entry for e in entries] for entries in probed] == [["fedavg"]]  # FedAvg alone, once
+    # 49 s (53 s with the reports), and what the command spent before (the field built: a second or
+    # two on the tests' machines), rounded up
+    would = int(re.search(r"allowed: at least about (\d+) s,", line).group(1))
+    assert need <= would <= need + 5, line
+    plan = build_select(_base(), algorithms=["fedavg", "fedprox"], budget=f"{would}s", seeds=[1, 2, 3], top=1,
+                        min_rounds=2, out=out)
+    plan.overhead = 5.0 if report else 1.0
+    select_module.check_budget(plan, {}, 1, lambda _: None)  # passes (the budget named would do)
+    assert not out.exists() and line.count("--budget") == 1
 
 
 @pytest.fixture(scope="module")

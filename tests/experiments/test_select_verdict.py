@@ -171,3 +171,17 @@ def test_the_six_seed_command_keeps_the_seeds_run_and_skips_the_searchs():
     # six asked, four paired (two runs diverged): two more
     six = SimpleNamespace(root=Path("runs/s"), seeds=[1, 2, 3, 5, 6, 7], seed=4, rounds=12)
     assert six_seeds(six, paired=4) == [1, 2, 3, 5, 6, 7, 8, 9] and six_seeds(six) == six.seeds
+
+
+def test_a_trial_the_budget_stopped_is_said_apart_from_the_tuning(tmp_path):
+    """Issue 72: "fedprox 2 trials" when one of them was stopped by the budget at round 2.
+    Such a trial is not counted, and said apart; FedAvg tuned as hard as the counted trials."""
+    rows = _confirm(tmp_path / "confirm", {"fedadc": [0.030, 0.027, 0.058]}, [1, 2, 3])
+    trials = [*TRIALS, {"entry": "fedadc", "rounds": 2, "status": "budget"}, {"entry": "fedavg", "rounds": 12,
+                                                                            "status": "budget"}]
+    rec = recommend(_plan(tmp_path, [1, 2, 3]), rows, PICKED, trials=trials)
+    tuning = next(ln for ln in rec["lines"] if ln.startswith("tuning"))
+    assert "fedadc 15 trials (furthest 12 rounds; 1 more stopped by the budget, not counted)" in tuning, tuning
+    assert "FedAvg 4 trials (furthest 12 rounds; 1 more stopped by the budget, not counted)" in tuning, tuning
+    assert "(4 trials against 15)" in tuning
+    assert rec["entries"]["fedadc"]["trials"] == 15 and rec["entries"]["fedadc"]["cut"] == 1

@@ -86,22 +86,38 @@ def test_round_words_and_budget_lines():
         "30 s of no time limit; 1 round of 60"
 
 
-def test_the_page_is_titled_by_the_base_configs_data_and_partition(tmp_path):
+def test_the_page_is_titled_by_the_base_configs_data_and_partition(tmp_path, monkeypatch):
     """Not the folder's name (``fedrift select: select``, issue 72): the data and partition
-    of the base config, from the select itself (here one refused by its budget)."""
+    of the base config, from the select itself (here one whose every trial fails: no
+    recommendation, its page written; a budget refused writes nothing)."""
     from conftest import tiny_config
 
+    import fedrift.api
     from fedrift.errors import ConfigError
     from fedrift.experiments.select import select
 
+    def failing(*args, **kwargs):
+        raise RuntimeError("not run here")
+
+    monkeypatch.setattr(fedrift.api, "run", failing)
     base = tiny_config(tmp_path, train={"rounds": 6}, partition={"val_share": 0.2})
     base.pop("output")
-    with pytest.raises(ConfigError):
-        select(base, out=tmp_path / "select", algorithms=["fedavg", "fedprox"], budget_rounds=27, seeds=[1, 2, 3],
-               top=1, min_rounds=2, verbose=False)
+    with pytest.raises(ConfigError, match="nothing to confirm"):
+        select(base, out=tmp_path / "select", algorithms=["fedavg", "fedprox"], budget_rounds=28, seeds=[1, 2],
+               top=1, min_rounds=2, verbose=False, report=False)
     title = "fedrift select on digits (dirichlet alpha=0.5, 6 clients)"
     html = (tmp_path / "select" / "select.html").read_text()
     assert f"<title>{title}</title>" in html and f"<h1>{title}</h1>" in html
     assert (tmp_path / "select" / "select.md").read_text().startswith(f"# {title}\n")
     old = render_select_page(tmp_path / "old", {})  # a page without the setting: the folder's name
     assert "<title>fedrift select: old</title>" in old.read_text()
+
+
+def test_trials_the_budget_stopped_are_counted_apart_in_the_table():
+    from fedrift.report.select_page import rung_rows
+
+    trials = [{"trial": 0, "entry": "fedavg", "status": "completed", "rounds": 6, "curve": {2: 0.5, 6: 0.7}},
+              {"trial": 1, "entry": "fedprox", "status": "pruned", "rounds": 2, "curve": {2: 0.4}},
+              {"trial": 2, "entry": "fedprox", "status": "budget", "rounds": 2, "curve": {2: 0.45}}]
+    _, rows = rung_rows({"trials": trials, "rungs": [2, 6], "entries": ["fedavg", "fedprox"]})
+    assert [r[:3] for r in rows] == [["fedavg", "1", "50.0 (1)"], ["fedprox", "1 (+1 budget)", "45.0 (2)"]]

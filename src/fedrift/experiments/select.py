@@ -7,9 +7,12 @@ The plan (:mod:`fedrift.experiments.select_plan`)
     the confirmation's share first (the ``top`` best entries and FedAvg over every seed, or,
     when the budget truly cannot pay for that beside the least search, fewer candidates and
     then fewer seeds, never under two), the search the rest. A budget that cannot pay for the
-    least search (one trial of each entry to its first rung) and the least confirmation (FedAvg and one candidate over two seeds) is
-    refused, with the page written. ``--dry-run`` prints the plan and runs no trial: its
-    times come from a timed probe of each entry (a start-up and two rounds at its space's
+    least search (one trial of each entry to its first rung) and the least confirmation
+    (FedAvg and one candidate over two seeds, kept back with its margin) is refused before
+    anything is written (:func:`check_budget`: a ``--budget`` is checked at the folder's
+    measured costs, else at a timed probe of FedAvg, every entry assumed to cost as much), in
+    one line naming the budget that would do. ``--dry-run`` prints the plan and runs no trial:
+    its times come from a timed probe of each entry (a start-up and two rounds at its space's
     centre, in a temporary folder), said as such; it writes nothing.
 
 The search
@@ -49,13 +52,17 @@ A fair search
 The budget
     ``--budget 2h`` (wall clock of the whole command) and/or ``--budget-rounds N`` (training
     rounds of every trial and confirmation run, each round counting one). The search stops
-    starting trials when what is left would not pay for the planned confirmation and the next
+    starting trials when what is left would not pay for the planned confirmation (kept back
+    with its margin; the least one when the measured costs leave none planned) and the next
     trial's first rung at the measured costs; a trial running past that is stopped by the
-    budget (``budget`` on the page). After the search the confirmation is fitted again to
-    what is really left: all asked when it fits (``recommended``), else what fits
-    (``provisional``: the page and the verdict say what was not confirmed), else ``no
-    recommendation``. Time spent before a Ctrl-C counts; a rerun counts only the
-    confirmation runs not finished (compare reuses them).
+    budget (``budget`` on the page: not counted as its entry's tuning), and after it only
+    the first look of an entry not yet tried starts. After the search the confirmation is
+    fitted again to what is really left: all asked when it fits (``recommended``), else what
+    fits (``provisional``), else the least, run all the same (``provisional``; the page says
+    by how much it passed the budget, if it did): a budget that passed the check never ends
+    in "no recommendation" because the search spent it. The progress lines' time left is the
+    budget less the command's wall clock: it only goes down. Time spent before a Ctrl-C
+    counts; a rerun counts only the confirmation runs not finished (compare reuses them).
 
 The confirmation
     The best ``top`` entries (by their best trial: the most rounds reached, then the score)
@@ -71,9 +78,11 @@ More seeds later
     and confirms within the budget.
 
 The page
-    ``select.md`` and ``select.html`` are written whatever the outcome: ``recommended``,
-    ``provisional``, ``no recommendation``, ``stopped`` (Ctrl-C) or ``refused`` (the budget),
-    with the plan, what ran and what is missing.
+    ``select.md`` and ``select.html`` are written at every ending past the budget's check (a
+    budget refused writes nothing): ``recommended``, ``provisional``, ``no recommendation``
+    (nothing to confirm) or ``stopped`` (Ctrl-C), with the plan as it ran (the confirmation
+    that ran, and the plan before the search when it was re-planned), what ran and what is
+    missing.
 
 The folder
     ``study.db`` (the study), ``select.json`` (what was asked, the budget spent, the floor
@@ -109,7 +118,8 @@ from fedrift.experiments.studies import (STUDY_DB, fail_stale, finished_trials, 
 from fedrift.experiments.tuned import BEST, tune_base
 from fedrift.overrides import parse_algorithm
 from fedrift.experiments.select_plan import (
-    Confirmation, Cost, cost_of_trial, fit_confirmation, make_plan, measured_costs, order as entry_order,
+    LEAST_SEEDS, OVERHEAD_S, REPORT_OVERHEAD_S, Confirmation, Cost, confirmation_line, cost_of_trial, estimate_room,
+    fit_confirmation, kept_back, make_plan, measured_costs, order as entry_order,
 )
 from fedrift.experiments.select_verdict import REFERENCE, recommend, values_text, wrap
 from fedrift.report.select_page import duration_text, render_select_page
@@ -139,6 +149,14 @@ def parse_duration(text: str) -> float:
 
 def _rounds(n: int) -> str:
     return f"{n} round" if n == 1 else f"{n} rounds"
+
+
+def _clock(seconds: float) -> str:
+    """``26 s``, ``5 min 26 s``, ``1 h 02 min``: to the second below an hour (how far a budget was passed)."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
 
 
 def score_of(row: Mapping[str, Any]) -> float | None:
@@ -184,7 +202,8 @@ class Select:
     majority: float | None = None  # the validation set's majority-class share
     n_val: int = 0  # validation samples
     auto_rungs: bool = False  # min_rounds not given: the first rung waits for the floor
-    probed: dict[str, Cost] = field(default_factory=dict)  # --dry-run's timed probe
+    probed: dict[str, Cost] = field(default_factory=dict)  # the timed probe's (--dry-run's, the budget check's)
+    overhead: float = OVERHEAD_S  # a confirmation's seconds beside its runs (REPORT_OVERHEAD_S with its reports)
     setting: str = ""  # the base config's data and partition, for the page's title
 
     @property
@@ -373,7 +392,8 @@ def _points(plan: Select, st: Any) -> list[dict[str, Any]]:
     """The start-up design's points no finished (or failed with an error) trial has run: ``startup`` per entry, the
     space's centre first and then its Sobol design, in turns (every entry's first point, then
     every entry's second...). The centre first, because a design's first scrambled point may
-    lie at an extreme (a learning rate of 0.25 on workload A) where every method fails alike."""
+    lie at an extreme (a learning rate of 0.25 on workload A) where every method fails alike.
+    A point whose trial the budget stopped is proposed again: a larger budget reruns it."""
     done = finished_trials(st)
     measured = [{"entry": t.params.get("algorithm"), "rounds": t.user_attrs.get("rounds", 0),
                  "seconds": t.user_attrs.get("seconds", 0.0), "first_round": t.user_attrs.get("first_round", 0),
@@ -387,7 +407,7 @@ def _points(plan: Select, st: Any) -> list[dict[str, Any]]:
     # interrupted (Ctrl-C) is: the same command continues it
     failed = [t for t in st.get_trials(deepcopy=False, states=None)
               if t.state.name == "FAIL" and str(t.user_attrs.get("status", "")).startswith("error")]
-    seen = {json.dumps(t.params, sort_keys=True) for t in [*done, *failed]}
+    seen = {json.dumps(t.params, sort_keys=True) for t in [*done, *failed] if t.user_attrs.get("status") != "budget"}
     order = [p for k in range(plan.startup) for pts in per for p in pts[k:k + 1]]
     return [p for p in order if json.dumps(p, sort_keys=True) not in seen]
 
@@ -400,10 +420,12 @@ def _centre(entry: Entry) -> dict[str, Any]:
 def _owed_reference(plan: Select, trials: Sequence[Mapping[str, Any]],
                     submitted: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any] | None:
     """FedAvg's next point while it has had fewer trials than the median other entry (the
-    reference tuned as hard as the candidates): the next unrun point of its Sobol design (the
-    one its start-up points begin), None when it is not owed one or the design (16) is spent."""
+    reference tuned as hard as the candidates; trials the budget stopped count for none): the
+    next unrun point of its Sobol design (the one its start-up points begin), None when it is
+    not owed one or the design (16) is spent."""
     ref = plan.entry(plan.reference)
     count = {e.entry: 0 for e in plan.entries}
+    trials = [t for t in trials if t["status"] != "budget"]
     for t in trials:
         if t["state"] != "fail" and t["entry"] in count:
             count[t["entry"]] += 1
@@ -454,12 +476,14 @@ def _best_reference(plan: Select, trial: Any, rnd: int, score: float) -> bool:
 
 def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap: int | None = None,
                deadline: float | Callable[[], float | None] | None = None,
-               measure_floor: bool = False) -> Callable[[Any], float]:
+               measure_floor: bool = False, budget_end: float | None = None) -> Callable[[Any], float]:
     """A trial: the entry and values the sampler gives, run to the full rounds unless the
     pruner stops it at a rung, or the budget at ``cap`` rounds or at the ``deadline`` (epoch
     seconds: what is left once the confirmation's share is kept back; a callable is asked
     again at each round, with the costs measured so far). ``measure_floor``: FedAvg's first
-    trial, run before the rungs are known: no rung judges it."""
+    trial, run before the rungs are known: no rung judges it. ``budget_end``: the whole
+    budget's end (epoch seconds), whose time left the progress lines say: one clock, so it
+    only goes down."""
     from fedrift.api import run
 
     optuna = load_optuna()
@@ -517,13 +541,16 @@ def _objective(plan: Select, echo: Callable[[str], None], threads_one: bool, cap
             until = deadline() if callable(deadline) else deadline
             over = (cap is not None and rnd >= cap and rnd < plan.rounds) or (
                 until is not None and time.time() > until and rnd < plan.rounds)
-            if over and not prune:
+            by_budget = over and not prune  # a trial the pruner stops at this round is its rung's, not the budget's
+            if by_budget:
                 prune = True
                 with shielded():
                     trial.set_user_attr("status", "budget")
             if rnd in rungs or prune:
-                left = "" if until is None else f"; {duration_text(max(0.0, until - time.time()))} of the search's budget left"
-                what = "stopped by the budget" if over else "stopped" if prune else "goes on" if rnd < plan.rounds else "done"
+                left = ("" if budget_end is None else
+                        f"; {duration_text(max(0.0, budget_end - time.time()))} of the budget left")
+                what = ("stopped by the budget" if by_budget else "stopped" if prune else "goes on" if rnd < plan.rounds
+                        else "done")
                 echo(f"trial {trial.number} {shown}: {_rounds(rnd)}, val {best[0]:.4f}, {what}{left}")
             if prune:
                 raise optuna.TrialPruned(f"round {rnd}")
@@ -567,10 +594,10 @@ def _no_better_than_stopped(plan: Select, trial: Any, rnd: int, score: float) ->
     return False
 
 
-def _worker(args: tuple[Select, int, dict[str, Any] | None, int | None, float | None]) -> None:
+def _worker(args: tuple[Select, int, dict[str, Any] | None, int | None, float | None, float | None]) -> None:
     """A pool process: one trial (a start-up point, or TPE's proposal) within its limits."""
-    plan, seed, point, cap, deadline = args
-    one_trial(_open(plan, seed, point), _objective(plan, print, True, cap, deadline))
+    plan, seed, point, cap, deadline, budget_end = args
+    one_trial(_open(plan, seed, point), _objective(plan, print, True, cap, deadline, budget_end=budget_end))
 
 
 def _trials(plan: Select) -> list[dict[str, Any]]:
@@ -605,15 +632,16 @@ def _trials(plan: Select) -> list[dict[str, Any]]:
 
 def ranking(plan: Select, trials: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per entry its best trial (most rounds reached, then the best validation score), best
-    first: the order in which entries are confirmed."""
-    best: dict[str, dict[str, Any]] = {}
+    first: the order in which entries are confirmed. A trial the budget stopped is not one of
+    the entry's tuning: it stands for the entry only when the entry has no other scored trial."""
+    best: dict[str, tuple[bool, int, float, dict[str, Any]]] = {}
     for t in trials:
         if t["score"] is None or not math.isfinite(t["score"]) or t["status"] == "diverged":
             continue
-        key = (t["rounds"], t["score"])
-        if t["entry"] not in best or key > (best[t["entry"]]["rounds"], best[t["entry"]]["score"]):
-            best[t["entry"]] = t
-    return sorted(best.values(), key=lambda t: (t["rounds"], t["score"]), reverse=True)
+        key = (t.get("status") != "budget", t["rounds"], t["score"], t)
+        if t["entry"] not in best or key[:3] > best[t["entry"]][:3]:
+            best[t["entry"]] = key
+    return sorted((k[3] for k in best.values()), key=lambda t: (t["rounds"], t["score"]), reverse=True)
 
 
 def candidates(plan: Select, trials: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -633,8 +661,9 @@ def _ranked(plan: Select, trials: Sequence[Mapping[str, Any]], names: Sequence[s
     return (picks + [e for e in names if e not in picks])[: plan.top + 1]
 
 
-def budget_plan(plan: Select, trials: Sequence[Mapping[str, Any]], jobs: int = 1) -> dict[str, Any]:
-    """The plan (:func:`fedrift.experiments.select_plan.make_plan`) with the costs measured so far."""
+def budget_plan(plan: Select, trials: Sequence[Mapping[str, Any]], jobs: int = 1, before: float = 0.0) -> dict[str, Any]:
+    """The plan (:func:`fedrift.experiments.select_plan.make_plan`) with the costs measured so
+    far; ``before``: seconds the budget check counts as spent before the search (the probe's)."""
     names = [e.entry for e in plan.entries]
     costs = measured_costs(trials, names, plan.probed)
     floor = plan.description.get("floor")
@@ -642,7 +671,8 @@ def budget_plan(plan: Select, trials: Sequence[Mapping[str, Any]], jobs: int = 1
                      seeds=plan.seeds, top=plan.top, costs=costs, budget_seconds=plan.budget_seconds,
                      budget_rounds=plan.budget_rounds, spent_seconds=float(plan.description.get("spent", 0.0)),
                      spent_rounds=_spent(plan, trials), ranked=_ranked(plan, trials, entry_order(names, plan.reference, costs)),
-                     jobs=jobs, floor=None if not floor else floor.get("text"))
+                     jobs=jobs, floor=None if not floor else floor.get("text"), before_seconds=before,
+                     overhead=plan.overhead)
 
 
 def _to_confirm(plan: Select, picked: Sequence[Mapping[str, Any]], tuned: Path, jobs: int) -> float:
@@ -690,20 +720,38 @@ def apply_floor(plan: Select, trials: Sequence[Mapping[str, Any]]) -> dict[str, 
     return plan.description["floor"]
 
 
+def _unlooked(plan: Select, trials: Sequence[Mapping[str, Any]],
+              submitted: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """Entries owed their first look: no trial yet (a running one counts; one whose trial failed
+    with an error is broken and owed nothing; one interrupted by Ctrl-C is owed its look again)."""
+    seen = {t["entry"] for t in trials if t["state"] != "fail" or str(t["status"]).startswith("error")}
+    seen |= {p["algorithm"] for p in submitted}
+    return [e.entry for e in plan.entries if e.entry not in seen]
+
+
+def _cut(trials: Sequence[Mapping[str, Any]], since: int) -> bool:
+    """Whether a trial numbered ``since`` or later was stopped by the budget: the search's end."""
+    return any(t["trial"] >= since and t["status"] == "budget" for t in trials)
+
+
 def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print,
            progress: Callable[[float], None] | None = None) -> None:
-    """Run trials while the budget, less what the planned confirmation will need, lasts
-    (:func:`budget_plan`, made again after every trial); ``progress`` is told the seconds spent
-    so far after each trial (select records them: a search killed outright, by SIGKILL or a
-    machine lost, still has its time counted)."""
+    """Run trials while the budget, less what the planned confirmation will need (with its
+    margin: :func:`~fedrift.experiments.select_plan.kept_back`), lasts (:func:`budget_plan`, made
+    again after every trial and while one runs). Once a trial is stopped by the budget no other
+    starts, but an entry not yet looked at still gets a trial to its first rung (the least search
+    the budget was checked for). ``progress`` is told the seconds spent so far after each trial
+    (select records them: a search killed outright still has its time counted)."""
     optuna = load_optuna()
     started = time.time()
     before_spent = float(plan.description.get("spent", 0.0))
     plan.description["started"] = started
+    end = None if plan.budget_seconds is None else started + plan.budget_seconds - before_spent  # the budget's end
     with shielded():
         st = optuna.create_study(study_name=STUDY, storage=_storage(plan), direction="maximize", load_if_exists=True)
     stale = fail_stale(st)
     before = _trials(plan)
+    since = max((t["trial"] for t in before), default=-1) + 1  # this search's trials are numbered from here
     apply_floor(plan, before)
     echo(f"select: {len(plan.entries)} entries, {len(before)} trials before" + (f" ({stale} left running marked failed)" if stale else "")
          + f"; rungs at {', '.join(map(str, plan.rungs))} rounds" + (" (the first waits for FedAvg's first trial)"
@@ -712,113 +760,134 @@ def search(plan: Select, jobs: int = 1, echo: Callable[[str], None] = print,
     for entry, why in plan.left_out.items():
         echo(f"select: {entry} left out: {why}")
 
-    def untried(trials: Sequence[Mapping[str, Any]]) -> int:
-        """Entries with no trial yet (running ones have one): each is owed its first rung."""
-        seen = {t["entry"] for t in trials if t["state"] != "fail"}
-        return sum(e.entry not in seen for e in plan.entries)
-
     def first_rung_seconds(bp: Mapping[str, Any]) -> float:
         costs = list(bp["costs"].values())
         return (statistics.median(c["startup"] for c in costs) + plan.rungs[0] *
                 statistics.median(c["per_round"] for c in costs)) if costs else 0.0
 
-    def deadline_of(trials: Sequence[Mapping[str, Any]], keep: int = 0) -> tuple[float | None, dict[str, Any]]:
-        """The search's deadline (epoch seconds): the budget less the planned confirmation and
-        ``keep`` entries' first rungs (those not tried yet: every entry gets its look) at the
-        costs measured so far; the plan made."""
-        bp = budget_plan(plan, trials, jobs)
-        if plan.budget_seconds is None:
-            return None, bp
-        conf = bp["confirmation"]
-        return (started + plan.budget_seconds - before_spent - ((conf or {}).get("seconds") or 0.0)
-                - keep * first_rung_seconds(bp)), bp
+    def kept(bp: Mapping[str, Any]) -> tuple[float, int]:
+        """Seconds and rounds kept back for the planned confirmation; for the least one when
+        none fits the plan any more (the measured costs grew): the search never takes its time."""
+        conf, least = bp["confirmation"], bp["least"]
+        return (kept_back(conf["seconds"] if conf else least["confirmation_seconds"], plan.overhead),
+                conf["rounds"] if conf else least["confirmation_rounds"])
 
-    def limits(trials: Sequence[Mapping[str, Any]], reserved: int) -> tuple[int | None, float | None] | None:
-        """The next trial's round cap and deadline, or None when the budget has no room for it:
-        rounds left once the planned confirmation's and the running trials' caps are kept
-        back; time left once the planned confirmation's is, enough for the next trial's first
-        rung at the median measured cost."""
-        keep = max(0, untried(trials) - 1)  # the next trial takes one untried entry's look (the design's order)
+    def overrun(bp: Mapping[str, Any]) -> float:
+        """What the trial a deadline stops takes past it: it ends at its next round, then ends its run."""
+        costs = list(bp["costs"].values())
+        return max(c["per_round"] + c["startup"] for c in costs) if costs else 0.0
+
+    def deadline_of(trials: Sequence[Mapping[str, Any]], keep: int = 0) -> tuple[float | None, dict[str, Any]]:
+        """The search's deadline (epoch seconds): the budget's end less the planned confirmation
+        kept back, the overrun of the trial the deadline stops and ``keep`` entries' first rungs
+        (those not looked at yet) at the costs measured so far; the plan made."""
+        bp = budget_plan(plan, trials, jobs)
+        if end is None:
+            return None, bp
+        return end - kept(bp)[0] - overrun(bp) - keep * first_rung_seconds(bp), bp
+
+    def limits(trials: Sequence[Mapping[str, Any]], reserved: int, entry: str | None,
+               submitted: Sequence[Mapping[str, Any]] = ()) -> tuple[int | None, float | None] | None:
+        """The next trial's round cap and deadline (of ``entry``'s trial; None: TPE's, entry
+        not known), or None when the budget has no room for it: rounds left once the planned
+        confirmation's and the running trials' caps are kept back; time left once the planned
+        confirmation's is, enough for the next trial's first rung at the median measured cost.
+        After a trial stopped by the budget, or past the search's end, only an entry owed its
+        look starts: to its first rung, whatever the clock."""
+        owed = _unlooked(plan, trials, submitted)
+        look = entry in owed
+        keep = len(owed) - look  # the other entries' looks stay owed
         deadline, bp = deadline_of(trials)
-        if bp["refused"]:
-            return None
-        cap = None
-        conf = bp["confirmation"]
+        room: tuple[int | None, float | None] | None = (None, deadline)
         if plan.budget_rounds is not None:
             done = sum(int(t["charged"]) for t in trials if t["state"] != "running")
-            left = plan.budget_rounds - (conf["rounds"] if conf else 0) - done - reserved
-            if left < plan.rungs[0]:
-                return None
-            cap = min(plan.rounds, max(plan.rungs[0], left - keep * plan.rungs[0]))
-        if deadline is not None:
-            if time.time() + first_rung_seconds(bp) > deadline:
-                return None
-            deadline = max(time.time() + first_rung_seconds(bp), deadline - keep * first_rung_seconds(bp))
-        return cap, deadline
+            left = plan.budget_rounds - kept(bp)[1] - done - reserved
+            room = None if left < plan.rungs[0] else (min(plan.rounds, max(plan.rungs[0], left - keep * plan.rungs[0])),
+                                                      deadline)
+        if room is not None and deadline is not None:
+            f = first_rung_seconds(bp)
+            room = None if time.time() + f > deadline else (room[0], max(time.time() + f, deadline - keep * f))
+        if room is None or bp["refused"] or _cut(trials, since):
+            return (plan.rungs[0], None) if look else None
+        return room
 
     cache: dict[str, float] = {}
 
     def live_deadline() -> float | None:
         """The deadline asked again while a trial runs (every 2 s at most): the plan moves with
-        the costs the running trial measures. Before any trial has two rounds measured (its
-        start-up not yet told apart from a round), the whole budget's end."""
-        if plan.budget_seconds is None:
+        the costs the running trial measures."""
+        if end is None:
             return None
         now = time.time()
         if "at" not in cache or now - cache["at"] > 2.0:
             trials = _trials(plan)
-            if any(t["first_round"] and t["rounds"] > t["first_round"] for t in trials):
-                cache["value"] = deadline_of(trials, untried(trials))[0] or 0.0
-            else:
-                cache["value"] = started + plan.budget_seconds - before_spent
+            cache["value"] = deadline_of(trials, len(_unlooked(plan, trials)))[0] or end
             cache["at"] = now
         return cache["value"]
+
+    def run_one(point: dict[str, Any] | None, lim: tuple[int | None, float | None], floor: bool = False) -> None:
+        until = live_deadline if lim[1] is not None else None  # an owed look runs to its first rung
+        one_trial(_open(plan, seed, point), _objective(plan, echo, False, lim[0], until, floor, end))
+        if progress is not None:
+            progress(time.time() - started)
 
     seed = plan.seed + 1 + len(before)
     try:  # the time of a search stopped by Ctrl-C counts too
         if plan.auto_rungs and plan.description.get("floor") is None:
             # FedAvg's first trial, alone: it measures the costs and sets the first rung's floor
-            lim = limits(before, 0)
+            lim = limits(before, 0, plan.reference)
             if lim is not None:
                 ref = plan.entry(plan.reference)
-                point = {"algorithm": ref.entry, **{ref.param(k): v for k, v in _centre(ref).items()}}
-                one_trial(_open(plan, seed, point), _objective(plan, echo, False, lim[0], live_deadline, True))
+                run_one({"algorithm": ref.entry, **{ref.param(k): v for k, v in _centre(ref).items()}}, lim, True)
                 seed += 1
                 floor = apply_floor(plan, _trials(plan))
                 if floor is not None:
                     echo(f"select: first rung at {_rounds(plan.rungs[0])}; the floor: {floor['text']}")
-                if progress is not None:
-                    progress(time.time() - started)
         if jobs <= 1:
-            while (lim := limits(_trials(plan), 0)) is not None:
+            while True:
                 trials = _trials(plan)
-                points = _points(plan, _open(plan, seed))
+                owed = _unlooked(plan, trials)
+                points = sorted(_points(plan, _open(plan, seed)), key=lambda p: p["algorithm"] not in owed)
                 point = points[0] if points else _owed_reference(plan, trials)
-                one_trial(_open(plan, seed, point), _objective(plan, echo, False, lim[0], live_deadline))
+                lim = limits(trials, 0, point["algorithm"] if point else None)
+                if lim is None:
+                    break
+                run_one(point, lim)
                 seed += 1
-                if progress is not None:
-                    progress(time.time() - started)
         else:
-            with run_pool(jobs) as pool:
-                running: dict[Any, tuple[int, dict[str, Any] | None]] = {}  # future -> its round cap, its point
-                while True:
-                    trials = _trials(plan)
-                    while len(running) < jobs and (lim := limits(trials, sum(r[0] for r in running.values()))) is not None:
-                        submitted = [p for _, p in running.values() if p is not None]
-                        queued = [p for p in _points(plan, st) if p not in submitted]
-                        point = queued[0] if queued else _owed_reference(plan, trials, submitted)
-                        running[pool.submit(_worker, (plan, seed, point, *lim))] = (lim[0] or 0, point)
-                        seed += 1
-                    if not running:
-                        break
-                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                    for fut in finished:
-                        running.pop(fut)
-                        fut.result()
-                    if progress is not None:
-                        progress(time.time() - started)
+            _search_pool(plan, jobs, st, limits, end, progress, started, seed)
     finally:
         plan.description["spent"] = plan.description.get("spent", 0.0) + (time.time() - started)
+
+
+def _search_pool(plan: Select, jobs: int, st: Any, limits: Callable[..., Any], end: float | None,
+                 progress: Callable[[float], None] | None, started: float, seed: int) -> None:
+    """The search's trials ``jobs`` at a time in a pool of processes, each within the limits
+    :func:`search` gives when it starts."""
+    with run_pool(jobs) as pool:
+        running: dict[Any, tuple[int, dict[str, Any] | None]] = {}  # future -> its round cap, its point
+        while True:
+            trials = _trials(plan)
+            while len(running) < jobs:
+                submitted = [p for _, p in running.values() if p is not None]
+                owed = _unlooked(plan, trials, submitted)
+                queued = sorted((p for p in _points(plan, st) if p not in submitted),
+                                key=lambda p: p["algorithm"] not in owed)
+                point = queued[0] if queued else _owed_reference(plan, trials, submitted)
+                lim = limits(trials, sum(r[0] for r in running.values()), point["algorithm"] if point else None,
+                             submitted)
+                if lim is None:
+                    break
+                running[pool.submit(_worker, (plan, seed, point, *lim, end))] = (lim[0] or 0, point)
+                seed += 1
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                running.pop(fut)
+                fut.result()
+            if progress is not None:
+                progress(time.time() - started)
 
 
 # ---------------------------------------------------------------------------------------
@@ -856,17 +925,18 @@ def write_recommendation(plan: Select, rec: Mapping[str, Any], picked: Sequence[
 # The command
 
 
-def probe(plan: Select, echo: Callable[[str], None] = print) -> dict[str, Cost]:
-    """``--dry-run``'s timed probe: each entry at its space's centre for a start-up and two
-    rounds (one when ``train.rounds`` is 1), in a temporary folder removed after; its round
-    times give the entry's per-round and start-up seconds on this machine."""
+def probe(plan: Select, echo: Callable[[str], None] = print, entries: Sequence[Entry] | None = None) -> dict[str, Cost]:
+    """A timed probe: each entry (``--dry-run``: all; the budget check: FedAvg) at its space's
+    centre for a start-up and two rounds (one when ``train.rounds`` is 1), in a temporary
+    folder removed after; its round times give the entry's per-round and start-up seconds on
+    this machine."""
     import tempfile
 
     from fedrift.api import run
 
     out: dict[str, Cost] = {}
     with tempfile.TemporaryDirectory(prefix="fedrift-select-probe-") as tmp:
-        for entry in plan.entries:
+        for entry in plan.entries if entries is None else entries:
             doc = apply_overrides(entry.doc, [f"{k}={json.dumps(v)}" for k, v in _centre(entry).items()])
             doc["train"] = {**doc.get("train", {}), "rounds": min(2, plan.rounds)}
             doc["output"] = {"dir": str(Path(tmp) / entry.name), "overwrite": True, "progress": False, "save_model": False}
@@ -891,12 +961,14 @@ def probe(plan: Select, echo: Callable[[str], None] = print) -> dict[str, Cost]:
 
 
 def _tuning(plan: Select, trials: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per entry the tuning it got: trials, the furthest round, trials that ran every round."""
+    """Per entry the tuning it got: trials, the furthest round, trials that ran every round;
+    trials the budget stopped apart (``cut``): they are not its tuning."""
     out = {}
     for e in plan.entries:
-        own = [t for t in trials if t["entry"] == e.entry and t["state"] != "fail"]
+        mine = [t for t in trials if t["entry"] == e.entry and t["state"] != "fail"]
+        own = [t for t in mine if t["status"] != "budget"]
         out[e.entry] = {"trials": len(own), "furthest": max((t["rounds"] for t in own), default=0),
-                        "full": sum(t["rounds"] >= plan.rounds for t in own)}
+                        "full": sum(t["rounds"] >= plan.rounds for t in own), "cut": len(mine) - len(own)}
     return out
 
 
@@ -904,9 +976,13 @@ def _missing(plan: Select, trials: Sequence[Mapping[str, Any]], conf: Confirmati
     """What the search and the confirmation could not do, one line each."""
     out = []
     tuning = _tuning(plan, trials)
-    none = [e for e, v in tuning.items() if not v["trials"]]
+    none = [e for e, v in tuning.items() if not v["trials"] and not v["cut"]]
     if none:
         out.append(f"no trial of {', '.join(none)}")
+    cut = [f"{e} ({v['cut']})" for e, v in tuning.items() if v["cut"]]
+    if cut:
+        out.append(f"trials stopped by the budget, not counted as tuning (a larger --budget on the same command runs "
+                   f"their start-up points again): {', '.join(cut)}")
     ref = [t for t in trials if t["entry"] == plan.reference and t["curve"] and t["state"] != "fail"]
     shared = [r for r in plan.rungs if sum(r in t["curve"] for t in ref) >= 2]
     if ref and shared:
@@ -956,6 +1032,92 @@ def _recommend(plan: Select, rows: Any, picked: Sequence[Mapping[str, Any]], tri
         return recommend(plan, rows, picked)
 
 
+def _stored(plan: Select) -> dict[str, Any]:
+    """The folder's ``select.json`` ({} when there is none), refused when it holds a select of
+    another config or field: ``seeds=`` and ``top=`` shape only the confirmation, a rerun may
+    change them (more seeds: the runs already confirmed are reused)."""
+    path = plan.root / STATE
+    if not path.is_file():
+        return {}
+    stored = json.loads(path.read_text())
+    asked = {k: v for k, v in plan.description.items() if k not in ("spent", "started", *CONFIRMATION)}
+    was = {k: v for k, v in stored.items() if k not in ("spent", "started", "budget", *LATER, *CONFIRMATION)}
+    if json.loads(json.dumps(asked, default=str)) != was:
+        diff = [k for k in sorted(set(asked) | set(was)) if json.dumps(asked.get(k), default=str, sort_keys=True)
+                != json.dumps(was.get(k), default=str, sort_keys=True)]
+        raise ConfigError(f"--out: {plan.root} holds a select of another config or field (differs in "
+                          f"{', '.join(diff)}); allowed: the same command again, or another folder")
+    return stored
+
+
+def check_budget(plan: Select, stored: Mapping[str, Any], jobs: int = 1, echo: Callable[[str], None] = print,
+                 since: float | None = None) -> None:
+    """Refuse, before anything is written, a budget that cannot pay for the least search and
+    the least confirmation (:func:`~fedrift.experiments.select_plan.make_plan`), in one line
+    naming the budget that would do. Costs: the folder's trials, else a timed probe of FedAvg
+    (a start-up and two rounds, in a temporary folder), every entry assumed to cost as much.
+    ``since``: the command's start (epoch seconds): what it spent so far (the field built, the
+    probe) counts against ``--budget``. A select that confirmed before is not checked (its
+    rerun reuses the confirmation, or searches on)."""
+    if (stored.get("confirmation") or {}).get("entries"):
+        return
+    trials = _trials(plan)
+    if plan.budget_seconds is not None and not measured_costs(trials, [e.entry for e in plan.entries]):
+        echo(f"select: timing FedAvg (a start-up and {_rounds(min(2, plan.rounds))} at its space's centre, in a "
+             "temporary folder) to check the budget")
+        plan.probed = probe(plan, echo, [plan.entry(plan.reference)])
+    bp = budget_plan(plan, trials, jobs, before=0.0 if since is None else time.time() - since)
+    if bp["refused"]:
+        raise ConfigError(bp["refused"])
+
+
+def confirmation_to_run(plan: Select, ranked: Sequence[str], costs: Mapping[str, Cost],
+                        trials: Sequence[Mapping[str, Any]], jobs: int,
+                        done: Callable[[str, int], bool]) -> tuple[Confirmation, str | None]:
+    """The confirmation after the search: the largest that fits what is left, kept back with its
+    margin; else the least (FedAvg and the best candidate over two seeds), run past the budget,
+    with the line saying so: a budget that passed :func:`check_budget` always ends with an answer."""
+    left_s = None if plan.budget_seconds is None else plan.budget_seconds - plan.description["spent"]
+    left_r = None if plan.budget_rounds is None else plan.budget_rounds - _spent(plan, trials)
+    conf = fit_confirmation(ranked, plan.seeds, plan.rounds, costs, estimate_room(left_s, plan.overhead), left_r, jobs,
+                            done=done)
+    over = None
+    if conf is None:
+        conf = fit_confirmation(ranked[:2], plan.seeds[:LEAST_SEEDS], plan.rounds, costs, None, None, jobs, done=done)
+        need = (f"about {duration_text(kept_back(conf.seconds, plan.overhead))} with its margin" if left_s is not None
+                and conf.seconds is not None else _rounds(conf.rounds))
+        left = duration_text(max(left_s, 0.0)) if left_s is not None else _rounds(max(left_r or 0, 0))
+        over = (f"the search left {left} and the least confirmation (FedAvg and {ranked[1]} over {LEAST_SEEDS} seeds) "
+                f"needs {need}: it runs all the same, and may pass the budget (the runs cost more than the estimate "
+                "the budget was checked with)")
+    full = list(conf.entries) == list(ranked) and list(conf.seeds) == list(plan.seeds)
+    return replace(conf, full=full), over
+
+
+def _shown_plan(plan: Select, before: Mapping[str, Any], final: Mapping[str, Any], conf: Confirmation | None,
+                over: str | None) -> dict[str, Any]:
+    """The plan the page shows: the plan made before the search, its confirmation line replaced
+    by the confirmation that ran (with a line saying it was re-planned, when its shape changed),
+    its search line said as planned, and the costs measured by the end."""
+    lines, planned = [], before.get("confirmation")
+    for line in before["lines"]:
+        if line.startswith("confirmation: ") and conf is not None:
+            ran = {"entries": conf.entries, "seeds": conf.seeds, "seconds": conf.seconds, "runs": conf.runs,
+                   "full": conf.full}
+            lines.append("confirmation (what ran): " + confirmation_line(ran, plan.seeds, plan.top, plan.rounds)[14:])
+            if planned is None or (len(planned["entries"]), len(planned["seeds"])) != (len(conf.entries), len(conf.seeds)):
+                lines.append(f"re-planned: the plan before the search was {line[14:]}; the confirmation was fitted "
+                             "again to what the search left, at the costs its trials measured"
+                             + ("; the least one, though the search left less than it needs (what is missing says "
+                                "by how much)" if over else ""))
+        elif line.startswith("search: "):
+            lines.append("search (as planned before it ran): " + line[8:])
+        else:
+            lines.append(line)
+    lines += [f"at the end: {line}" for line in final["lines"] if line.startswith(("costs on this machine", "refused"))]
+    return {**before, "lines": lines, "final": final}
+
+
 def select(
     config: Config | Mapping[str, Any] | str | Path | None = None,
     algorithms: Sequence[str] | None = None,
@@ -986,33 +1148,29 @@ def select(
 
     if jobs < 1:
         raise ConfigError(f"jobs: must be at least 1 (got {jobs})")
+    began = time.time()  # --budget is the whole command's wall clock
     echo = print if verbose else (lambda _msg: None)
     plan = build_select(config, algorithms, overrides, out, budget, budget_rounds, seeds, top, startup, min_rounds, eta,
                         pruner, space)
     load_optuna()
+    plan.overhead = REPORT_OVERHEAD_S if report else OVERHEAD_S
     if dry_run:
         return dry_run_plan(plan, jobs, echo)
+    stored = _stored(plan)
+    previous = stored.get("confirmation") or {}
+    more_seeds = bool(previous.get("entries")) and list(previous.get("asked", [])) != list(plan.seeds)
+    check_budget(plan, stored, jobs, echo, began)  # refused here: nothing written
     with writing("--out", "; allowed: a folder this user can create and write", "create or write"):
         make_dir(plan.root)
         lock = FolderLock(plan.root, "--out")
     with lock:
         state_path = plan.root / STATE
-        stored: dict[str, Any] = {}
-        if state_path.is_file():
-            stored = json.loads(state_path.read_text())
-            # the search's identity; seeds= and top= shape only the confirmation: a rerun may
-            # change them (more seeds: the runs already confirmed are reused)
-            asked = {k: v for k, v in plan.description.items() if k not in ("spent", "started", *CONFIRMATION)}
-            was = {k: v for k, v in stored.items() if k not in ("spent", "started", "budget", *LATER, *CONFIRMATION)}
-            if json.loads(json.dumps(asked, default=str)) != was:
-                diff = [k for k in sorted(set(asked) | set(was)) if json.dumps(asked.get(k), default=str, sort_keys=True)
-                        != json.dumps(was.get(k), default=str, sort_keys=True)]
-                raise ConfigError(f"--out: {plan.root} holds a select of another config or field (differs in "
-                                  f"{', '.join(diff)}); allowed: the same command again, or another folder")
-            plan.description["spent"] = float(stored.get("spent", 0.0))
-            for key in LATER:
-                if stored.get(key) is not None:
-                    plan.description[key] = stored[key]
+        stored = _stored(plan)  # again, under the lock
+        before = time.time() - began  # the field built, FedAvg timed
+        plan.description["spent"] = float(stored.get("spent", 0.0)) + before
+        for key in LATER:
+            if stored.get(key) is not None:
+                plan.description[key] = stored[key]
 
         def save(running: float = 0.0) -> None:  # running: seconds of a search still going
             doc = {k: v for k, v in plan.description.items() if k != "started"}
@@ -1020,21 +1178,19 @@ def select(
             doc["budget"] = {"seconds": plan.budget_seconds, "rounds": plan.budget_rounds}
             write_atomic(state_path, json.dumps(doc, indent=1, default=str) + "\n")  # whole, whenever the process ends
 
-        state: dict[str, Any] = {"conf": None, "picked": [], "rows": None}
+        state: dict[str, Any] = {"conf": None, "picked": [], "rows": None, "over": None, "past": None}
         upfront: dict[str, Any] = {}
 
         def page(outcome: str, reason: str | None, rec: Mapping[str, Any] | None = None) -> Path:
             trials = _trials(plan)
             conf: Confirmation | None = state["conf"]
             bp = budget_plan(plan, trials, jobs)
-            shown = dict(upfront.get("plan") or bp)  # the plan made before the search, and what it measured
-            shown["lines"] = list(shown["lines"]) + [f"at the end: {line}" for line in bp["lines"]
-                                                     if line.startswith(("costs on this machine", "refused"))]
-            shown["final"] = bp
+            shown = _shown_plan(plan, upfront.get("plan") or bp, bp, conf, state["over"])
             confirm = plan.root / "confirm"
+            missing = _missing(plan, trials, conf) + [line for line in (state["over"], state["past"]) if line]
             doc = {"outcome": outcome, "reason": reason, "recommendation": rec, "plan": shown,
-                   "missing": _missing(plan, trials, conf) + ([] if conf is not None or outcome == "stopped" else
-                                                              ["no confirmation: nothing was run over seeds"]),
+                   "missing": missing + ([] if conf is not None or outcome == "stopped" else
+                                         ["no confirmation: nothing was run over seeds"]),
                    "trials": trials, "picked": state["picked"], "rungs": plan.rungs,
                    "entries": [e.entry for e in plan.entries], "left_out": plan.left_out, "rounds": plan.rounds,
                    "setting": plan.setting,
@@ -1052,12 +1208,7 @@ def select(
             return ConfigError(f"{reason}; the page: {path}")
 
         try:
-            previous = stored.get("confirmation") or {}
-            more_seeds = bool(previous.get("entries")) and list(previous.get("asked", [])) != list(plan.seeds)
-            bp = budget_plan(plan, _trials(plan), jobs)
-            upfront["plan"] = bp
-            if bp["refused"] and not more_seeds:
-                raise ended("refused", bp["refused"])
+            upfront["plan"] = budget_plan(plan, _trials(plan), jobs, before=before)
             save()
             if more_seeds:
                 echo(f"select: seeds changed after a confirmation: confirming {', '.join(previous['entries'])} over seeds "
@@ -1067,14 +1218,12 @@ def select(
                     search(plan, jobs, echo, save)
                 finally:
                     save()
+            started = time.time()  # the confirmation's time, from the search's end
             trials = _trials(plan)
             picked = candidates(plan, trials)
             if more_seeds:
                 picked = [t for t in picked if t["entry"] in previous["entries"]]
             if not picked or picked[0]["entry"] != plan.reference or len(picked) < 2:
-                bp = budget_plan(plan, trials, jobs)
-                if bp["refused"]:
-                    raise ended("refused", bp["refused"])
                 raise ended("no recommendation", f"--budget: the search finished no trial of FedAvg and of another entry "
                             f"({len(trials)} trials); nothing to confirm: run the same command with a larger budget "
                             "(the trials are kept)")
@@ -1086,19 +1235,9 @@ def select(
                 conf = Confirmation(ranked, list(plan.seeds), None, len(ranked) * len(plan.seeds) * plan.rounds,
                                     len(ranked) - 1 >= plan.top)
             else:
-                left_s = None if plan.budget_seconds is None else plan.budget_seconds - plan.description["spent"]
-                left_r = None if plan.budget_rounds is None else plan.budget_rounds - _spent(plan, trials)
-                conf = fit_confirmation(ranked, plan.seeds, plan.rounds, costs, left_s, left_r, jobs,
-                                        done=lambda e, s: (e, s) in done)
-                if conf is None:
-                    need = fit_confirmation(ranked[:2], plan.seeds[:2], plan.rounds, costs, None, None, jobs,
-                                            done=lambda e, s: (e, s) in done)
-                    what = (f"about {duration_text(need.seconds)}" if need and need.seconds is not None and left_s is not None
-                            else f"{need.rounds} rounds" if need else "-")
-                    left = (duration_text(max(left_s, 0)) if left_s is not None else f"{max(left_r or 0, 0)} rounds")
-                    raise ended("no recommendation", f"--budget: the search left {left} and the least confirmation "
-                                f"(FedAvg and {ranked[1]} over 2 seeds) needs {what}: no recommendation; run the same "
-                                "command with a larger --budget (the search is kept and goes on)")
+                conf, state["over"] = confirmation_to_run(plan, ranked, costs, trials, jobs, lambda e, s: (e, s) in done)
+                if state["over"]:
+                    echo(f"select: {state['over']}")
             state["conf"], state["picked"] = conf, [t for t in picked if t["entry"] in conf.entries]
             picked = state["picked"]
             tuned = write_candidates(plan, picked)
@@ -1106,13 +1245,17 @@ def select(
                  + f" over seeds {','.join(map(str, conf.seeds))}"
                  + ("" if conf.full else f" (what the budget pays for of {plan.top} candidate{'s' if plan.top > 1 else ''} "
                                          f"and FedAvg over {len(plan.seeds)} seeds)"))
-            started = time.time()
             try:  # the time of a confirmation stopped by Ctrl-C counts too
                 rows = compare(plan.description["base"], algorithms=[t["entry"] for t in picked], seeds=conf.seeds,
                                out=plan.root / "confirm", jobs=jobs, tuned=tuned, verbose=verbose, report=report,
                                report_options={"reference": REFERENCE, "tsne": "none"})
             finally:
                 plan.description["spent"] += time.time() - started
+                spent = plan.description["spent"]
+                if plan.budget_seconds is not None and spent > plan.budget_seconds and not more_seeds:
+                    state["past"] = (f"past the budget: the select took {_clock(spent)} of a "
+                                     f"{_clock(plan.budget_seconds)} --budget, {_clock(spent - plan.budget_seconds)} "
+                                     "more (its runs cost more than estimated)")
                 if not more_seeds or not previous:
                     plan.description["confirmation"] = {"entries": conf.entries, "seeds": conf.seeds,
                                                         "asked": list(plan.seeds), "full": conf.full}
@@ -1152,7 +1295,10 @@ def dry_run_plan(plan: Select, jobs: int = 1, echo: Callable[[str], None] = prin
         plan.probed = probe(plan, echo)
         how = (f"times from a timed probe of each entry: a start-up and {_rounds(min(2, plan.rounds))} at its space's "
                f"centre ({duration_text(time.time() - started)} in all)")
-    bp = budget_plan(plan, trials, jobs)
+    # the command itself times FedAvg first (check_budget) when its folder holds no trial: that counts too
+    before = plan.probed[plan.reference].run(min(2, plan.rounds)) if not trials and plan.budget_seconds is not None \
+        and plan.reference in plan.probed else 0.0
+    bp = budget_plan(plan, trials, jobs, before=before)
     rungs = "the first rung at least where FedAvg's first trial moves off the majority class" if plan.auto_rungs else ""
     lines = [*bp["lines"], f"estimate: {how}; a confirmation run costs its start-up and its rounds, "
              f"{jobs} at a time" + (f"; {rungs}" if rungs else ""), "nothing was written (dry run)"]
@@ -1161,5 +1307,6 @@ def dry_run_plan(plan: Select, jobs: int = 1, echo: Callable[[str], None] = prin
     return {"outcome": "dry run", "plan": {**bp, "lines": lines}}
 
 
-__all__ = ["Select", "budget_plan", "build_select", "candidates", "dry_run_plan", "floor_round", "judged_from",
+__all__ = ["Select", "budget_plan", "build_select", "candidates", "check_budget", "confirmation_to_run", "dry_run_plan",
+           "floor_round", "judged_from",
            "parse_duration", "probe", "ranking", "recommend", "score_of", "search", "select"]

@@ -24,10 +24,13 @@ The split
     a third at least: on FEMNIST at 15 minutes the whole confirmation left the search 1 minute, FedAvg's
     first trial stopped at round 3). When none fits there, the largest confirmation that fits beside the least search:
     fewer candidates first (the best kept), then fewer seeds, never under two (a paired
-    verdict needs two). A budget that cannot pay for the least search and the least
-    confirmation (FedAvg and one candidate over two seeds) is refused, saying how much it
-    lacks. The search gets the rest. The plan is made again after every trial with the costs
-    measured so far, so the search stops on what the runs cost, not on a guess.
+    verdict needs two). A confirmation is kept back with its margin (:func:`kept_back`: its
+    estimate plus ``MARGIN``, and the seconds of compare's tables and the pages). A budget
+    that cannot pay for the least search and the least confirmation (FedAvg and one candidate
+    over two seeds) so kept back, beside the seconds already spent (the probe that timed
+    FedAvg), is refused, naming the budget that would do. The search gets the rest. The plan
+    is made again after every trial with the costs measured so far, so the search stops on
+    what the runs cost, not on a guess.
 
 The order
     FedAvg first (its first trial sets the first rung's floor and is the reference of every
@@ -43,6 +46,27 @@ from typing import Any, Callable, Mapping, Sequence
 
 LEAST_SEEDS = 2  # a paired interval needs two seeds; select never recommends on one
 CONFIRM_SHARE = 2 / 3  # the most of a budget the planned confirmation takes, where a smaller one fits in it
+# a confirmation's time estimate is kept back with MARGIN more: its runs are of other seeds than the
+# trials that measured the costs, and of a candidate that may only be assumed to cost what FedAvg
+# does (its probe), when an entry with more work a round costs more. Issue 72's demo select at 5 min
+# on a shared 2-core machine (load 3-4): the probe said 1.27 s a FedAvg round, the trials 1.37 (FedProx
+# 1.73, SCAFFOLD 1.79), the confirmation's runs took 1.38x the trials' estimate: 26 s past the budget
+MARGIN = 0.25
+# seconds beside a confirmation's runs: compare's grid and tables and the select page (measured
+# 0.3-0.4 s on the tests' digits federation), and with their reports and figures (3-4 s)
+OVERHEAD_S = 1.0
+REPORT_OVERHEAD_S = 5.0
+
+
+def kept_back(seconds: float | None, overhead: float = OVERHEAD_S) -> float:
+    """The seconds the search keeps back for a confirmation estimated at ``seconds``: the
+    estimate, ``MARGIN`` of it more and ``overhead``; nothing for one whose runs are done."""
+    return 0.0 if not seconds else seconds * (1 + MARGIN) + overhead
+
+
+def estimate_room(seconds: float | None, overhead: float = OVERHEAD_S) -> float | None:
+    """The largest confirmation estimate :func:`kept_back` fits in ``seconds`` (None: no limit)."""
+    return None if seconds is None else (seconds - overhead) / (1 + MARGIN)
 
 
 @dataclass(frozen=True)
@@ -187,65 +211,117 @@ def least_search(entries: Sequence[str], first_rung: int, costs: Mapping[str, Co
 def make_plan(*, entries: Sequence[str], reference: str, rounds: int, rungs: Sequence[int], eta: int,
               seeds: Sequence[int], top: int, costs: Mapping[str, Cost], budget_seconds: float | None,
               budget_rounds: int | None, spent_seconds: float = 0.0, spent_rounds: int = 0,
-              ranked: Sequence[str] | None = None, jobs: int = 1, floor: str | None = None) -> dict[str, Any]:
+              ranked: Sequence[str] | None = None, jobs: int = 1, floor: str | None = None,
+              before_seconds: float = 0.0, overhead: float = OVERHEAD_S) -> dict[str, Any]:
     """The budget plan as plain data (module docstring): the confirmation planned, the search's
-    share, about how many trials per entry it buys, and ``lines`` saying so; ``refused`` is the
-    one-line reason when the budget cannot pay for the least search and confirmation."""
+    share, about how many trials per entry it buys, the least search and confirmation
+    (``least``), and ``lines`` saying so; ``refused`` is the one-line reason when the budget
+    cannot pay for the least search and confirmation beside ``before_seconds`` (what the
+    command spent before its search: the field built, the probe).
+    ``overhead``: the seconds a confirmation takes beside its runs (:func:`kept_back`)."""
     ordered = order(entries, reference, costs)
     ranked = list(ranked) if ranked else ordered[:top + 1]
     time_left = None if budget_seconds is None else budget_seconds - spent_seconds
     rounds_left = None if budget_rounds is None else budget_rounds - spent_rounds
     least_s, least_r = least_search(entries, rungs[0], costs)
-    room_s = None if budget_seconds is None else budget_seconds - (least_s or 0.0)
+    least_conf_s, least_conf_r = confirmation_cost(ranked[:2], list(seeds)[:LEAST_SEEDS], rounds, costs, jobs)
+    room_s = None if budget_seconds is None else budget_seconds - before_seconds - (least_s or 0.0)
     room_r = None if budget_rounds is None else budget_rounds - least_r
     # the confirmation takes at most CONFIRM_SHARE of the budget when a smaller one fits there:
     # a search left only its least (one look at each entry) tunes nothing, FedAvg included
-    conf = fit_confirmation(ranked, seeds, rounds, costs,
-                            None if room_s is None else min(room_s, CONFIRM_SHARE * budget_seconds),
+    conf = fit_confirmation(ranked, seeds, rounds, costs, None if room_s is None else
+                            estimate_room(min(room_s, CONFIRM_SHARE * budget_seconds), overhead),
                             None if room_r is None else min(room_r, int(CONFIRM_SHARE * budget_rounds)), jobs) \
-        or fit_confirmation(ranked, seeds, rounds, costs, room_s, room_r, jobs)
+        or fit_confirmation(ranked, seeds, rounds, costs, estimate_room(room_s, overhead), room_r, jobs)
     refused = None
-    if conf is None:
-        least_conf_s, least_conf_r = confirmation_cost(ranked[:2], list(seeds)[:LEAST_SEEDS], rounds, costs, jobs)
-        if budget_rounds is not None and least_r + least_conf_r > budget_rounds:
-            refused = (f"--budget-rounds: {budget_rounds} cannot pay for the least search ({least_r} rounds: one "
-                       f"trial of each entry to round {rungs[0]}) and the "
-                       f"least confirmation (FedAvg and one candidate over {LEAST_SEEDS} seeds: {least_conf_r} rounds); "
-                       f"allowed: at least {least_r + least_conf_r}, or fewer algorithms= or train.rounds")
-        elif budget_seconds is not None and least_s is not None and least_conf_s is not None:
-            need = least_s + least_conf_s
-            refused = (f"--budget: {_dur(budget_seconds)} cannot pay for the least search (about {_dur(least_s)}: "
-                       f"one trial of each entry to round {rungs[0]}) and "
-                       f"the least confirmation (FedAvg and one candidate over {LEAST_SEEDS} seeds: about "
-                       f"{_dur(least_conf_s)}) at the costs measured on this machine; allowed: at least about "
-                       f"{_dur(need)}, or fewer algorithms= or train.rounds")
-    search_s = None if time_left is None else time_left - ((conf.seconds or 0.0) if conf else 0.0)
+    if conf is None and len(ranked) >= 2:
+        refused = _refusal(budget_seconds, budget_rounds, (least_s, least_r), (least_conf_s, least_conf_r),
+                           rungs[0], before_seconds, costs, overhead)
+    search_s = None if time_left is None else time_left - (kept_back(conf.seconds, overhead) if conf else 0.0)
     search_r = None if rounds_left is None else rounds_left - (conf.rounds if conf else 0)
     per_trial_rounds = trial_rounds(rungs, eta)
-    per_entry = None
-    others = len(entries) - 1
-    if others > 0 and (search_s is not None and costs or search_r is not None):
-        buys = []
-        if search_r is not None:
-            buys.append((search_r - rounds) / per_trial_rounds)
-        if search_s is not None and costs:
-            typical = _median([c.per_round for c in costs.values()])
-            start = _median([c.startup for c in costs.values()])
-            buys.append((search_s - costs[reference].run(rounds) if reference in costs else search_s)
-                        / (start + per_trial_rounds * typical))
-        per_entry = max(0.0, min(buys)) / len(entries)
     plan: dict[str, Any] = {
         "order": ordered, "rungs": list(rungs), "trial_rounds": round(per_trial_rounds, 2),
         "budget": {"seconds": budget_seconds, "rounds": budget_rounds},
-        "search": {"seconds": search_s, "rounds": search_r, "trials_per_entry": per_entry},
+        "search": {"seconds": search_s, "rounds": search_r,
+                   "trials_per_entry": _trials_per_entry(entries, reference, rounds, per_trial_rounds, costs,
+                                                         search_s, search_r)},
         "confirmation": None if conf is None else {
             "entries": conf.entries, "seeds": conf.seeds, "seconds": conf.seconds, "rounds": conf.rounds,
             "full": conf.full, "runs": conf.runs},
+        "least": {"search_seconds": least_s, "search_rounds": least_r, "confirmation_seconds": least_conf_s,
+                  "confirmation_rounds": least_conf_r},
         "costs": {e: {"per_round": c.per_round, "startup": c.startup, "source": c.source} for e, c in costs.items()},
-        "refused": refused, "floor": floor,
+        "refused": refused, "floor": floor, "overhead": overhead,
     }
     plan["lines"] = plan_lines(plan, entries, seeds, top, rounds)
     return plan
+
+
+def _trials_per_entry(entries: Sequence[str], reference: str, rounds: int, per_trial_rounds: float,
+                      costs: Mapping[str, Cost], search_s: float | None, search_r: int | None) -> float | None:
+    """About how many trials per entry the search's share buys, if spread evenly (FedAvg's
+    first trial runs every round); None when nothing limits it or nothing is measured."""
+    if len(entries) < 2 or not (search_s is not None and costs or search_r is not None):
+        return None
+    buys = []
+    if search_r is not None:
+        buys.append((search_r - rounds) / per_trial_rounds)
+    if search_s is not None and costs:
+        typical = _median([c.per_round for c in costs.values()])
+        start = _median([c.startup for c in costs.values()])
+        buys.append((search_s - costs[reference].run(rounds) if reference in costs else search_s)
+                    / (start + per_trial_rounds * typical))
+    return max(0.0, min(buys)) / len(entries)
+
+
+def _refusal(budget_seconds: float | None, budget_rounds: int | None, least: tuple[float | None, int],
+             least_conf: tuple[float | None, int], first_rung: int, before_seconds: float,
+             costs: Mapping[str, Cost], overhead: float) -> str | None:
+    """The one line refusing a budget that cannot pay for the least search and the least
+    confirmation, naming the budget given and the least that would do (rounded up)."""
+    (least_s, least_r), (conf_s, conf_r) = least, least_conf
+    if budget_rounds is not None and least_r + conf_r > budget_rounds:
+        return (f"--budget-rounds: {budget_rounds} cannot pay for the least search ({least_r} rounds: one "
+                f"trial of each entry to round {first_rung}) and the least confirmation (FedAvg and one candidate "
+                f"over {LEAST_SEEDS} seeds: {conf_r} rounds); allowed: at least {least_r + conf_r}, or fewer "
+                "algorithms= or train.rounds")
+    if budget_seconds is None or least_s is None or conf_s is None:
+        return None
+    need = before_seconds + least_s + kept_back(conf_s, overhead)
+    if need <= budget_seconds:
+        return None
+    return (f"--budget: {_dur(budget_seconds)} cannot pay for the least search (about {_dur(least_s)}: one trial of "
+            f"each entry to round {first_rung}) and the least confirmation (FedAvg and one candidate over "
+            f"{LEAST_SEEDS} seeds: about {_dur(conf_s)}, kept back with {MARGIN:.0%} more and {overhead:g} s for its "
+            f"tables){_spent_before(before_seconds)} at {_basis(costs)}; allowed: at least about "
+            f"{_dur(need, up=True)}, or fewer algorithms= or train.rounds")
+
+
+def _spent_before(seconds: float) -> str:
+    return f", beside the {_dur(seconds)} the command spent before its search (the field built, FedAvg timed)," \
+        if seconds >= 0.5 else ""
+
+
+def _basis(costs: Mapping[str, Cost]) -> str:
+    """Where the costs come from, in words: a remedy only assumed to cost what FedAvg does may cost more."""
+    sources = {c.source for c in costs.values()}
+    if "probe" in sources and "trials" not in sources:
+        return ("the costs of a timed probe on this machine (entries not probed assumed to cost as much as those "
+                "probed: one with more work a round needs more)" if "assumed" in sources else
+                "the costs of a timed probe of each entry on this machine")
+    return "the costs measured on this machine" + (" (entries not yet run assumed at the median)"
+                                                     if "assumed" in sources else "")
+
+
+def confirmation_line(c: Mapping[str, Any], seeds: Sequence[int], top: int, rounds: int) -> str:
+    """``confirmation: 1 candidate and FedAvg over 2 seeds (4 runs of 6 rounds, about 3 s)``,
+    and ``less than asked`` when it is."""
+    asked = f"{top} candidate{'s' if top > 1 else ''} and FedAvg over {len(seeds)} seeds"
+    what = (f"confirmation: {len(c['entries']) - 1} candidate{'s' if len(c['entries']) > 2 else ''} and FedAvg over "
+            f"{len(c['seeds'])} seeds ({c['runs']} runs of {_n(rounds, 'round')}"
+            + (f", about {_dur(c['seconds'])}" if c.get("seconds") is not None else "") + ")")
+    return what + ("" if c["full"] else f": less than asked ({asked}), what fits the budget")
 
 
 def plan_lines(plan: Mapping[str, Any], entries: Sequence[str], seeds: Sequence[int], top: int, rounds: int) -> list[str]:
@@ -266,11 +342,12 @@ def plan_lines(plan: Mapping[str, Any], entries: Sequence[str], seeds: Sequence[
         lines.append("confirmation: none fits the budget" if plan["budget"]["seconds"] or plan["budget"]["rounds"]
                      else "confirmation: -")
     else:
-        asked = f"{top} candidate{'s' if top > 1 else ''} and FedAvg over {len(seeds)} seeds"
-        what = (f"confirmation: {len(c['entries']) - 1} candidate{'s' if len(c['entries']) > 2 else ''} and FedAvg over "
-                f"{len(c['seeds'])} seeds ({c['runs']} runs of {_n(rounds, 'round')}"
-                + (f", about {_dur(c['seconds'])}" if c["seconds"] is not None else "") + ")")
-        lines.append(what + ("" if c["full"] else f": less than asked ({asked}), what fits the budget"))
+        lines.append(confirmation_line(c, seeds, top, rounds))
+        if plan["budget"]["seconds"] and c.get("seconds"):
+            overhead = plan.get("overhead", OVERHEAD_S)
+            lines.append(f"kept back for the confirmation: about {_dur(kept_back(c['seconds'], overhead))} (its "
+                         f"estimate, {MARGIN:.0%} more for the estimate's error and {overhead:g} s for its tables); the "
+                         "search stops starting trials when only that and the untried entries' first rungs are left")
     costs = plan["costs"]
     if costs:
         lines.append("costs on this machine: " + "; ".join(
@@ -287,15 +364,17 @@ def _n(n: float, word: str) -> str:
     return f"{n:g} {word}" + ("" if n == 1 else "s")
 
 
-def _dur(seconds: float | None) -> str:
+def _dur(seconds: float | None, up: bool = False) -> str:
+    """``43 s``, ``6 min``, ``1h05m``; ``up``: rounded up (a refusal's "at least" must do)."""
     if seconds is None or not math.isfinite(seconds):
         return "-"
     seconds = max(0.0, seconds)
     if seconds < 120:  # a refusal's "at least" must not round 43 s up to a minute
-        return f"{seconds:.0f} s"
-    m = int(round(seconds / 60))
+        return f"{math.ceil(seconds) if up else round(seconds):.0f} s"
+    m = math.ceil(seconds / 60) if up else round(seconds / 60)
     return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m} min"
 
 
-__all__ = ["Confirmation", "Cost", "confirmation_cost", "confirmation_options", "cost_of_trial",
-           "fit_confirmation", "least_search", "make_plan", "measured_costs", "order", "plan_lines", "trial_rounds"]
+__all__ = ["Confirmation", "Cost", "MARGIN", "OVERHEAD_S", "REPORT_OVERHEAD_S", "confirmation_cost",
+           "confirmation_line", "confirmation_options", "cost_of_trial", "estimate_room", "fit_confirmation",
+           "kept_back", "least_search", "make_plan", "measured_costs", "order", "plan_lines", "trial_rounds"]

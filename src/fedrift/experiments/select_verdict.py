@@ -16,9 +16,10 @@ says"):
   interval lies inside +-``margin`` (:data:`MARGIN`, 1 point of accuracy unless told) over 6 or
   more seeds, and the margin is said with it. A difference not shown is "not shown", never
   "none".
-- Each entry's tuning (the search's trials of it, the furthest rounds one reached) and its
-  communication a round beside FedAvg's are said with the verdict: a reference tuned less, or
-  a candidate that sends twice the bytes, is part of the answer.
+- Each entry's tuning (the search's trials of it, the furthest rounds one reached; a trial the
+  budget stopped is said apart, not counted as tuning) and its communication a round beside
+  FedAvg's are said with the verdict: a reference tuned less, or a candidate that sends twice
+  the bytes, is part of the answer.
 """
 
 from __future__ import annotations
@@ -236,7 +237,8 @@ def _entry_info(entry: str, row: Mapping[str, Any] | None, seed_diffs: Sequence[
     if ahead is not None:
         side = "ahead" if ahead == n else "behind" if behind == n else "mixed"
         ahead = None if ahead < 0 else ahead
-    mine = [t for t in (trials or []) if t.get("entry") == entry]
+    everyone = [t for t in (trials or []) if t.get("entry") == entry]
+    mine = [t for t in everyone if t.get("status") != "budget"]  # a trial the budget stopped is not tuning
     rounds = getattr(plan, "rounds", None)
     return {
         "n": n, "gain": _gain(row) if n else "not paired", "diffs": d, "side": side, "ahead": ahead,
@@ -248,6 +250,7 @@ def _entry_info(entry: str, row: Mapping[str, Any] | None, seed_diffs: Sequence[
         "trials": len(mine) if trials is not None else None,
         "furthest": max((int(t.get("rounds") or 0) for t in mine), default=0) if trials is not None else None,
         "full": sum(int(t.get("rounds") or 0) >= rounds for t in mine) if trials is not None and rounds else None,
+        "cut": len(everyone) - len(mine),
         "down": row.get("bytes_down_per_round"), "up": row.get("bytes_up_per_round"),
     }
 
@@ -291,13 +294,16 @@ def _missing(entries: Sequence[str], by_entry: Mapping[str, Mapping[str, Any]], 
 
 
 def _tuning_lines(info: Mapping[str, Any], ref: str, order: Sequence[str]) -> list[str]:
-    """``tuning: fedadc 15 trials (furthest 12 rounds), FedAvg 4 trials (...)``, and a reference
-    tuned less than the median candidate said so."""
+    """``tuning: fedadc 15 trials (furthest 12 rounds), FedAvg 4 trials (...)``, trials the
+    budget stopped apart (``1 more stopped by the budget``), and a reference tuned less than the
+    median candidate said so."""
     shown = [e for e in dict.fromkeys([ref, *order]) if e in info and info[e]["trials"] is not None]
     if not shown:
         return []
     parts = [f"{_ref_name(e) if e == ref else e} {info[e]['trials']} {_plural(info[e]['trials'], 'trial')} (furthest "
-             f"{info[e]['furthest']} {_plural(info[e]['furthest'], 'round')})" for e in shown]
+             f"{info[e]['furthest']} {_plural(info[e]['furthest'], 'round')}"
+             + (f"; {info[e]['cut']} more stopped by the budget, not counted)" if info[e].get("cut") else ")")
+             for e in shown]
     line = "tuning in the search: " + ", ".join(parts)
     others = [info[e]["trials"] for e in shown if e != ref]
     mine = info.get(ref, {}).get("trials")

@@ -22,7 +22,8 @@ from fedrift.report.table import markdown_lines
 from fedrift.safe_files import make_dir, write_atomic
 
 
-RUNG_NOTE = ("val % at N rounds: the best validation accuracy of the entry's trials that reached N rounds (how many "
+RUNG_NOTE = ("trials: the entry's trials, not counting those the budget stopped (+k budget: they are not its tuning); "
+             "val % at N rounds: the best validation accuracy of the entry's trials that reached N rounds (how many "
              "did); furthest: the most rounds any of its trials ran, and how they ended (pruned: stopped by successive "
              "halving; budget: by the budget; completed: the full rounds).")
 
@@ -59,8 +60,9 @@ def _curve(trial: Mapping[str, Any]) -> dict[int, float]:
 
 
 def rung_rows(page: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """Per entry: trials, how many reached each rung, its best score at each rung (%), the
-    furthest rung any of its trials reached, and whether it was confirmed."""
+    """Per entry: trials (those the budget stopped apart: ``2 (+1 budget)``; they are not its
+    tuning), how many reached each rung, its best score at each rung (%), the furthest rung any
+    of its trials reached, and whether it was confirmed."""
     rungs: Sequence[int] = page.get("rungs") or []
     trials = page.get("trials") or []
     picked = {t["entry"] for t in page.get("picked") or []}
@@ -68,7 +70,8 @@ def rung_rows(page: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
     rows = []
     for entry in page.get("entries") or list(dict.fromkeys(t["entry"] for t in trials)):
         own = [t for t in trials if t["entry"] == entry]
-        cells: list[Any] = [entry, len(own)]
+        cut = sum(t.get("status") == "budget" for t in own)
+        cells: list[Any] = [entry, f"{len(own) - cut}" + (f" (+{cut} budget)" if cut else "")]
         for r in rungs:
             at = [_curve(t)[r] for t in own if r in _curve(t) and _curve(t)[r] is not None]
             cells.append(f"{_pct(max(at))} ({len(at)})" if at else "-")
