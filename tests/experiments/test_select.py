@@ -271,10 +271,19 @@ def dear(tmp_path_factory):
     from fedrift.experiments import select as select_module
     from fedrift.experiments.select_plan import Cost
 
+    from fedrift.engine import outputs
+
     out = tmp_path_factory.mktemp("dear") / "s"
     kwargs = _quiet(algorithms=["fedavg", "fedprox"], budget="1.5s", verbose=True)
     said = io.StringIO()
+    log = outputs.RunWriter.log
+
+    def slow(self, row):  # every round 0.1 s at least: the least confirmation alone (4 runs of 6) passes 1.5 s
+        log(self, row)
+        time.sleep(0.1)
+
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(said):
+        mp.setattr(outputs.RunWriter, "log", slow)
         mp.setattr(select_module, "probe", lambda plan, echo, entries=None: {plan.reference: Cost(0.001, 0.001, "probe")})
         result = select(_base(), out=out, **kwargs)
     return SimpleNamespace(out=out, result=result, said=said.getvalue(), page=(out / "select.md").read_text(),
