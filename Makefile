@@ -48,10 +48,10 @@ lock:
 	@echo "make lock: constraints.txt pins $$(grep -c '==' constraints.txt) distributions"
 
 # The main job: five drift remedies on 20 label-skewed MNIST clients, two seeds, the table with
-# paired differences to FedAvg and runs/demo/report.html (about 4 minutes on 2 idle cores). Two
-# seeds show the differences but cannot test them: a difference gets * only with 6 or more paired
-# seeds (the note under each table says so); the same command with seeds=0,1,2,3,4,5 has them
-# (about 12 minutes).
+# paired differences to FedAvg and runs/demo/report.html (about 4 minutes on 2 idle cores here,
+# up to about 8 on a slower 2-core machine). Two seeds show the differences but cannot test them:
+# a difference gets * only with 6 or more paired seeds (the note under each table says so); the
+# same command with seeds=0,1,2,3,4,5 has them (about 12 minutes).
 demo: $(STAMP)
 	$(BIN)/fedrift compare -c examples/demo.yaml algorithms=fedavg,fedprox,fedgkd,fedcsd,fedadc seeds=0,1 report.claims=papers --jobs 2 --out runs/demo
 
