@@ -1,4 +1,4 @@
-"""``fedrift run | config | compare | tune | select | study | report | list | partition | download | flower``: user
+"""``fedrift run | config | compare | tune | select | study | report | list | partition [export] | download | flower``: user
 mistakes get one line and exit 2, never a traceback."""
 
 from __future__ import annotations
@@ -139,12 +139,29 @@ def _parser() -> argparse.ArgumentParser:
         "partition", help="print the client x class table and write the bubble plot",
         description="Load the config's data and partition it as a run would, without training: print the client x "
         "class table of sample counts and the heterogeneity statistics, and write partition.png (the bubble plot) "
-        "and partition.json to --out.",
+        "and partition.json to --out. A run's own partition, as index files any program reads: fedrift partition "
+        "export RUN_DIR.",
     )
     part.add_argument("-c", "--config", help="YAML config file (defaults when omitted)")
     part.add_argument("--out", default=None, help="folder for partition.png/.json (default: runs/partition-<data>-<name>)")
     part.add_argument("--rows", type=int, default=50, help="most client rows to print (default 50)")
     part.add_argument("overrides", nargs="*", metavar="key=value")
+
+    export = sub.add_parser(  # typed as two words: main() joins them
+        "partition export", help="write a run's partition as index files, one per client, to train on it without fedrift",
+        description="Write the partition of the run in RUN_DIR as one index file per client (its training samples; "
+        "val/ and test/: its validation and local test samples), holdout and global_test, and manifest.json (the "
+        "dataset, which rows the indices point into, label hashes to check them, the partition, each client's sizes "
+        "and class counts), for a Flower app or any training loop to load without fedrift.",
+    )
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (output.dir of fedrift run)")
+    export.add_argument("--out", default=None, help="a new or empty folder (default: RUN_DIR-partition)")
+    export.add_argument("--format", default="npy", metavar="FORMAT",
+                        help="npy (int64 arrays, the default), json (lists) or csv (a column 'index')")
+    export.add_argument("--overwrite", action="store_true",
+                        help="write into a folder that is not empty, replacing only the files an export writes")
+    export.add_argument("--trust-plugins", action="store_true",
+                        help="import the plugins the run's config.yaml names, running their code (for a dataset of a plugin)")
 
     down = sub.add_parser(
         "download",
@@ -207,11 +224,15 @@ def _parser() -> argparse.ArgumentParser:
     app.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
                      help="how long the ServerApp waits for every client's SuperNode (default 600)")
     app.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.rounds=10")
+    sub.metavar = "{" + ",".join(name for name in sub.choices if " " not in name) + "}"  # partition export: under partition
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["partition", "export"]:  # a sub-command beside partition's own key=value tokens
+        argv[:2] = ["partition export"]
     args, extra = parser.parse_known_args(argv)
     # compare and report take key=value tokens before and after their --options
     tail = {"compare": "grid", "tune": "grid", "select": "grid", "report": "options", "list": "options", "flower": "overrides",
@@ -286,7 +307,8 @@ def _stop_on_sigterm(came: list[int]) -> Iterator[None]:
 
 def _dispatch(args: argparse.Namespace) -> int:
     commands = {"run": _run, "config": _config, "compare": _compare, "tune": _tune, "select": _select, "report": _report,
-                "list": _list, "download": _download, "partition": _partition, "flower": _flower, "study": _study}
+                "list": _list, "download": _download, "partition": _partition, "partition export": _partition_export,
+                "flower": _flower, "study": _study}
     return commands[args.command](args)
 
 
@@ -481,6 +503,18 @@ def _partition(args: argparse.Namespace) -> int:
         bubble_plot(counts, out / "partition.png", title)
         prep.partition.save(out / "partition.json")
     print(f"plot in {out / 'partition.png'}, partition in {out / 'partition.json'} and {out / 'partition.bin'}")
+    return 0
+
+
+def _partition_export(args: argparse.Namespace) -> int:
+    from fedrift.data.partition_export import export_partition
+
+    out, doc = export_partition(args.run_dir, args.out, args.format, args.overwrite, args.trust_plugins)
+    n, files = doc["partition"]["num_clients"], doc["files"]
+    kinds = ", ".join(f["path"].replace("{id:05d}", "*") for f in files.values())
+    print(f"{doc['partition']['name']} partition of {n} clients in {out}: {kinds}, manifest.json")
+    space = doc["index_spaces"].get("source") or doc["index_spaces"]["train"]
+    print(f"client indices point into {space['what']}")
     return 0
 
 
