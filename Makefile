@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade -c constraints.txt pip
 	$(BIN)/python -m pip install -q -c constraints.txt $(TORCH)
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,privacy,ray,tune,tensorboard,text,docs]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,privacy,ray,tune,tensorboard,text,docs,hf]'
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[flower]' || { \
 	  $(BIN)/python -m pip install -q -c constraints.txt --no-deps 'flwr>=1.42,<2' && \
 	  $(BIN)/python -c "import importlib.metadata as m; print('\n'.join(r for r in m.requires('flwr') if 'extra ==' not in r and not r.startswith('certifi')))" > $(VENV)/flwr-requirements.txt && \

@@ -582,6 +582,8 @@ def _check_paths(cfg: Config) -> Config:
     if root is None:
         return cfg
     if not Path(root).expanduser().exists():
+        if cfg.data.name == "hf" and not root.startswith(("/", ".", "~")):
+            return cfg  # perhaps a Hub name: the hf loader says how to save a local copy
         raise ConfigError(f"data.root: {root!r} does not exist; expected a folder (or a .zip for image trees, a .npz for npz)")
     if absolute_root(root) == root:
         return cfg

@@ -14,6 +14,7 @@ DATASETS: Registry = Registry("dataset")
 # Importing the modules registers their loaders.
 from fedrift.data import cifar, embedded, femnist, folders, mnist1d, npz, synthetic, text  # noqa: E402,F401
 from fedrift.data import domains  # noqa: E402,F401
+from fedrift.data import hf  # noqa: E402,F401  (pyarrow is imported when an hf dataset loads)
 # The "devices" partition registers itself in PARTITIONS (data/partition.py), building on its helpers.
 from fedrift.data import devices  # noqa: E402,F401
 
@@ -22,7 +23,7 @@ from fedrift.data import devices  # noqa: E402,F401
 # packages, generators) and read no folder (tests/test_refusals.py checks both lists against
 # the loaders). A plugin's dataset gets data.root whatever it does with it.
 FROM_ROOT = ("cifar10", "cifar100", "tinyimagenet", "femnist", "imagefolder", "npz", "sst5", "agnews")
-FROM_ROOT += ("office_caltech10",)
+FROM_ROOT += ("office_caltech10", "hf")
 
 
 def load_dataset(name: str, root: Path | None, options: Any) -> Dataset:

@@ -221,7 +221,7 @@ def _check_text(prep: Prepared, model: FedModel) -> None:
     if prep.dataset.text is not None and not model.takes_tokens:
         raise ConfigError(f"model.name: {name} cannot read the token ids of {prep.config.data.name}; allowed: text")
     if model.takes_tokens and prep.dataset.text is None:
-        raise ConfigError(f"data.name: model {name} reads token ids; {prep.config.data.name} has none; allowed: sst5, agnews")
+        raise ConfigError(f"data.name: model {name} reads token ids; {prep.config.data.name} has none; allowed: sst5, agnews, hf with a text column")
 
 
 def build_tools(prep: Prepared, model: FedModel, algorithm: Algorithm) -> RoundTools:
