@@ -403,11 +403,11 @@ def test_a_budget_stop_leaves_each_stopped_run_a_checkpoint_the_next_call_contin
     results of a study never stopped."""
     from fedrift.engine import loop
 
-    path = _small_study(tmp_path / "a", rounds=10)
-    whole = _small_study(tmp_path / "b", rounds=10)
+    path = _small_study(tmp_path / "a", rounds=20)
+    whole = _small_study(tmp_path / "b", rounds=20)
     for p in (path, whole):
         doc = yaml.safe_load(p.read_text())
-        doc["overrides"] = {"train.rounds": 10, "engine.checkpoint_every": 0}
+        doc["overrides"] = {"train.rounds": 20, "engine.checkpoint_every": 0}
         p.write_text(yaml.safe_dump(doc))
     train = loop.train_clients
 
@@ -416,7 +416,7 @@ def test_a_budget_stop_leaves_each_stopped_run_a_checkpoint_the_next_call_contin
         return train(*args)
 
     monkeypatch.setattr(loop, "train_clients", slow)
-    outcome = run_study(path, budget="3s", report=False)
+    outcome = run_study(path, budget="6s", report=False)  # past round 1, before round 20 (8 s of sleep)
     assert outcome.budget_hit
     stopped = json.loads((tmp_path / "a" / "out" / "runs" / "fedavg" / "seed0" / "summary.json").read_text())
     assert stopped["status"] == "interrupted" and stopped["checkpoint_round"] >= 1, stopped
