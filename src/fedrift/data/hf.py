@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from fedrift.cache import cache_dir, save_atomic
+from fedrift.cache import cache_dir
 from fedrift.data import DATASETS
 from fedrift.data.base import Dataset, class_count, image_dataset
 from fedrift.data.embedded import stratified_split
 from fedrift.data.files import ZIP_FLOOR, ZIP_RATIO, DataError, malformed, need_root, read_bounded, size_text
-from fedrift.data.image_cache import FORMAT, TEXT_BYTES, read_image
+from fedrift.data.image_cache import FORMAT, TEXT_BYTES, cached, keep, read_image
 from fedrift.data.notices import say_once
 from fedrift.errors import ConfigError, first_line
 from fedrift.params import params
@@ -667,24 +667,15 @@ def _images(shards: list[Shard], counts: list[int], column: str, size: int, chan
         for shard, n in zip(shards, counts):
             part = out[at:at + n]
             entry = cache_dir() / f"images-{_shard_key(shard, column, size, channels)}.npy"
-            try:
-                cached = np.load(entry, allow_pickle=False, mmap_mode="r")
-                hit = cached.shape == part.shape and cached.dtype == np.uint8
-                if hit:
-                    part[...] = cached
-                    bar.update(n)
-            except (OSError, ValueError, EOFError):
-                hit = False  # absent or unreadable: decoded again
-            if not hit:
+            found = cached(entry, part.shape, mmap=True)
+            if found is not None:
+                part[...] = found
+                bar.update(n)
+            else:
                 _decode_shard(shard, column, part, size, channels, bar)
-                save_atomic(entry, lambda tmp, part=part: _save(tmp, part))
+                keep(entry, part)
             at += n
     return out
-
-
-def _save(path: Path, array: np.ndarray) -> None:
-    with path.open("wb") as f:  # a file object: np.save would add ".npy" to a name
-        np.save(f, array, allow_pickle=False)
 
 
 # ---------------------------------------------------------------------------------------

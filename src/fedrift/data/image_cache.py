@@ -199,12 +199,9 @@ def read_images(paths: list[Tree], size: int, channels: int, label: str = "image
     terminal) and cached."""
     entry = cache_dir() / f"images-{images_key(paths, size, channels)}.npy"
     shape = (len(paths), channels, size, size)
-    try:
-        cached = np.load(entry, allow_pickle=False)
-        if cached.shape == shape and cached.dtype == np.uint8:
-            return cached
-    except (OSError, ValueError, EOFError):
-        pass  # absent or unreadable: decoded again
+    found = cached(entry, shape)
+    if found is not None:
+        return found
     from tqdm.auto import tqdm
 
     out = np.empty(shape, dtype=np.uint8)
@@ -213,8 +210,23 @@ def read_images(paths: list[Tree], size: int, channels: int, label: str = "image
             out[i] = read_image(p, size, channels)
             if i % 256 == 255 or i == len(paths) - 1:
                 bar.update(i + 1 - bar.n)
-    save_atomic(entry, lambda tmp: _save(tmp, out))
+    keep(entry, out)
     return out
+
+
+def cached(entry: Path, shape: tuple[int, ...], mmap: bool = False) -> np.ndarray | None:
+    """The cache entry's uint8 array of ``shape`` (memory-mapped with ``mmap``); None when it is
+    absent, unreadable or of another shape or type (then decoded again)."""
+    try:
+        found = np.load(entry, allow_pickle=False, mmap_mode="r" if mmap else None)
+    except (OSError, ValueError, EOFError):
+        return None
+    return found if found.shape == shape and found.dtype == np.uint8 else None
+
+
+def keep(entry: Path, array: np.ndarray) -> None:
+    """``array`` as the cache entry, written whole or not at all."""
+    save_atomic(entry, lambda tmp: _save(tmp, array))
 
 
 def _save(path: Path, array: np.ndarray) -> None:

@@ -400,7 +400,7 @@ def _take_stopped(tune: Tune, study: Study, number: int, values: Mapping[str, An
         if json.dumps(old.params, sort_keys=True, default=str) != here or old.number == number:
             continue
         src, dest = _trial_dir(tune, study, old.number), Path(doc["output"]["dir"])
-        if dest.exists():
+        if dest.exists() or dest.is_symlink() or src.is_symlink():  # a link is no trial folder fedrift made
             return 0
         try:
             src.rename(dest)
