@@ -534,6 +534,40 @@ def test_a_trial_stopped_mid_run_continues_from_its_checkpoint_next_time(tiny, t
     assert st("t").best_value == st("whole").best_value
 
 
+def test_a_stopped_trial_whose_folder_is_a_link_is_not_taken_over(tiny, tmp_path, capsys, monkeypatch):
+    """A link put where a stopped trial's folder was is left as it is: the next trial at its
+    point runs from round 1 in a folder of its own, and nothing is written behind the link."""
+    import shutil
+
+    from fedrift.engine import loop
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=6)))
+    args = ["tune", "-c", str(cfg), "--out", str(tmp_path / "t"), "--trials", "1", "--pruner", "none",
+            "space.train.lr=0.05", "--no-report"]
+    train = loop.train_clients
+
+    def stop(executor, tools, payload, jobs, t, *rest):
+        if t == 4:
+            raise KeyboardInterrupt
+        return train(executor, tools, payload, jobs, t, *rest)
+
+    monkeypatch.setattr(loop, "train_clients", stop)
+    assert main(args) == 130
+    monkeypatch.setattr(loop, "train_clients", train)
+    trial0 = tmp_path / "t" / "trials" / "fedavg" / "trial0"
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(trial0), str(elsewhere))
+    trial0.symlink_to(elsewhere, target_is_directory=True)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in elsewhere.rglob("*"))
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "continues stopped trial" not in capsys.readouterr().out
+    assert trial0.is_symlink() and sorted((p.name, p.stat().st_mtime_ns) for p in elsewhere.rglob("*")) == before
+    summary = json.loads((tmp_path / "t" / "trials" / "fedavg" / "trial1" / "summary.json").read_text())
+    assert "resumed_from_round" not in summary and summary["rounds"] == 6
+
+
 def _by_params(results, entry):
     return {json.dumps(t["params"], sort_keys=True): t for t in results[entry]["trials"]}
 
