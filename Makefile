@@ -15,6 +15,12 @@ STAMP := $(VENV)/.installed
 # than some package indexes hold, and there flwr goes in without that one requirement (the
 # certifi installed serves it).
 TORCH := torch==2.13.0
+# The peer libraries tests/peers/ checks fedrift's algorithms against (issue 69), without their
+# declared dependencies, which clash with fedrift's: fedlab asks for torchvision (no CPU wheel
+# here; it imports it only for its dataset classes, which the tests stand in for) and pynvml;
+# pfl asks for dp-accounting<0.6 (fedrift's privacy needs 0.6; pfl's algorithms never import
+# it). Then the few modules they really import: munch, nvidia-ml-py (pynvml), prv-accountant.
+PEERS := fedlab==1.3.0 pfl==0.6.0 munch nvidia-ml-py prv-accountant
 UNLOCKED := certifi
 
 setup: $(STAMP)
@@ -23,7 +29,8 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade -c constraints.txt pip
 	$(BIN)/python -m pip install -q -c constraints.txt $(TORCH)
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,privacy,ray,tune,tensorboard,text,docs,hf]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,privacy,ray,tune,tensorboard,text,docs,hf,flwr-datasets]'
+	$(BIN)/python -m pip install -q -c constraints.txt --no-deps $(PEERS)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[flower]' || { \
 	  $(BIN)/python -m pip install -q -c constraints.txt --no-deps 'flwr>=1.42,<2' && \
 	  $(BIN)/python -c "import importlib.metadata as m; print('\n'.join(r for r in m.requires('flwr') if 'extra ==' not in r and not r.startswith('certifi')))" > $(VENV)/flwr-requirements.txt && \
