@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import re
 import types
 import typing
@@ -22,6 +23,9 @@ GENERATED = Path(__file__).resolve().parents[1] / "_generated"
 # included by the prose pages of docs/reference/algorithms/ (the problem, the maths, the paper).
 ALGORITHM_PARTS = "algorithms"
 ALGORITHM_PAGES = Path(__file__).resolve().parents[1] / "reference" / "algorithms"
+
+# The peer-agreement suite's results (tests/peers/, issue 69): written by the suite, read here.
+AGREEMENT = Path(__file__).resolve().parents[1] / "reference" / "agreement.json"
 
 # Section titles of the config page, in the order a config file usually reads.
 SECTIONS = ("data", "partition", "model", "algorithm", "train", "engine", "eval", "privacy", "output")
@@ -325,6 +329,7 @@ def algorithms_page(registry: Any, default_space: Any) -> dict[str, str]:
             space = default_space(entry.name)
             lines.extend(["Tuning space (`fedrift tune`): " + ", ".join(f"`{k}` `{v}`" for k, v in space.items())
                           + ".", ""])
+            lines.extend(agreement_line(entry.name, agreement_rows()))
         out[algorithm_family(module)] = "\n".join(lines)
     return out
 
@@ -338,6 +343,55 @@ def summary_table(registry: Any, kind: str) -> str:
                             for name, info in fields.items() if name != "aggregation")
         lines.append(f"| [`{entry.name}`](#{kind}-{entry.name.replace('_', '-')}) | {cell(text(entry.doc))} | {cell(options)} |")
     return "\n".join([*lines, ""])
+
+
+# ---------------------------------------------------------------------------------------
+# Agreement with other implementations (tests/peers/ writes AGREEMENT)
+
+
+def agreement_rows(path: Path = AGREEMENT) -> list[dict[str, Any]]:
+    """The suite's rows (algorithm, peer, version, rounds, compared, difference, verdict, reason)."""
+    return json.loads(path.read_text())["pairs"] if path.is_file() else []
+
+
+def agreement_anchor(subject: str) -> str:
+    return "agreement-" + re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
+
+
+def agreement_line(algorithm: str, rows: list[dict[str, Any]]) -> list[str]:
+    """The algorithm's line under its options: which peers it was checked against, and how it came out."""
+    mine = [r for r in rows if r["algorithm"] == algorithm]
+    if not mine:
+        return []
+    verdicts = "; ".join(f"{r['version']}: {r['verdict']}" for r in mine)
+    return [f"Checked against other implementations ({{ref}}`the agreement page <{agreement_anchor(algorithm)}>`): "
+            f"{verdicts}.", ""]
+
+
+def agreement_page(rows: list[dict[str, Any]], rule: str) -> str:
+    """The reference page's generated part: an overview (subject x peer), then a section per
+    subject (an algorithm, a partition) with each peer's row and, where it departs, why."""
+    peers = list(dict.fromkeys(r["peer"] for r in sorted(rows, key=lambda r: r["peer"])))
+    subjects = list(dict.fromkeys(r["algorithm"] for r in rows))
+    by = {(r["algorithm"], r["peer"]): r for r in rows}
+    lines = [f"{len(rows)} pairs over {len(peers)} peers; the rule: {cell(rule)}.", "",
+             "| compared | " + " | ".join(peers) + " |", "|---|" + "---|" * len(peers)]
+    for subject in subjects:
+        marks = [by[(subject, p)]["verdict"] if (subject, p) in by else "" for p in peers]
+        lines.append(f"| [{cell(subject)}](#{agreement_anchor(subject)}) | " + " | ".join(marks) + " |")
+    lines.append("")
+    for subject in subjects:
+        lines.extend([f"({agreement_anchor(subject)})=", f"### {subject}", "",
+                      "| peer | compared | rounds | largest relative difference | verdict |", "|---|---|---|---|---|"])
+        mine = [by[(subject, p)] for p in peers if (subject, p) in by]
+        for r in mine:
+            rounds = ", ".join(map(str, r["rounds"])) or "-"
+            lines.append(f"| {cell(r['version'])} | {cell(r['compared'])} | {rounds} | {r['difference']:.2g} | {r['verdict']} |")
+        lines.append("")
+        for r in mine:
+            if r["reason"]:
+                lines.extend([f"*{cell(r['version'])} departs*: {text(r['reason'])}", ""])
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------
@@ -363,9 +417,14 @@ def pages() -> dict[str, str]:
         "datasets.md": registry_page(DATASETS, "dataset"),
         "partitions.md": registry_page(PARTITIONS, "partition"),
         "models.md": registry_page(MODELS, "model"),
+        "agreement.md": agreement_page(agreement_rows(), _agreement_rule()),
         **{f"{ALGORITHM_PARTS}/{family}.md": part
            for family, part in algorithms_page(ALGORITHMS, default_space).items()},
     }
+
+
+def _agreement_rule(path: Path = AGREEMENT) -> str:
+    return json.loads(path.read_text())["rule"] if path.is_file() else "no results written yet"
 
 
 def families_without_a_page(pages_dir: Path = ALGORITHM_PAGES) -> list[str]:

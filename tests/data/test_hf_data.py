@@ -412,3 +412,39 @@ def test_a_refusal_through_the_command_line_is_one_line_exit_2_and_no_run_folder
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("fedrift: error: data.label: "), err
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Written by the datasets library itself
+
+
+def _with_datasets(splits: dict):
+    """The same splits as a ``datasets.DatasetDict``, features and all (images as the Image
+    feature, the label as a ClassLabel): what a Hugging Face user holds."""
+    import datasets  # installed by make setup (the flwr-datasets extra)
+
+    return datasets.DatasetDict({name: datasets.Dataset(table) for name, table in splits.items()})
+
+
+@pytest.mark.agreement
+def test_save_to_disk_and_to_parquet_by_datasets_load_as_the_hand_written_layouts(tmp_path, image_splits):
+    dd = _with_datasets(image_splits)
+    assert type(dd["train"].features["img"]).__name__ == "Image" and dd["train"].features["label"].names == NAMES
+    dd.save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "pq").mkdir()
+    for name, split in dd.items():
+        split.to_parquet(str(tmp_path / "pq" / f"{name}.parquet"))
+    want = _tensors(load(parquet(tmp_path / "hand", image_splits), size=6, client_id="writer"))
+    for root in ("saved", "pq"):
+        agree(_tensors(load(tmp_path / root, size=6, client_id="writer")), want, BITS, where=root)
+
+
+def test_compare_runs_over_a_folder_saved_by_datasets(tmp_path, image_splits):
+    _with_datasets(image_splits).save_to_disk(str(tmp_path / "saved"))
+    cfg = tiny_config(tmp_path, data={"name": "hf", "root": str(tmp_path / "saved"), "size": 6},
+                      partition={"name": "natural"}, train={"rounds": 2, "clients_per_round": 2})
+    cfg["data"]["client_id"] = "writer"
+    rows = fedrift.compare(cfg, algorithms=["fedavg", "fedprox"], seeds=[0], out=tmp_path / "cmp", verbose=False)
+    assert sorted(r["algorithm"] for r in rows) == ["fedavg", "fedprox"]
+    assert all(r["runs"] == 1 and 0 <= r["final_accuracy_mean"] <= 1 for r in rows), rows
+    assert (tmp_path / "cmp" / "report.html").is_file()
