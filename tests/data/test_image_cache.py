@@ -206,3 +206,24 @@ def test_cached_pixels_equal_a_fresh_decode(tmp_path):
     direct = np.stack([image_cache.read_image(p, 8, 3) for p in paths])
     assert np.array_equal(image_cache.read_images(paths, 8, 3), direct)
     assert np.array_equal(image_cache.read_images(paths, 8, 3), direct)
+
+
+def test_an_entry_read_into_place_is_the_saved_array_and_a_torn_or_other_entry_is_not_read(tmp_path):
+    """``cached_into`` (the hf loader's second load): the saved pixels exactly, read into the
+    caller's array; a torn file, one with bytes after its array, another shape or type: False."""
+    pixels = np.random.default_rng(0).integers(0, 256, (5, 3, 4, 4), dtype=np.uint8)
+    entry = tmp_path / "images-x.npy"
+    image_cache.keep(entry, pixels)
+    out = np.zeros((7, 3, 4, 4), np.uint8)
+    assert image_cache.cached_into(entry, out[1:6]) and np.array_equal(out[1:6], pixels)
+    assert not out[0].any() and not out[6].any()
+    assert not image_cache.cached_into(entry, np.zeros((4, 3, 4, 4), np.uint8))  # another shape
+    image_cache.keep(entry, pixels.astype(np.int16))
+    assert not image_cache.cached_into(entry, np.zeros_like(pixels))  # another type
+    image_cache.keep(entry, pixels)
+    whole = entry.read_bytes()
+    entry.write_bytes(whole[:-7])
+    assert not image_cache.cached_into(entry, np.zeros_like(pixels))  # torn
+    entry.write_bytes(whole + b"x")
+    assert not image_cache.cached_into(entry, np.zeros_like(pixels))  # more than its header says
+    assert not image_cache.cached_into(tmp_path / "absent.npy", np.zeros_like(pixels))

@@ -37,7 +37,7 @@ from fedrift.data import DATASETS
 from fedrift.data.base import Dataset, class_count, image_dataset
 from fedrift.data.embedded import stratified_split
 from fedrift.data.files import ZIP_FLOOR, ZIP_RATIO, DataError, malformed, need_root, read_bounded, size_text
-from fedrift.data.image_cache import FORMAT, TEXT_BYTES, cached, keep, read_image
+from fedrift.data.image_cache import FORMAT, TEXT_BYTES, cached_into, keep, read_image
 from fedrift.data.notices import say_once
 from fedrift.errors import ConfigError, first_line
 from fedrift.params import params
@@ -667,9 +667,7 @@ def _images(shards: list[Shard], counts: list[int], column: str, size: int, chan
         for shard, n in zip(shards, counts):
             part = out[at:at + n]
             entry = cache_dir() / f"images-{_shard_key(shard, column, size, channels)}.npy"
-            found = cached(entry, part.shape, mmap=True)
-            if found is not None:
-                part[...] = found
+            if cached_into(entry, part):
                 bar.update(n)
             else:
                 _decode_shard(shard, column, part, size, channels, bar)

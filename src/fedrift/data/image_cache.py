@@ -214,14 +214,39 @@ def read_images(paths: list[Tree], size: int, channels: int, label: str = "image
     return out
 
 
-def cached(entry: Path, shape: tuple[int, ...], mmap: bool = False) -> np.ndarray | None:
-    """The cache entry's uint8 array of ``shape`` (memory-mapped with ``mmap``); None when it is
-    absent, unreadable or of another shape or type (then decoded again)."""
+def cached(entry: Path, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The cache entry's uint8 array of ``shape``; None when it is absent, unreadable or of
+    another shape or type (then decoded again)."""
     try:
-        found = np.load(entry, allow_pickle=False, mmap_mode="r" if mmap else None)
+        found = np.load(entry, allow_pickle=False)
     except (OSError, ValueError, EOFError):
         return None
     return found if found.shape == shape and found.dtype == np.uint8 else None
+
+
+def cached_into(entry: Path, out: np.ndarray) -> bool:
+    """Read the cache entry's uint8 array straight into ``out`` (C-contiguous): no second copy
+    and no mapping (a mapped entry's pages count in the process's memory until unmapped, which
+    put a Parquet dataset's second load 60% above its tensors; BENCHMARKS.md V). False when the
+    entry is absent, unreadable, torn, or of another shape or type (then decoded again)."""
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    try:
+        with entry.open("rb") as f:
+            read = readers.get(np.lib.format.read_magic(f))
+            if read is None:
+                return False
+            shape, fortran, dtype = read(f)
+            if tuple(shape) != out.shape or fortran or dtype != np.uint8:
+                return False
+            view, done = memoryview(out).cast("B"), 0
+            while done < len(view):
+                got = f.readinto(view[done:])
+                if not got:
+                    return False  # torn: shorter than its header says
+                done += got
+            return f.read(1) == b""
+    except (OSError, ValueError, EOFError):
+        return False
 
 
 def keep(entry: Path, array: np.ndarray) -> None:
