@@ -8,6 +8,7 @@ publishes an image dataset (``data/train-00000-of-00001.parquet``, ``data/test-.
 schema metadata), the JPEG bytes as stored in the zip: both paths decode the same files.
 
     .venv/bin/python benchmarks/hf_load.py --reps 3
+    .venv/bin/python benchmarks/hf_load.py --memory   # peak memory of each load, in its own process
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import argparse
 import json
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 import zipfile
@@ -55,10 +58,36 @@ def load(name: str, root: Path) -> tuple[float, Any]:
     return time.perf_counter() - start, ds
 
 
+CHILD = """
+import json, resource, sys
+from pathlib import Path
+from fedrift.data import DATASETS, load_dataset
+name, root = sys.argv[1], Path(sys.argv[2])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ds = load_dataset(name, root, DATASETS.get(name, "data.name").params())
+tensors = sum(t.numel() * t.element_size() for t in (ds.x_train, ds.y_train, ds.x_test, ds.y_test))
+print(json.dumps({"before": before / 1024, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "tensors": tensors / 2**20}))
+"""
+
+
+def memory(name: str, root: Path, cache: Path) -> dict[str, float]:
+    """One load in a new process: its peak RSS before the load (Python, torch, fedrift imported)
+    and after, in MiB, and the loaded tensors' size: the load's own memory is the difference."""
+    env = {**os.environ, "FEDRIFT_CACHE": str(cache)}
+    out = subprocess.run([sys.executable, "-c", CHILD, name, str(root)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--memory", action="store_true",
+                   help="instead of times: each path's peak memory, first and second load, each in its own process")
     args = p.parse_args()
+    if args.memory:
+        return main_memory()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         t0 = time.perf_counter()
@@ -86,6 +115,23 @@ def main() -> None:
                                                       (a.x_test, b.x_test), (a.y_test, b.y_test)))
         print(f"the same tensors from both paths: {same}")
         print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB (this process, both paths)")
+
+
+def main_memory() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        write_parquet(ZIP, tmp_path / "parquet")
+        shard = max(f.stat().st_size for f in (tmp_path / "parquet").rglob("*.parquet")) / 2**20
+        print(f"largest Parquet file {shard:.1f} MiB")
+        print("| path | load | RSS before MiB | peak RSS MiB | load's own MiB | uint8 tensors MiB | own / tensors |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for name, root in (("imagefolder", ZIP), ("hf", tmp_path / "parquet")):
+            cache = tmp_path / f"cache-{name}"
+            for which in ("first", "second"):
+                m = memory(name, root, cache)
+                own = m["peak"] - m["before"]
+                print(f"| {name} | {which} | {m['before']:.0f} | {m['peak']:.0f} | {own:.0f} | {m['tensors']:.0f} | "
+                      f"{own / m['tensors']:.2f} |")
 
 
 if __name__ == "__main__":
