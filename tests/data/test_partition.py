@@ -342,7 +342,7 @@ def test_partition_dataset_validates_mapping_and_name() -> None:
 
 
 def test_registry_names() -> None:
-    assert [e.name for e in PARTITIONS if e.source == "built in"] == ["devices", "dirichlet", "domain", "iid", "natural", "quantity", "shards"]
+    assert [e.name for e in PARTITIONS if e.source == "built in"] == ["devices", "dirichlet", "domain", "flwr", "iid", "natural", "quantity", "shards"]
 
 
 # --------------------------------------------------------------------------------------

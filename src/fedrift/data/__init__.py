@@ -17,6 +17,7 @@ from fedrift.data import domains  # noqa: E402,F401
 from fedrift.data import hf  # noqa: E402,F401  (pyarrow is imported when an hf dataset loads)
 # The "devices" partition registers itself in PARTITIONS (data/partition.py), building on its helpers.
 from fedrift.data import devices  # noqa: E402,F401
+from fedrift.data import flwr_partition  # noqa: E402,F401  ("flwr": flwr_datasets is imported when it partitions)
 
 
 # The built-in datasets read from data.root; the other built-in ones are embedded (installed

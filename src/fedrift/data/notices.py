@@ -33,11 +33,12 @@ def say_once(line: str) -> bool:
     return True
 
 
-def natural_groups_notice(dataset: Dataset, partition: str, num_clients: int) -> str | None:
+def natural_groups_notice(dataset: Dataset, partition: str, num_clients: int, by_groups: bool = False) -> str | None:
     """The line for a dataset with natural groups split by another partition, else None: its
     own groups (FEMNIST's writers) are what a federation of it would be, and a run that splits
-    it by labels instead measures something else, silently (issue 51)."""
-    if dataset.train_groups is None or partition == "natural":
+    it by labels instead measures something else, silently (issue 51). ``by_groups``: the
+    partition splits by the groups all the same (``flwr``'s NaturalIdPartitioner)."""
+    if dataset.train_groups is None or partition == "natural" or by_groups:
         return None
     word = GROUP_WORDS.get(dataset.name, "groups")
     groups = int(np.unique(np.asarray(dataset.train_groups)).size)

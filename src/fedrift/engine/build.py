@@ -138,7 +138,8 @@ def prepare(config: Config | Mapping[str, Any] | str | Path | None, overrides: l
     partition = partition_dataset(
         dataset, cfg.partition.name, options["partition"], cfg.seed, cfg.partition.holdout, cfg.partition.val_share
     )
-    notice = natural_groups_notice(dataset, cfg.partition.name, partition.num_clients)
+    notice = natural_groups_notice(dataset, cfg.partition.name, partition.num_clients,
+                                   by_groups=bool(partition.options.get("by_groups")))
     if notice:
         say_once(notice)
     if cfg.output.tensorboard:
