@@ -13,6 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from fedrift.data import partition as partition_module
 from fedrift.data.base import Dataset
 from fedrift.data.partition import (
     PARTITIONS,
@@ -135,6 +136,27 @@ def test_min_size_always_met(name: str, alpha: float, min_size: int, clients: in
     assert_exact_cover(parts, n)
 
 
+@FAST
+@given(
+    n=st.integers(40, 400),
+    clients=st.integers(1, 12),
+    per_client=st.integers(1, 4),
+    alpha=st.sampled_from([0.01, 0.3, 10.0]),
+    seed=st.integers(0, 2**31),
+)
+def test_balance_and_sorted_cover_every_sample(n: int, clients: int, per_client: int, alpha: float, seed: int) -> None:
+    labels = make_labels(n, 5, seed)
+    min_size = min(10, n // clients)
+    parts = split_dirichlet(labels, DirichletParams(num_clients=clients, alpha=alpha, min_size=min_size, max_redraws=3,
+                                                    balance=True), seed)
+    assert_exact_cover(parts, n)
+    assert min(p.size for p in parts) >= min_size
+    parts = split_shards(labels, ShardsParams(num_clients=clients, classes_per_client=per_client, mode="sorted"), seed)
+    assert_exact_cover(parts, n)
+    run = n // (clients * per_client)  # runs of run or run + 1 samples, per_client of them each
+    assert all(per_client * run <= p.size <= per_client * (run + 1) for p in parts)
+
+
 def test_repair_with_no_redraws_still_meets_min_size() -> None:
     labels = make_labels(2000, 10)
     opts = DirichletParams(num_clients=100, alpha=0.01, min_size=20, max_redraws=0)
@@ -218,6 +240,123 @@ def test_shards_skewed_class_sizes() -> None:
     parts = split_shards(labels, ShardsParams(num_clients=10, classes_per_client=2), 0)
     assert_exact_cover(parts, labels.size)
     assert all(len(np.unique(labels[ix])) == 2 for ix in parts)
+
+
+# The partitions of these settings as fedrift drew them before ``balance`` and ``mode`` existed:
+# the defaults (balance false, mode classes) must keep drawing them, bit for bit.
+PINNED_LABELS = [3, 0, 0, 0, 0, 3, 3, 2, 0, 0, 1, 1, 2, 1, 1, 0, 2, 2, 0, 0,
+                 1, 1, 3, 2, 1, 1, 2, 2, 0, 2, 3, 3, 3, 1, 1, 2, 2, 2, 3, 1]
+PINNED_DIRICHLET = [[21, 24, 25, 33, 34, 37, 39], [7, 10, 11, 12, 16, 17, 20, 23, 26, 27, 35, 36],
+                    [0, 1, 2, 3, 4, 5, 6, 8, 9, 13, 14, 15, 18, 19, 22, 28, 29, 30, 31, 32, 38]]
+PINNED_SHARDS = [[16, 17, 21, 23, 24, 27, 33, 34, 36, 37, 39], [0, 4, 6, 8, 18, 19, 22, 28, 32],
+                 [5, 7, 12, 26, 29, 30, 31, 35, 38], [1, 2, 3, 9, 10, 11, 13, 14, 15, 20, 25]]
+
+
+def test_defaults_draw_the_pinned_partitions() -> None:
+    labels = np.array(PINNED_LABELS)
+    for opts in (DirichletParams(num_clients=3, alpha=0.5, min_size=2),
+                 DirichletParams(num_clients=3, alpha=0.5, min_size=2, balance=False)):
+        assert [p.tolist() for p in split_dirichlet(labels, opts, 5)] == PINNED_DIRICHLET
+    for opts in (ShardsParams(num_clients=4, classes_per_client=2),
+                 ShardsParams(num_clients=4, classes_per_client=2, mode="classes")):
+        assert [p.tolist() for p in split_shards(labels, opts, 5)] == PINNED_SHARDS
+
+
+class _FixedShares:
+    """A generator whose Dirichlet draws are given (one row per class); permutations are real."""
+
+    def __init__(self, shares: list[list[float]]) -> None:
+        self.shares, self.real = np.array(shares), np.random.default_rng(0)
+
+    def permutation(self, n: int) -> np.ndarray:
+        return self.real.permutation(n)
+
+    def dirichlet(self, alpha: np.ndarray, size: int) -> np.ndarray:
+        assert self.shares.shape == (size, alpha.size)
+        return self.shares
+
+
+def _dirichlet_with_shares(monkeypatch: pytest.MonkeyPatch, labels: np.ndarray, shares: list[list[float]],
+                           balance: bool) -> np.ndarray:
+    monkeypatch.setattr(partition_module, "partition_rng", lambda *a: _FixedShares(shares))
+    opts = DirichletParams(num_clients=len(shares[0]), alpha=1.0, min_size=1, balance=balance)
+    parts = split_dirichlet(labels, opts, 0)
+    assert_exact_cover(parts, labels.size)
+    return counts_of(parts, labels, len(shares))
+
+
+def test_balance_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8 of class 0, 4 of class 1, 2 clients: full at n / K = 6
+    labels = np.array([0] * 8 + [1] * 4)
+    shares = [[0.75, 0.25], [0.5, 0.5]]
+    # unbalanced: class 0 cut 6 | 2, class 1 cut 2 | 2
+    assert _dirichlet_with_shares(monkeypatch, labels, shares, False).tolist() == [[6, 2], [2, 2]]
+    # balanced: client 0 holds 6 = n / K after class 0, so its share of class 1 is zeroed
+    assert _dirichlet_with_shares(monkeypatch, labels, shares, True).tolist() == [[6, 0], [2, 4]]
+    # a zeroed last client gets none, not the float cut's rounding sample: 3 | 7, then 7 >= 6
+    labels = np.array([0] * 10 + [1] * 2)
+    shares = [[0.3, 0.7], [1 / 3, 2 / 3]]
+    assert _dirichlet_with_shares(monkeypatch, labels, shares, True).tolist() == [[3, 2], [7, 0]]
+    # three clients, full at 22 / 3: after classes 0 and 1 they hold 4 | 9 | 5, so client 1's
+    # share of class 2 is zeroed and clients 0 and 2 split it 0.4 : 0.4, renormalised to halves
+    labels = np.array([0] * 9 + [1] * 9 + [2] * 4)
+    shares = [[0.5, 0.5, 0.0], [0.0, 0.5, 0.5], [0.4, 0.2, 0.4]]
+    assert _dirichlet_with_shares(monkeypatch, labels, shares, False).tolist() == [[4, 0, 1], [5, 4, 1], [0, 5, 2]]
+    assert _dirichlet_with_shares(monkeypatch, labels, shares, True).tolist() == [[4, 0, 2], [5, 4, 0], [0, 5, 2]]
+
+
+def test_balance_keeps_sizes_nearer_even() -> None:
+    labels = make_labels(3000)
+    cv = {}
+    for balance in (False, True):
+        sizes = [np.std(s) / np.mean(s) for s in (
+            [p.size for p in split_dirichlet(labels, DirichletParams(num_clients=20, alpha=0.3, balance=balance), seed)]
+            for seed in range(5))]
+        cv[balance] = float(np.mean(sizes))
+    assert cv[True] < 0.7 * cv[False]
+
+
+def test_sorted_shards_by_hand() -> None:
+    # every label distinct: the label-sorted order is unique, so the runs are known exactly
+    labels = np.random.default_rng(0).permutation(23)
+    k, m = 4, 2
+    parts = split_shards(labels, ShardsParams(num_clients=k, classes_per_client=m, mode="sorted"), 3)
+    assert_exact_cover(parts, labels.size)
+    runs = [np.sort(r).tolist() for r in np.array_split(np.argsort(labels), k * m)]  # sizes 3 3 3 3 3 3 3 2
+    used = []
+    for ix in parts:
+        mine = [r for r in runs if set(r) <= set(ix.tolist())]
+        assert len(mine) == m and sum(len(r) for r in mine) == ix.size  # exactly m whole runs
+        used += mine
+    assert sorted(used) == sorted(runs)
+    assert {len(r) for r in runs} == {2, 3}
+
+
+def test_sorted_shards_straddle_classes_and_may_repeat_one() -> None:
+    labels = np.random.default_rng(1).permutation(np.repeat([0, 1, 2], [5, 5, 4]))
+    opts = ShardsParams(num_clients=3, classes_per_client=2, mode="sorted")
+    runs = np.array_split(np.sort(labels), 6)  # [000] [001] [11] [11] [22] [22]
+    seen = set()
+    for seed in range(30):
+        parts = split_shards(labels, opts, seed)
+        assert_exact_cover(parts, labels.size)
+        for ix in parts:
+            held = np.bincount(labels[ix], minlength=3)
+            pairs = [(a, b) for a in range(6) for b in range(a + 1, 6)
+                     if np.array_equal(np.bincount(np.concatenate([runs[a], runs[b]]), minlength=3), held)]
+            assert pairs  # the labels of two runs of the sorted labels
+            seen.add(int((held > 0).sum()))
+    assert seen >= {1, 2, 3}  # one class twice (two runs of 1), two, or three (the straddling run)
+
+
+def test_sorted_shards_refuse_more_shards_than_samples() -> None:
+    with pytest.raises(ConfigError, match=r"^partition\.num_clients \* partition\.classes_per_client = 4 \* 3 = 12 "
+                                          r"shards exceed the 10 .*allowed: classes_per_client <= 2 at 4 clients"):
+        split_shards(make_labels(10, 2), ShardsParams(num_clients=4, classes_per_client=3, mode="sorted"), 0)
+    parts = split_shards(make_labels(10, 2), ShardsParams(num_clients=5, classes_per_client=2, mode="sorted"), 0)
+    assert [p.size for p in parts] == [2] * 5  # one sample a run
+    with pytest.raises(ValidationError):
+        ShardsParams(mode="equal")  # type: ignore[arg-type]
 
 
 def mean_tv(alpha: float, seeds: range) -> float:
@@ -427,7 +566,7 @@ def test_save_load_round_trip(tmp_path: Path) -> None:
     p.save(tmp_path / "partition.json")
     q = Partition.load(tmp_path / "partition.json")
     assert q.name == "shards"
-    assert q.options == {"num_clients": 6, "min_local_test": 10, "classes_per_client": 2}
+    assert q.options == {"num_clients": 6, "min_local_test": 10, "classes_per_client": 2, "mode": "classes"}
     for x, y in zip(p.train + p.test, q.train + q.test):
         assert np.array_equal(x, y) and y.dtype == np.int64
 

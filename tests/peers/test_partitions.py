@@ -3,7 +3,8 @@ of definition is pinned.
 
 What is compared: two random partitioners with other generators cannot agree sample for sample,
 so each side partitions the same fixed label vector (10 classes, 870 samples, classes of 51 to
-123) over 10 clients at the same settings for 40 seeds, and the per-client label statistics
+123; for the ShardPartitioner, 860 samples, classes of 50 to 122, so that its equal shards drop
+nothing) over 10 clients at the same settings for 40 seeds, and the per-client label statistics
 of each partition (mean size, the size's coefficient of variation, classes held, label entropy,
 largest class share; each averaged over the clients) are compared as means over the seeds: a
 statistic agrees when the two means lie within ``SPREAD`` standard errors of their difference.
@@ -16,7 +17,8 @@ How the peer is fed: a ``datasets.Dataset`` with one column ``label`` (arrow-for
 column reads as one array instead of row by row; the partitioners' logic is untouched), each
 partitioner built through its public constructor with the seed, and each client's labels read
 back with ``load_partition(k)``. fedrift's side calls its registered cores ``split_dirichlet``
-and ``split_shards`` on the same labels.
+and ``split_shards`` on the same labels, at the setting that reproduces the peer's definition
+(``balance: true`` for ``self_balancing=True``, ``mode: sorted`` for the ShardPartitioner).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from fedrift.data.partition import DirichletParams, ShardsParams, split_dirichle
 
 CLASSES, CLIENTS = 10, 10
 LABELS = np.random.default_rng(7).permutation(np.repeat(np.arange(CLASSES), 51 + 8 * np.arange(CLASSES)))
+# 860 = 43 * (10 clients * 2 shards): the ShardPartitioner's floor(n / shards) drops nothing
+SHARD_LABELS = np.random.default_rng(7).permutation(np.repeat(np.arange(CLASSES), 50 + 8 * np.arange(CLASSES)))
 SEEDS = range(40)
 SPREAD = 4.0  # standard errors of the difference of two means that still agree
 PINNED = 2.0  # a predicted direction, one-sided at the 2.5% level, where the exact rule is pinned besides
@@ -65,23 +69,23 @@ def statistics(parts: list[Partition]) -> np.ndarray:
     return np.array(rows)
 
 
-def fedrift_side(split: Callable, options: object) -> list[Partition]:
-    """fedrift's partition of ``LABELS`` at each seed."""
-    return [[LABELS[ix] for ix in split(LABELS, options, s)] for s in SEEDS]
+def fedrift_side(split: Callable, options: object, labels: np.ndarray = LABELS) -> list[Partition]:
+    """fedrift's partition of ``labels`` at each seed."""
+    return [[labels[ix] for ix in split(labels, options, s)] for s in SEEDS]
 
 
-def flwr_labels(partitioner: Partitioner) -> Partition:
-    """Each client's labels from a Flower Datasets partitioner over ``LABELS``."""
-    partitioner.dataset = datasets.Dataset.from_dict({"label": LABELS}).with_format("arrow")
+def flwr_labels(partitioner: Partitioner, labels: np.ndarray = LABELS) -> Partition:
+    """Each client's labels from a Flower Datasets partitioner over ``labels``."""
+    partitioner.dataset = datasets.Dataset.from_dict({"label": labels}).with_format("arrow")
     with warnings.catch_warnings():  # its notice of each redraw below min_partition_size: expected here
         warnings.filterwarnings("ignore", message="The specified min_partition_size")
         warnings.filterwarnings("ignore", message="Specifying null_placement")  # pyarrow, under datasets' sort
         return [np.asarray(partitioner.load_partition(k)["label"]) for k in range(CLIENTS)]
 
 
-def flwr_side(make: Callable[[int], Partitioner]) -> list[Partition]:
-    """The peer's partition of ``LABELS`` at each seed."""
-    return [flwr_labels(make(s)) for s in SEEDS]
+def flwr_side(make: Callable[[int], Partitioner], labels: np.ndarray = LABELS) -> list[Partition]:
+    """The peer's partition of ``labels`` at each seed."""
+    return [flwr_labels(make(s), labels) for s in SEEDS]
 
 
 def standardized(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
@@ -135,28 +139,28 @@ def test_dirichlet_agrees_with_flwr_without_self_balancing(fedrift_dirichlet: li
     record("dirichlet partition", PEER, [], relative(mine, peer), "agrees", compared=COMPARED)
 
 
-def test_flwr_self_balancing_is_another_definition(fedrift_dirichlet: list[Partition]) -> None:
+def test_balance_agrees_with_flwr_self_balancing(fedrift_dirichlet: list[Partition]) -> None:
     """``self_balancing=True`` gives no more samples to a client already above the average size
     n/K (dirichlet_partitioner.py:242-254): the line of MOON's code (QinbinLi/MOON utils.py:126)
     and FedDF's (epfml/federated-learning-public-code, codes/FedDF-code/pcode/datasets/
-    partition_data.py:251-256) that their papers do not state. Pinned exactly: every peer partition keeps that rule (:func:`balanced`)
-    and none of fedrift's does; and in the statistics, the peer's sizes come out more even (a smaller
-    coefficient of variation) and a full client stops taking new classes (fewer classes, lower
-    entropy), each in that direction by more than ``PINNED`` standard errors (4 to 7 at 40
-    seeds). fedrift has no setting for it."""
+    partition_data.py:251-256) that their papers do not state. fedrift's setting for it is
+    ``dirichlet`` with ``balance: true`` (and ``min_size`` = ``min_partition_size``). Two
+    details differ and leave the statistics within the sampling spread: fedrift zeroes a client
+    at n/K or more (MOON's ``len(idx_j) < N / n_parties``), the peer only above n/K; and a zeroed
+    client gets none of the class, where the peer's float cut may hand its last client one
+    sample. Pinned exactly: every partition on both sides keeps the rule (:func:`balanced`) and
+    none of fedrift's default (``balance: false``) does; every statistic agrees within
+    ``SPREAD`` standard errors."""
     balancing = flwr_dirichlet(self_balancing=True)
     assert all(balanced(part) for part in balancing)
     assert not any(balanced(part) for part in fedrift_dirichlet)
-    mine, peer = statistics(fedrift_dirichlet), statistics(balancing)
-    z = standardized(mine, peer)
-    assert z["mean size"] == 0.0, z  # every sample placed on both sides
-    assert z["size cv"] > PINNED and z["classes per client"] > PINNED and z["label entropy"] > PINNED, z
-    record("dirichlet partition (self_balancing)", PEER, [], relative(mine, peer), "departs",
-           "Another definition, neither side wrong: flwr-datasets' self_balancing=True "
-           "(flwr_datasets/partitioner/dirichlet_partitioner.py:242-254) stops giving samples to a client above "
-           "the average size, as MOON's code (utils.py:126) and FedDF's (pcode/datasets/partition_data.py:251) do "
-           "and their papers do not state; fedrift draws the papers' per-class Dir(alpha) shares (the peer's "
-           "default, self_balancing=False, agrees) and has no balancing setting.", COMPARED)
+    mine = fedrift_side(split_dirichlet, DirichletParams(num_clients=CLIENTS, alpha=ALPHA, min_size=MIN_SIZE,
+                                                         balance=True))
+    assert all(balanced(part) for part in mine)
+    z = standardized(statistics(mine), statistics(balancing))
+    assert all(abs(v) <= SPREAD for v in z.values()), z
+    record("dirichlet partition (self_balancing)", PEER, [], relative(statistics(mine), statistics(balancing)),
+           "agrees", compared=COMPARED)
 
 
 def test_past_ten_redraws_flwr_raises_and_fedrift_repairs() -> None:
@@ -172,31 +176,34 @@ def test_past_ten_redraws_flwr_raises_and_fedrift_repairs() -> None:
     assert min(len(ix) for ix in parts) >= min_size and sum(len(ix) for ix in parts) == LABELS.size
 
 
-def test_shards_against_shard_partitioner() -> None:
+def test_sorted_shards_agree_with_shard_partitioner() -> None:
     """McMahan et al.'s sort-and-partition as the peer implements it (flwr_datasets/partitioner/
     shard_partitioner.py:217-313): the label-sorted data cut into K*m equal consecutive shards of
     floor(n/(K*m)) samples, m dealt to each client at random, so a shard may straddle two classes
-    and a client may draw two shards of one class. fedrift's ``shards`` keeps every shard inside
-    one class and a client's shards of distinct classes, with shards per class in proportion to
-    its size. Pinned: every fedrift client holds exactly m classes and every sample is placed;
-    every peer client holds exactly m*floor(n/(K*m)) samples (the remainder dropped) and the
-    peer's clients hold more than m classes on average, beyond the sampling spread."""
+    and a client may draw two shards of one class. fedrift's setting for it is ``shards`` with
+    ``mode: sorted`` (``classes_per_client`` = ``num_shards_per_partition``), which cuts with
+    ``np.array_split`` and so drops nothing where the peer drops n mod (K*m): compared on
+    ``SHARD_LABELS``, whose 860 samples are a multiple of K*m = 20, the two cut the same runs.
+    Pinned: every sample is placed and every client holds exactly m*43 samples on both sides, and
+    every statistic agrees within ``SPREAD`` standard errors. fedrift's default, ``mode:
+    classes``, is another definition (each client exactly m classes): pinned too, its clients hold
+    fewer classes than the peer's, beyond the sampling spread."""
     m = 2
-    mine = statistics(fedrift_side(split_shards, ShardsParams(num_clients=CLIENTS, classes_per_client=m)))
-    peer = statistics(flwr_side(lambda s: ShardPartitioner(CLIENTS, "label", num_shards_per_partition=m, seed=s)))
+    size = m * SHARD_LABELS.size // (CLIENTS * m)
+    mine = statistics(fedrift_side(split_shards, ShardsParams(num_clients=CLIENTS, classes_per_client=m,
+                                                              mode="sorted"), SHARD_LABELS))
+    peer = statistics(flwr_side(lambda s: ShardPartitioner(CLIENTS, "label", num_shards_per_partition=m, seed=s),
+                                SHARD_LABELS))
+    for side in (mine, peer):
+        assert (side[:, STATISTICS.index("mean size")] == size).all()
+        assert (side[:, STATISTICS.index("size cv")] == 0).all()
     z = standardized(mine, peer)
-    assert (mine[:, STATISTICS.index("classes per client")] == m).all()
-    assert (mine[:, STATISTICS.index("mean size")] == LABELS.size / CLIENTS).all()
-    assert (peer[:, STATISTICS.index("mean size")] == m * (LABELS.size // (CLIENTS * m))).all()
-    assert (peer[:, STATISTICS.index("size cv")] == 0).all()
-    assert z["classes per client"] < -SPREAD, z
-    record("shards partition (ShardPartitioner)", PEER, [], relative(mine, peer), "departs",
-           "fedrift departs from McMahan et al.'s sort-and-partition by design: its shards never straddle two "
-           "classes and a client's shards are of distinct classes, so each client holds exactly "
-           "classes_per_client classes; the paper's and flwr-datasets' shards "
-           "(flwr_datasets/partitioner/shard_partitioner.py:296-313) are equal consecutive runs of the sorted "
-           "labels dealt at random, so clients hold more classes on average and n mod (K*m) samples are dropped.",
-           COMPARED)
+    assert all(abs(v) <= SPREAD for v in z.values()), z
+    classes = statistics(fedrift_side(split_shards, ShardsParams(num_clients=CLIENTS, classes_per_client=m),
+                                      SHARD_LABELS))
+    assert (classes[:, STATISTICS.index("classes per client")] == m).all()
+    assert standardized(classes, peer)["classes per client"] < -SPREAD
+    record("shards partition (ShardPartitioner)", PEER, [], relative(mine, peer), "agrees", compared=COMPARED)
 
 
 def test_shards_against_pathological_partitioner() -> None:
@@ -208,7 +215,8 @@ def test_shards_against_pathological_partitioner() -> None:
     exactly (m on both sides); the sizes do not: fedrift gives a class shards in proportion to its
     size, so shards are near-equal, while the peer's share of a class depends on how many clients
     drew it. Pinned: the peer's sizes vary more and its clients' labels are less even (lower
-    entropy, a larger largest share), beyond the sampling spread."""
+    entropy, a larger largest share), beyond the sampling spread. fedrift has no setting for the
+    peer's even split (neither ``mode`` of ``shards``)."""
     m = 2
     mine = statistics(fedrift_side(split_shards, ShardsParams(num_clients=CLIENTS, classes_per_client=m)))
     peer = statistics(flwr_side(lambda s: PathologicalPartitioner(

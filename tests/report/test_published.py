@@ -81,6 +81,8 @@ def test_a_runs_setting_matches_the_tables_column_by_partition_and_participation
     assert match(adc, {**shards, "train": {"clients_per_round": 10}}) == 1
     assert match(adc, {**shards, "train": {"participation": 0.1}}) == 1
     assert match(adc, {**shards, "train": {}}) == 0  # the engine's default C = 0.2
+    sorted_runs = {"partition": {**shards["partition"], "mode": "sorted"}, "train": {"clients_per_round": 20}}
+    assert match(adc, sorted_runs) is None  # McMahan's equal runs are not the paper's s distinct classes
     assert match(adc, {"partition": {"name": "shards", "classes_per_client": 3, "num_clients": 100}, "train": {}}) is None
     assert match(adc, {"partition": {"name": "dirichlet", "alpha": 2, "num_clients": 100}, "train": {}}) is None
     adc100 = PUBLISHED["fedadc-table1-cifar100"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import Annotated, Any, Callable, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping
 
 import numpy as np
 import torch
@@ -59,18 +59,40 @@ class DirichletParams(PartitionParams):
 
     min_size: samples every client must hold; max_redraws: fresh draws tried before the best
     one is repaired by moving samples from the largest clients.
+    balance: false (default), the papers' definition: class c is cut by its drawn shares as
+    they are. true, the balancing rule of the released codes (MOON's utils.py, FedDF's
+    partition_data.py; flwr-datasets' DirichletPartitioner(self_balancing=True)): inside each
+    draw, class after class in class order, a client already holding n / num_clients samples
+    or more gets none of the class (its share is zeroed, the others renormalised), so sizes
+    come out more even and full clients take no new classes. The same Dir(alpha) draws either
+    way; the min_size/max_redraws rules apply to the balanced draw.
     """
 
     alpha: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.5
     min_size: Annotated[int, Field(ge=1)] = 10
     max_redraws: Annotated[int, Field(ge=0)] = 100
+    balance: bool = False
 
 
 @params
 class ShardsParams(PartitionParams):
-    """McMahan et al.'s sort-and-partition: each client gets shards of this many distinct classes."""
+    """Shards: each client gets classes_per_client shards of the label-sorted training set.
+
+    mode: ``classes`` (default), fedrift's own variant: every shard lies inside one class and
+    a client's shards are of distinct classes, so each client holds exactly
+    classes_per_client classes (shards per class in proportion to its size, near-equal).
+    ``sorted``, McMahan et al.'s sort-and-partition (as flwr-datasets' ShardPartitioner): the
+    samples sorted by label (ties in a seeded random order), cut into num_clients *
+    classes_per_client consecutive runs of near-equal size (none dropped), dealt to the
+    clients at random; a run may straddle two classes and a client may get two runs of one
+    class.
+    classes_per_client: shards per client; in ``classes`` mode they are of distinct classes,
+    so it is the number of classes each client holds; in ``sorted`` mode it counts shards
+    (runs), not distinct classes.
+    """
 
     classes_per_client: Annotated[int, Field(ge=1)] = 2
+    mode: Literal["classes", "sorted"] = "classes"
 
 
 @params
@@ -176,8 +198,11 @@ def _deficit(counts: np.ndarray, min_size: int) -> int:
 def _draw_until_full(draw: Callable[[], np.ndarray], min_size: int, max_redraws: int) -> np.ndarray:
     """Draw client x class counts until every client has min_size; else repair the best draw.
 
-    Redrawing keeps the reference codes' distribution when it succeeds quickly; the repair
-    bounds the work when it would not (many clients, tiny alpha), so it always terminates.
+    Redrawing while a client is short is the released codes' rule (MOON's and FedDF's code,
+    flwr-datasets' DirichletPartitioner), so a draw that succeeds keeps the distribution of
+    ``draw`` (the papers' per-class Dir(alpha) shares, or those with the codes' balancing
+    rule); the repair bounds the work when it would not (many clients, tiny alpha), so it
+    always terminates.
     """
     best, best_deficit = None, None
     for _ in range(max_redraws + 1):
@@ -242,18 +267,22 @@ def split_iid(labels: np.ndarray, options: IidParams, seed: int) -> list[np.ndar
 
 
 def split_dirichlet(labels: np.ndarray, options: DirichletParams, seed: int) -> list[np.ndarray]:
-    """Label skew as in the MOON/FedDF/FedGKD code: class c's shuffled indices are cut by
-    the cumulative shares of p_c ~ Dir(alpha * 1) over clients."""
+    """Label skew as the papers define it (Yurochkin et al., Hsu et al., MOON, FedDF): class
+    c's shuffled indices are cut by the cumulative shares of p_c ~ Dir(alpha * 1) over
+    clients. ``balance`` adds the released codes' balancing rule (MOON's and FedDF's code,
+    flwr-datasets' ``self_balancing=True``): class after class, a client holding n / K
+    samples or more gets a zero share of the rest; see :class:`DirichletParams`."""
     labels = _as_labels(labels)
     n, k = labels.size, options.num_clients
     _check_clients(k, n)
     _check_min_size(k, options.min_size, n)
     rng = partition_rng(seed, "dirichlet", "train")
-    return _dirichlet_parts(labels, k, options.alpha, options.min_size, options.max_redraws, rng)
+    return _dirichlet_parts(labels, k, options.alpha, options.min_size, options.max_redraws, rng, options.balance)
 
 
 def _dirichlet_parts(
-    labels: np.ndarray, k: int, alpha: float, min_size: int, max_redraws: int, rng: np.random.Generator
+    labels: np.ndarray, k: int, alpha: float, min_size: int, max_redraws: int, rng: np.random.Generator,
+    balance: bool = False,
 ) -> list[np.ndarray]:
     """The Dirichlet label-skew draw of ``labels`` over ``k`` clients (the callers check sizes)."""
     pools = _class_pools(labels, rng)
@@ -261,10 +290,41 @@ def _dirichlet_parts(
 
     def draw() -> np.ndarray:
         shares = rng.dirichlet(np.full(k, alpha), size=totals.size)
+        if balance:
+            return _balanced_cut(shares, totals, labels.size / k)
         return _cut(shares, totals).T  # clients x classes
 
     counts = _draw_until_full(draw, min_size, max_redraws)
     return _materialize(pools, counts)
+
+
+def _balanced_cut(shares: np.ndarray, totals: np.ndarray, full: float) -> np.ndarray:
+    """Client x class counts by the released codes' balancing rule, class after class.
+
+    Before class c is cut, a client whose running size is ``full`` (n / K) or more has its
+    share zeroed and the rest are renormalised (MOON's ``p * (len(idx_j) < N / n_parties)``;
+    flwr-datasets zeroes only above n / K, which differs when a size equals it exactly). A
+    zeroed client gets none of the class: the cumulative shares end at exactly 1 at the last
+    open client, where the codes' float cut may hand the last client one sample. At least
+    one client is always open (the classes before c hold fewer than n samples); if every
+    open client's share underflowed to 0, they share the class equally.
+    """
+    k, classes = shares.shape[1], totals.size
+    counts = np.zeros((k, classes), dtype=np.int64)
+    sizes = np.zeros(k, dtype=np.int64)
+    for c in range(classes):
+        if totals[c] == 0:
+            continue
+        open_ = sizes < full
+        p = np.where(open_, shares[c], 0.0)
+        if p.sum() <= 0:
+            p = open_.astype(np.float64)
+        cum = np.cumsum(p / p.sum())
+        cum[int(np.flatnonzero(p > 0)[-1]):] = 1.0
+        ends = np.minimum(np.floor(cum * totals[c]).astype(np.int64), totals[c])
+        counts[:, c] = np.diff(ends, prepend=0)
+        sizes += counts[:, c]
+    return counts
 
 
 def split_quantity(labels: np.ndarray, options: QuantityParams, seed: int) -> list[np.ndarray]:
@@ -285,11 +345,17 @@ def split_quantity(labels: np.ndarray, options: QuantityParams, seed: int) -> li
 
 
 def split_shards(labels: np.ndarray, options: ShardsParams, seed: int) -> list[np.ndarray]:
-    """Sort-and-partition (McMahan et al.): each client gets classes_per_client shards of
-    distinct classes; shards are near-equal, num_clients * classes_per_client in all."""
+    """Shards, num_clients * classes_per_client in all, classes_per_client to each client.
+
+    ``mode: classes`` (fedrift's variant, not McMahan et al.'s): every shard inside one class,
+    a client's shards of distinct classes, shards per class in proportion to the class's
+    size so they are near-equal. ``mode: sorted`` is McMahan et al.'s sort-and-partition:
+    see :func:`_sorted_shards`."""
     labels = _as_labels(labels)
     n, k, m = labels.size, options.num_clients, options.classes_per_client
     _check_clients(k, n)
+    if options.mode == "sorted":
+        return _sorted_shards(labels, k, m, seed)
     totals = np.bincount(labels, minlength=1)
     present = int((totals > 0).sum())
     if m > present:
@@ -323,6 +389,24 @@ def split_shards(labels: np.ndarray, options: ShardsParams, seed: int) -> list[n
         for client, shard in zip(who, np.array_split(pools[c], shards[c]) if shards[c] else []):
             pieces[client].append(shard)
     return [np.sort(np.concatenate(p)) for p in pieces]
+
+
+def _sorted_shards(labels: np.ndarray, k: int, m: int, seed: int) -> list[np.ndarray]:
+    """McMahan et al.'s sort-and-partition: the indices sorted by label, ties in a seeded
+    random order, cut into k * m consecutive runs by ``np.array_split`` (sizes differ by at
+    most one; no sample is dropped, where flwr-datasets' ShardPartitioner drops the last
+    n mod (k * m)), and the runs dealt to the clients by a seeded permutation, m each."""
+    n = labels.size
+    if k * m > n:
+        raise ConfigError(
+            f"partition.num_clients * partition.classes_per_client = {k} * {m} = {k * m} shards "
+            f"exceed the {n} training samples (mode sorted); allowed: classes_per_client <= {n // k} "
+            f"at {k} clients, or num_clients <= {n // m} at classes_per_client {m}"
+        )
+    rng = partition_rng(seed, "shards", "sorted")
+    runs = np.array_split(np.concatenate(_class_pools(labels, rng)), k * m)
+    dealt = rng.permutation(k * m).reshape(k, m)
+    return [np.sort(np.concatenate([runs[r] for r in row])) for row in dealt]
 
 
 def _shard_counts(totals: np.ndarray, caps: np.ndarray, num_shards: int) -> np.ndarray:
@@ -531,11 +615,15 @@ def _label_partition(name: str, split: Split) -> Callable[[Dataset, Any, int], P
 
 PARTITIONS.register("iid", "IID: a seeded random equal split", IidParams)(_label_partition("iid", split_iid))
 PARTITIONS.register(
-    "dirichlet", "label skew: per class, client shares ~ Dir(alpha) (MOON/FedDF/FedGKD)", DirichletParams
+    "dirichlet",
+    "label skew: per class, client shares ~ Dir(alpha), as the papers define it (Hsu et al., MOON, FedDF); "
+    "balance: the released codes' rule that stops filling clients above n / num_clients",
+    DirichletParams,
 )(_label_partition("dirichlet", split_dirichlet))
 PARTITIONS.register(
     "shards",
-    "sort and partition: classes_per_client shards of distinct classes each (McMahan et al.)",
+    "label shards: classes_per_client shards each, of distinct classes (mode classes, fedrift's variant), "
+    "or McMahan et al.'s sort-and-partition (mode sorted: runs of the label-sorted data dealt at random)",
     ShardsParams,
 )(_label_partition("shards", split_shards))
 PARTITIONS.register(
