@@ -25,7 +25,7 @@ from fedrift.engine.executors import EXECUTORS, choose_executor
 from fedrift.engine.executors.processes import available_cpus
 from fedrift.engine.federation import Federation
 from fedrift.engine.loop import run_federation
-from fedrift.engine.outputs import RunWriter
+from fedrift.engine.outputs import CLIENTS, RunWriter
 from fedrift.engine.sampling import cohort_size
 from fedrift.engine.stacked_step import form_refusal
 from fedrift.engine.tensorboard import Board
@@ -159,7 +159,8 @@ def run_prepared(prep: Prepared, resume: bool = False, on_round: Callable[[dict[
         executor = EXECUTORS.get(executor_name, "engine.executor").factory(cfg)
     if hasattr(executor, "use_prepared"):  # executors that ship the prepared data (ray)
         executor.use_prepared(prep)
-    writer = RunWriter(out_dir, cfg.output.overwrite, resume=(snap.metrics_bytes if snap else 0) if resume else None)
+    writer = RunWriter(out_dir, cfg.output.overwrite, resume=(snap.metrics_bytes if snap else 0) if resume else None,
+                       resume_clients=snap.clients_csv_bytes if snap else 0)
     board = None
     try:  # the folder's lock, taken by the writer, is held until the last file is written
         if not resume:
@@ -242,13 +243,17 @@ def _resume_point(out_dir: Path, checkpoints: Checkpointer, device: torch.device
     if status in ("completed", "diverged"):
         raise ConfigError(f"--resume: the run in {str(out_dir)!r} has {status}; there is nothing to continue")
     snap = checkpoints.load(device)
-    metrics = out_dir / "metrics.jsonl"
-    have = metrics.stat().st_size if metrics.is_file() else 0
-    if snap is not None and (have < snap.metrics_bytes or prefix_sha256(metrics, snap.metrics_bytes) != snap.metrics_sha256):
-        raise CheckpointError(
-            f"{metrics}: its first {snap.metrics_bytes} bytes, the rounds up to the checkpoint of round {snap.round}, "
-            "were cut or changed since, so the run cannot continue: delete the folder to run again from round 1"
-        )
+    if snap is None:
+        return None
+    for name, size, sha in (("metrics.jsonl", snap.metrics_bytes, snap.metrics_sha256),
+                            (CLIENTS, snap.clients_csv_bytes, snap.clients_csv_sha256)):
+        path = out_dir / name
+        have = path.stat().st_size if path.is_file() else 0
+        if (size or name != CLIENTS) and (have < size or prefix_sha256(path, size) != sha):  # no rows: nothing to check
+            raise CheckpointError(
+                f"{path}: its first {size} bytes, the rounds up to the checkpoint of round {snap.round}, "
+                "were cut or changed since, so the run cannot continue: delete the folder to run again from round 1"
+            )
     return snap
 
 

@@ -17,6 +17,7 @@ import torch
 from fedrift.algorithms.base import Algorithm
 from fedrift.engine.federation import Federation
 from fedrift.functional.tree import tree_bytes
+from fedrift.metrics.client_spread import ClientScores
 from fedrift.metrics.evaluate import LocalParts, evaluate
 
 Params = dict[str, torch.Tensor]
@@ -56,15 +57,20 @@ def calibration_metrics(algorithm: Algorithm, params: Params, fed: Federation, c
                         apply: Callable[..., Any], head: set[str], round_: int, chunk: int,
                         evaluated: list[tuple[str, torch.Tensor, torch.Tensor]],
                         local: LocalParts | None, step_apply: Callable[..., Any] | None = None,
+                        scores: dict[str, ClientScores] | None = None,
                         ) -> tuple[dict[str, float], Params]:
     """The calibrated model's metrics, named as the global model's with ``calibrated_`` in
-    front (``calibrated_accuracy``, ``calibrated_loss``, ``calibrated_local_accuracy``,
-    ``calibrated_val_accuracy``), the bytes its statistics took up and down, and the model."""
+    front (``calibrated_accuracy``, ``calibrated_loss``, ``calibrated_local_accuracy`` and its
+    spread over the clients, ``calibrated_val_accuracy``), the bytes its statistics took up
+    and down, and the model. ``scores``: filled with the per-client counts on the local test
+    splits (``fedrift.metrics.evaluate.evaluate``)."""
     calibrated, up = calibrated_model(algorithm, params, fed, clients, apply, head, round_, chunk, step_apply)
     row: dict[str, float] = {}
     for prefix, x, y in evaluated:
         name = "calibrated" if prefix == "test" else f"calibrated_{prefix}"
-        row.update(evaluate(apply, calibrated, x, y, chunk, None, name, local if prefix == "test" else None))
+        test = prefix == "test"
+        row.update(evaluate(apply, calibrated, x, y, chunk, None, name, local if test else None,
+                            scores if test else None))
     row["calibration_bytes_up"] = up
     row["calibration_bytes_down"] = len(clients) * tree_bytes(params)  # the global model, to each panel client
     return row, calibrated

@@ -3,10 +3,11 @@
 Every ``engine.checkpoint_every`` rounds the loop saves, after the round's metrics line: the
 server state (global model, FedGKD-Vote's model buffer, FedADC's momentum, SCAFFOLD's
 control, ...), every client state in the store (SCAFFOLD's controls, FedProto's personal
-models, ...), the metrics so far (the history, the totals, and the length of
-``metrics.jsonl``, cut back to it on resume), the teacher memo (the parent's and each
-``processes`` worker's) and the round. Nothing else is needed: every random draw is a pure
-function of (seed, round, client) (``functional/rng.py``), so the next round draws the same.
+models, ...), the metrics so far (the history, the totals, and the lengths of
+``metrics.jsonl`` and ``clients.csv``, cut back to them on resume), the teacher memo (the
+parent's and each ``processes`` worker's) and the round. Nothing else is needed: every
+random draw is a pure function of (seed, round, client) (``functional/rng.py``), so the next
+round draws the same.
 
 Files, in the run folder's ``checkpoint/``: ``state-r<round>.pt`` (``torch.save``; read back
 with ``weights_only=True``), ``clients-r<round>.bin`` (a disk store's rows, when the store is
@@ -78,6 +79,8 @@ class Snapshot:
     memo: list[dict[str, Any]] | None = None  # the loop's TeacherMemo.dump()
     executor: Any = None  # the executor's own (processes: its workers' memos)
     clients: dict[str, Any] = field(default_factory=dict)  # ClientStateStore.dump()
+    clients_csv_bytes: int = 0  # clients.csv's length after this round's rows (0: a checkpoint from before it)
+    clients_csv_sha256: str = ""  # of those bytes
 
 
 def result_keys(resolved: Mapping[str, Any]) -> dict[str, Any]:

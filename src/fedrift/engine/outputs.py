@@ -1,5 +1,5 @@
-"""The run folder: config.yaml, partition.json (+ partition.bin), metrics.jsonl, summary.json,
-final_model.pt.
+"""The run folder: config.yaml, partition.json (+ partition.bin), metrics.jsonl, clients.csv,
+summary.json, final_model.pt.
 
 Metrics are appended and flushed after each evaluated round, so a run that stops (divergence,
 Ctrl-C, a crash) keeps every line it wrote. An existing run is never overwritten unless asked,
@@ -9,7 +9,10 @@ root or home folder, never a file another program put there. Nothing is written 
 (``fedrift.safe_files``); whole files are renamed into place.
 A folder that cannot be created or written, or a full disk, is an :class:`OutputError` (one
 line, exit 2); a metrics line that could not be written whole is cut off again, so the file
-holds exactly the rounds before it.
+holds exactly the rounds before it. ``clients.csv`` (each evaluated client's local test
+samples and correct ones, a row a client a scored model an evaluated round) is appended the same
+way, a round's rows just before its metrics line, and holds the rounds ``metrics.jsonl`` holds:
+rows whose line was not written are cut off again when the run stops, or on resume.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from fedrift.errors import ConfigError, OutputError, describe_os_error, writing
 from fedrift.safe_files import atomic_file, open_append, open_update, refuse_link, write_atomic
 from fedrift.version import __version__
 
-OWNED = ("config.yaml", "partition.json", "partition.bin", "metrics.jsonl", "summary.json", "final_model.pt",
+CLIENTS = "clients.csv"  # appended, as metrics.jsonl: one found in a new run's folder is a run's, never added to
+CLIENT_COLUMNS = ("round", "client", "model", "n_test", "correct")
+OWNED = ("config.yaml", "partition.json", "partition.bin", "metrics.jsonl", CLIENTS, "summary.json", "final_model.pt",
          MARKER)  # the last: a Flower deployment's run
 MARK = ".fedrift-run"  # fedrift made this folder (or found it empty): its own files in it may be removed
 EXTRA = ("personalization.json", "client_state.bin")  # written by some runs only
@@ -74,9 +79,10 @@ def unfinished(out_dir: Path) -> str | None:
 
 class RunWriter:
     """``resume``: continue the run already in ``out_dir``, its ``metrics.jsonl`` cut back to
-    ``resume`` bytes (the checkpoint's length: later lines are of rounds to be redone)."""
+    ``resume`` bytes (the checkpoint's length: later lines are of rounds to be redone), and its
+    ``clients.csv`` to ``resume_clients`` bytes."""
 
-    def __init__(self, out_dir: Path, overwrite: bool, resume: int | None = None) -> None:
+    def __init__(self, out_dir: Path, overwrite: bool, resume: int | None = None, resume_clients: int = 0) -> None:
         if out_dir.exists() and not out_dir.is_dir():
             raise ConfigError(f"output.dir: {str(out_dir)!r} is a file, not a folder")
         held = [name for name in (*OWNED, CHECKPOINTS) if os.path.lexists(out_dir / name)]
@@ -99,6 +105,7 @@ class RunWriter:
             may_clear(out_dir)
         self.created = not out_dir.exists()
         self.rows = 0  # metrics lines written by this run
+        clients_size = 0
         with writing(WHAT, ALLOWED, "create or write"):
             fresh = self.created or not any(out_dir.iterdir())
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -112,6 +119,10 @@ class RunWriter:
                     summary.unlink(missing_ok=True)  # an interrupted run's
                     with open_update(out_dir / "metrics.jsonl") as f:
                         f.truncate(resume)
+                    if os.path.lexists(out_dir / CLIENTS):
+                        with open_update(out_dir / CLIENTS) as f:
+                            f.truncate(resume_clients)
+                        clients_size = resume_clients
                 elif held:  # overwrite, checked by may_clear
                     remove_owned(out_dir)
                 # unbuffered: a line is on its way to the disk once log returns, and a failed
@@ -123,6 +134,9 @@ class RunWriter:
         self.dir = out_dir
         self._good = self._metrics.tell()  # bytes of whole lines
         self._last_round: Any = None
+        self._clients: Any = None  # clients.csv, opened at its first rows
+        # its bytes written whole, and those of rounds whose metrics line is written too
+        self._clients_good = self._clients_kept = clients_size
 
     def write_text(self, name: str, text: str) -> None:
         """A whole file of the run (renamed into place: a kill never leaves a torn config.yaml)."""
@@ -134,31 +148,77 @@ class RunWriter:
         with writing(WHAT, ALLOWED):
             partition.save(self.dir / "partition.json")
 
+    def log_clients(self, round_: int, model: str, clients: list[int], scores: Any) -> None:
+        """Append ``clients.csv``'s rows of round ``round_`` for one scored ``model`` (``global``,
+        ``personal``, ``calibrated``, ``personal_proto``, ...): per client with test samples its
+        ``n_test`` and ``correct`` (``scores``: a ``ClientScores`` over ``clients``, in order).
+        They count only once the round's metrics line follows (:meth:`log`)."""
+        n_test, correct = scores.n_test.tolist(), scores.correct.tolist()
+        text = "".join(f"{round_},{k},{model},{n},{c}\n" for k, n, c in zip(clients, n_test, correct) if n)
+        if not text:
+            return
+        path = self.dir / CLIENTS
+        with writing(WHAT, ALLOWED, path=path):
+            if self._clients is None:
+                self._clients = open_append(path, buffering=0)
+                self._clients_good = self._clients_kept = self._clients.tell()
+        if not self._clients_good:
+            text = ",".join(CLIENT_COLUMNS) + "\n" + text
+        self._append(self._clients, text, self._clients_good, path, round_)
+        self._clients_good = self._clients.tell()
+
     def log(self, row: dict[str, Any]) -> None:
         """Append one metrics line; on a write error (a full disk) the part written is cut
-        off again and the run stops with an :class:`OutputError`."""
-        view = memoryview((json.dumps(_jsonable(row)) + "\n").encode())
+        off again (and the round's ``clients.csv`` rows) and the run stops with an
+        :class:`OutputError`."""
         try:
-            while view:
-                view = view[self._metrics.write(view):]
-        except OSError as err:
-            try:
-                os.ftruncate(self._metrics.fileno(), self._good)
-            except OSError:
-                pass
-            path = self.dir / "metrics.jsonl"
-            kept = f"rounds up to {self._last_round}" if self._last_round is not None else "no round"
-            raise OutputError(
-                f"{WHAT}: {describe_os_error(err, path)} at round {row.get('round')}; {path} keeps {kept}"
-            ) from None
+            self._append(self._metrics, json.dumps(_jsonable(row)) + "\n", self._good, self.dir / "metrics.jsonl",
+                         row.get("round"))
+        except OutputError:
+            self.cut_clients()
+            raise
         self._good = self._metrics.tell()
         self._last_round = row.get("round")
+        self._clients_kept = self._clients_good
         self.rows += 1
+
+    def _append(self, f: Any, text: str, good: int, path: Path, round_: Any) -> None:
+        """Write all of ``text`` at the end of ``f``; on a write error, cut ``f`` back to
+        ``good`` bytes and raise an :class:`OutputError`."""
+        view = memoryview(text.encode())
+        try:
+            while view:
+                view = view[f.write(view):]
+        except OSError as err:
+            try:
+                os.ftruncate(f.fileno(), good)
+            except OSError:
+                pass
+            kept = f"rounds up to {self._last_round}" if self._last_round is not None else "no round"
+            raise OutputError(
+                f"{WHAT}: {describe_os_error(err, path)} at round {round_}; {path} keeps {kept}"
+            ) from None
+
+    def cut_clients(self) -> None:
+        """Cut ``clients.csv`` back to the rounds whose metrics line was written (a stop between
+        a round's rows and its line leaves neither)."""
+        if self._clients is None or self._clients.closed or self._clients_good == self._clients_kept:
+            return
+        try:
+            os.ftruncate(self._clients.fileno(), self._clients_kept)
+            self._clients_good = self._clients_kept
+        except OSError:
+            pass  # the next resume cuts it to its checkpoint's length
+
+    @property
+    def clients_bytes(self) -> int:
+        """``clients.csv``'s length up to the last round with its metrics line (a checkpoint's place in it)."""
+        return self._clients_kept
 
     def discard(self) -> None:
         """Remove what this run wrote, for a run refused before its first round ended (a check
         only the first round can make): a refused config leaves no folder to block the rerun."""
-        self._metrics.close()
+        self._close_files()
         remove_owned(self.dir)
         if self.created:
             for name in (MARK, LOCK_NAME):
@@ -169,9 +229,12 @@ class RunWriter:
                 pass
 
     def sync(self) -> int:
-        """Push metrics.jsonl to the disk; its length (a checkpoint's place in it)."""
+        """Push metrics.jsonl (and clients.csv) to the disk; its length (a checkpoint's place in it)."""
         with writing(WHAT, ALLOWED, path=self.dir / "metrics.jsonl"):
             os.fsync(self._metrics.fileno())
+        if self._clients is not None:
+            with writing(WHAT, ALLOWED, path=self.dir / CLIENTS):
+                os.fsync(self._clients.fileno())
         return self._good
 
     def write_summary(self, summary: dict[str, Any]) -> None:
@@ -187,12 +250,18 @@ class RunWriter:
             torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, f)
 
     def close(self) -> None:
-        self._metrics.close()
+        self._close_files()
 
     def release(self) -> None:
         """Let another process use the folder (after the run's last file)."""
-        self._metrics.close()
+        self._close_files()
         self._lock.release()
+
+    def _close_files(self) -> None:
+        self.cut_clients()
+        self._metrics.close()
+        if self._clients is not None:
+            self._clients.close()
 
 
 def mark(folder: Path) -> None:

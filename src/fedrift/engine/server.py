@@ -30,7 +30,7 @@ from fedrift.engine.checkpoint import Checkpointer, Snapshot, prefix_sha256
 from fedrift.engine.failures import DivergenceBound, Fates, fates, update_norm
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_tools
-from fedrift.engine.outputs import RunWriter
+from fedrift.engine.outputs import CLIENTS, RunWriter
 from fedrift.engine.privacy import Accountant, private_mean
 from fedrift.engine.round_types import ClientJob, ClientOutput, RoundTools
 from fedrift.engine.sampling import SAMPLERS, cohort_size, eval_clients
@@ -38,6 +38,7 @@ from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
 from fedrift.functional.tree import RunningSum, all_finite, shares_memory, signature, stack, tree_bytes
 from fedrift.errors import ConfigError, DivergenceError, FedriftError, NoClientsError
+from fedrift.metrics.client_spread import SPREAD, ClientScores
 from fedrift.metrics.drift import drift_metrics, probe_indices
 from fedrift.metrics.evaluate import LocalParts, evaluate, evaluate_personal
 from fedrift.models.base import FedModel
@@ -347,7 +348,8 @@ class Server:
         row = None
         cal = self.algorithm.calibration
         if t % cfg.eval.every == 0 or t == tc.rounds or (cal is not None and cal.at is not None and t in cal.at):
-            row = {"round": t, **self.evaluate(), **self.calibrate(t), **_aux_metrics(outputs, weights)}
+            scores: dict[str, ClientScores] = {}  # per panel client, by scored model (clients.csv)
+            row = {"round": t, **self.evaluate(scores), **self.calibrate(t, scores), **_aux_metrics(outputs, weights)}
             if cfg.eval.drift:
                 local = [o.end_params for o in outputs]
                 row.update(drift_metrics(self.tools.apply, rnd.payload["params"], local, fed.x_test, fed.y_test,
@@ -364,6 +366,8 @@ class Server:
             )
             if self.accountant is not None:
                 row["epsilon"] = self.epsilon
+            for model, sc in scores.items():  # the round's clients.csv rows, just before its metrics line
+                self.writer.log_clients(t, model, self.panel, sc)
             self.writer.log(row)
             self.out.history.append(row)
             if self.on_round is not None:
@@ -377,21 +381,28 @@ class Server:
         self.bar.update(1)
         return row
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, scores: dict[str, ClientScores] | None = None) -> dict[str, float]:
         """The global model (or, for personal algorithms and client models, each client's own:
         every client up to ``eval.clients_sample`` clients, else a seeded panel of that many) on
-        the test set and the validation union."""
+        the test set and the validation union. ``scores``: filled with the panel clients' counts
+        on their local test splits, under ``global`` or ``personal`` (``_<name>`` for an extra
+        predictor: ``personal_proto``)."""
         fed, alg, apply, chunk = self.fed, self.algorithm, self.tools.apply, self.tools.eval_batch
         predict = partial(alg.predict, self.state, apply=apply) if alg.predict is not None else None
         row: dict[str, float] = {}
         for prefix, x_eval, y_eval in self.evaluated:
+            own: dict[str, ClientScores] | None = {} if prefix == "test" else None
             if self.per_client:  # each panel client's own model, as the store holds it now
                 models = (self.client_model(k) for k in self.panel)  # one at a time
                 local = [fed.test_indices(k) if prefix == "test" else fed.val_positions(k) for k in self.panel]
-                row.update(evaluate_personal(apply, models, local, x_eval, y_eval, chunk, predict, prefix))
+                row.update(evaluate_personal(apply, models, local, x_eval, y_eval, chunk, predict, prefix, scores=own))
             else:
                 local_parts = self.local_test if prefix == "test" else None
-                row.update(evaluate(apply, self.state["params"], x_eval, y_eval, chunk, predict, prefix, local_parts))
+                row.update(evaluate(apply, self.state["params"], x_eval, y_eval, chunk, predict, prefix, local_parts,
+                                    scores=own))
+            if scores is not None and own:
+                model = "personal" if self.per_client else "global"
+                scores.update({model + (f"_{name}" if name else ""): sc for name, sc in own.items()})
         return row
 
     def client_model(self, k: int) -> dict[str, torch.Tensor]:
@@ -400,23 +411,27 @@ class Server:
         state = self.store.get(k)
         return state["params"] if self.algorithm.personal else self.algorithm.client_model(self.state, state)
 
-    def calibrate(self, t: int) -> dict[str, float]:
+    def calibrate(self, t: int, scores: dict[str, ClientScores] | None = None) -> dict[str, float]:
         """The algorithm's calibrated model (CCVR) from the panel clients' statistics of the
         global model, evaluated as it is (``engine.calibrate``); {} without one, or where it
         does not calibrate at ``t`` (``Calibration.due``: no statistics gathered, no bytes). It
-        is kept as the run's final model, and never goes down to the clients."""
+        is kept as the run's final model, and never goes down to the clients. ``scores``: as in
+        :meth:`evaluate`, under ``calibrated``."""
         cal = self.algorithm.calibration
         if cal is None or not cal.due(t, self.cfg.train.rounds):
             return {}
         prefixes = getattr(self.model, "head_prefixes", ("fc",))
         params = self.state["params"]
         head = {k for k in params if k.split(".")[0] in prefixes}
+        own: dict[str, ClientScores] = {}
         try:
             row, self.calibrated = calibration_metrics(self.algorithm, params, self.fed, self.panel, self.tools.apply,
                                                        head, t, self.tools.eval_batch, self.evaluated, self.local_test,
-                                                       self.tools.vmap_apply)
+                                                       self.tools.vmap_apply, scores=own)
         except FloatingPointError as err:  # statistics of a diverged model: the run ends as diverged
             raise self._diverged(t, str(err)) from None
+        if scores is not None:
+            scores.update({"calibrated" + (f"_{name}" if name else ""): sc for name, sc in own.items()})
         return row
 
     def keep_on_stop(self) -> None:
@@ -441,9 +456,11 @@ class Server:
         self.totals["run_seconds"] = self.run_seconds()
         memo = self.tools.teacher_memo.dump() if self.tools.teacher_memo is not None else None
         extra = self.extra_state() if self.extra_state is not None else None
-        size = self.writer.sync()
+        size, rows = self.writer.sync(), self.writer.clients_bytes
         snap = Snapshot(t, self.state, self.out.history, self.totals, self.best, size,
-                        prefix_sha256(self.writer.dir / "metrics.jsonl", size), memo, extra)
+                        prefix_sha256(self.writer.dir / "metrics.jsonl", size), memo, extra,
+                        clients_csv_bytes=rows,
+                        clients_csv_sha256=prefix_sha256(self.writer.dir / CLIENTS, rows) if rows else "")
         self.checkpoints.save(snap, self.store)
 
     def _aggregate(self, rnd: Round, outputs: list[ClientOutput], weights: torch.Tensor, info: RoundInfo) -> None:
@@ -586,9 +603,12 @@ def _summary(out: LoopResult, totals: dict, best: tuple[float, int], rounds: int
         "bytes_up_total": totals["bytes_up"],
         **{f"{k}_total": totals[k] for k in ("clients_returned", "clients_dropped", "clients_failed", "clients_straggling")},
     }
-    if "local_accuracy" in last:  # on the clients' own test splits (each one's model, or the global one)
-        summary["final_local_accuracy"] = last["local_accuracy"]
-    for key in ("calibrated_accuracy", "calibrated_local_accuracy"):  # the calibrated model's (CCVR), beside them
+    # on the clients' own test splits (each one's model, or the global one), and its spread over the clients
+    for key in ("local_accuracy", *(f"local_accuracy_{s}" for s in SPREAD)):
+        if key in last:
+            summary[f"final_{key}"] = last[key]
+    # the calibrated model's (CCVR), beside them
+    for key in ("calibrated_accuracy", "calibrated_local_accuracy", *(f"calibrated_local_accuracy_{s}" for s in SPREAD)):
         if key in last:
             summary[key] = last[key]
     if message:
