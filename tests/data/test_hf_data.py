@@ -439,8 +439,15 @@ def test_save_to_disk_and_to_parquet_by_datasets_load_as_the_hand_written_layout
         agree(_tensors(load(tmp_path / root, size=6, client_id="writer")), want, BITS, where=root)
 
 
-def test_compare_runs_over_a_folder_saved_by_datasets(tmp_path, image_splits):
-    _with_datasets(image_splits).save_to_disk(str(tmp_path / "saved"))
+@pytest.mark.parametrize("written", ["save_to_disk", "to_parquet"])
+def test_compare_runs_over_a_folder_saved_by_datasets(tmp_path, image_splits, written):
+    dd = _with_datasets(image_splits)
+    if written == "save_to_disk":
+        dd.save_to_disk(str(tmp_path / "saved"))
+    else:  # the Hub's layout: data/<split>-00000-of-00001.parquet
+        (tmp_path / "saved" / "data").mkdir(parents=True)
+        for name, split in dd.items():
+            split.to_parquet(str(tmp_path / "saved" / "data" / f"{name}-00000-of-00001.parquet"))
     cfg = tiny_config(tmp_path, data={"name": "hf", "root": str(tmp_path / "saved"), "size": 6},
                       partition={"name": "natural"}, train={"rounds": 2, "clients_per_round": 2})
     cfg["data"]["client_id"] = "writer"
