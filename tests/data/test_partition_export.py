@@ -244,3 +244,29 @@ def test_the_docs_loader_reads_fedrifts_partition(tmp_path, monkeypatch):
         assert np.array_equal(y, ds.y_train[part.train[k]].numpy())
         fedrifts = ((x / 255.0 - MNIST_MEAN) / MNIST_STD).astype(np.float32)  # embedded.py's scaling, as written
         assert np.array_equal(fedrifts, ds.x_train[part.train[k]].numpy().reshape(len(y), -1))
+
+
+def test_an_hf_file_without_a_test_split_indexes_its_stored_rows(tmp_path):
+    """One Parquet file, labels as names: fedrift draws its own test split, and the files index
+    the file's rows as stored (each row's feature is its row number, so the mapping shows)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 45
+    names = np.array(["owl", "cat", "emu"])[np.random.default_rng(1).integers(0, 3, n)]
+    (tmp_path / "hub").mkdir()
+    pq.write_table(pa.table({"row": np.arange(n, dtype=np.float64), "label": names}), tmp_path / "hub" / "all.parquet")
+    cfg = tiny_config(tmp_path, data={"name": "hf", "root": str(tmp_path / "hub" / "all.parquet")},
+                      partition={"name": "iid", "num_clients": 3, "min_local_test": 1}, model={"name": "logreg"},
+                      train={"rounds": 1, "clients_per_round": 2})
+    run(cfg)
+    assert main(["partition", "export", str(tmp_path / "run")]) == 0
+    doc, files = _read(tmp_path / "run-partition")
+    assert doc["index_spaces"]["source"]["rows"] == n and "without a test split" in doc["dataset"]["dataset_note"]
+    ds = load_dataset("hf", tmp_path / "hub" / "all.parquet", DATASETS.get("hf").params())
+    part = Partition.load(tmp_path / "run" / "partition.json")
+    for k in range(3):  # a client's samples are the stored rows its file lists
+        assert ds.x_train[part.train[k], 0].tolist() == files["train"][k].astype(float).tolist()
+    assert ds.x_test[:, 0].tolist() == files["global_test"][0].astype(float).tolist()
+    ids = {name: i for i, name in enumerate(sorted(set(names)))}  # the loader numbers names sorted
+    assert doc["index_spaces"]["source"]["labels"] == _blake(np.array([ids[v] for v in names]))

@@ -775,6 +775,20 @@ def _hold_out(parts: dict, y: np.ndarray, options: HfParams) -> tuple[dict, dict
     return {k: take(v, train) for k, v in parts.items()}, {k: take(v, test) for k, v in parts.items()}
 
 
+def held_out_rows(root: Path, options: HfParams) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """For a dataset stored without a test split: the split's name, and which of its stored
+    rows :func:`load_hf` makes its train and its test samples (in that order), from the labels
+    as stored, as it draws them; None when the dataset has a test split (its rows are as
+    stored). ``fedrift partition export`` indexes the stored rows with them."""
+    train_split, test_split = _splits(need_root(root, "hf", HOLDS, file_ok=True), options)
+    if test_split is not None:
+        return None
+    shards = [Shard(p) for p in train_split.files]
+    cols = _columns(shards[0], train_split.features or shards[0].features(), options)
+    labels = _read_split(train_split, shards, cols).labels
+    return (train_split.name, *stratified_split(labels, options.test_fraction, options.split_seed))
+
+
 @DATASETS.register(
     "hf",
     "your data as the field keeps it: a save_to_disk folder, Parquet or Arrow files in data.root (images, text or "
@@ -831,4 +845,4 @@ def load_hf(root: Path | None, options: HfParams) -> Dataset:
     return replace(ds, source=str(root))
 
 
-__all__ = ["HfParams", "load_hf"]
+__all__ = ["HfParams", "held_out_rows", "load_hf"]

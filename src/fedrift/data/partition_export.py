@@ -17,7 +17,7 @@ import io
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -119,6 +119,22 @@ def _text(name: str, train: str, test: str) -> Callable[[Path | None, Any], Sour
     return source
 
 
+def _hf(root: Path | None, options: Any) -> Source:
+    from fedrift.data.hf import held_out_rows
+
+    order = "datasets.load_from_disk's order for a save_to_disk folder, else its Parquet/Arrow files in path order"
+    held = held_out_rows(root, options) if root is not None else None
+    if held is None:
+        return Source(f"the {options.train_split!r} split's rows as stored: {order}",
+                      "the test split's rows (data.test_split, else 'test'), likewise", "a Hugging Face dataset as stored")
+    # no test split: fedrift drew one from the stored rows; their labels (fedrift's class ids) are
+    # filled in from the loaded dataset (read_run), as the stored labels may be names
+    name, train, test = held
+    what = f"the {name!r} split's rows as stored ({order})"
+    return Source(what, what, "a Hugging Face dataset as stored, without a test split; " + SPLIT_NOTE.format(what=what),
+                  (train, test), None)
+
+
 SOURCES: dict[str, Callable[[Path | None, Any], Source]] = {
     "digits": _digits,
     "mnist5k": _mnist5k,
@@ -147,11 +163,7 @@ SOURCES: dict[str, Callable[[Path | None, Any], Source]] = {
                                   "x_test, y_test of the same file, rows as stored", "your arrays, as stored"),
     "sst5": _text("sst5", "SST-5's train.txt trees in file order (blank lines skipped)", "test.txt's trees, likewise"),
     "agnews": _text("agnews", "AG News' train.csv rows in file order (a header line skipped)", "test.csv's rows, likewise"),
-    "hf": lambda root, o: Source(
-        f"the {o.train_split!r} split's rows as stored: datasets.load_from_disk's order for a save_to_disk folder, "
-        "else its Parquet/Arrow files in path order", "the test split's rows (data.test_split, else 'test'), likewise",
-        "a Hugging Face dataset as stored; without a test split fedrift draws its own (data.test_fraction, "
-        "data.split_seed) and the files index fedrift's train and test rows, not the stored split"),
+    "hf": _hf,
     "mnist1d": lambda root, o: Source(
         "the first data.train_split of the samples the published generator makes (mnist1d's make_dataset with these "
         "arguments: its x, y; fedrift's are equal to them)", "the rest: make_dataset's x_test, y_test",
@@ -232,6 +244,10 @@ def read_run(run_dir: Path, trust_plugins: bool = False) -> Run:
     dataset = load_dataset(cfg.data.name, root, options)
     _check_indices(run_dir / "partition.json", part, dataset.num_train, len(dataset.y_test), cfg.data.name)
     source = data_source(cfg.data.name, root, options)
+    if source.rows is not None and source.labels is None:  # the rows' labels as the loader numbers them (hf)
+        labels = np.empty(len(source.rows[0]) + len(source.rows[1]), dtype=np.int64)
+        labels[source.rows[0]], labels[source.rows[1]] = dataset.y_train.numpy(), dataset.y_test.numpy()
+        source = replace(source, labels=labels)
     if source.rows is not None:  # the mapping recomputed here must give the loader's labels back
         y = source.labels
         if not (np.array_equal(y[source.rows[0]], dataset.y_train.numpy())
