@@ -154,10 +154,15 @@ def test_every_algorithm_runs_on_the_text_model_or_refuses_adamw(tmp_path, monke
     extra = {"moon": {"model": {"projection_dim": 8}}, "fedgkd_plus": {"model": {"projection_dim": 8}},
              "feddf": {"partition": {"holdout": 0.2}, "algorithm": {"steps": 2}},
              "ccvr": {"algorithm": {"M": 40, "epochs": 2}}}  # its calibration runs, on fewer virtual features
-    sgd_only = {"scaffold", "slowmo", "fedadc", "fedadc_plus", "fednova", "feddc"}
+    # the two-model methods (Ditto, APFL, FedRoD) step each model by its own SGD
+    sgd_only = {"scaffold", "slowmo", "fedadc", "fedadc_plus", "fednova", "feddc", "ditto", "apfl", "fedrod"}
+    refused = {"fedbn": "model.norm: fedbn keeps each client's BatchNorm",  # the text model has no BatchNorm
+               # the frozen encoder leaves one layer, the classifier: no body to share below it
+               "fedper": "algorithm.personal_layers: 1 is every layer", "fedrep": "algorithm.head_layers: 1 is every layer",
+               "fedbabu": "algorithm.head_layers: 1 is every layer"}
     for name in ALGORITHMS.names():
-        if name == "fedbn":  # keeps BatchNorm layers on the clients: the text model has none, refused in one line
-            with pytest.raises(ConfigError, match="model.norm: fedbn keeps each client's BatchNorm"):
+        if name in refused:  # refused in one line
+            with pytest.raises(ConfigError, match=refused[name]):
                 fedrift.run({"data": {"name": "sst5", "root": sst5, "max_train": 60, "max_test": 10},
                              "partition": {"name": "iid", "num_clients": 3, "min_local_test": 1},
                              "model": {"name": "text", "freeze_encoder": True}, "algorithm": {"name": name},
