@@ -34,6 +34,15 @@ client keeps in its state, ``client_model(shared, client_state)``. Training star
 ``shared`` the payload; evaluation scores it with ``shared`` the server state, per client, as
 for personal models (a client never sampled has its initial state).
 
+Two models a client (``train_params``, Ditto, APFL, FedRoD): where a client trains more than
+the model it is scored with (Ditto's global model and its personal one, side by side), the
+tree it trains is ``train_params(payload, client_state)``, one dict of tensors: the shared
+model under its own names and the client's part under names no module has (``@ditto/fc.weight``).
+``local_loss`` sums the models' losses, so one step on the tree is their simultaneous steps;
+``client_result`` uploads the shared part and keeps the rest. ``client_model`` stays what is
+scored; training starts from ``train_params`` instead. Not with a BatchNorm model's running
+statistics under the extra names (the step threads one set of them).
+
 The loss alone (``objective``, None: ``local_loss``): where ``local_loss`` also carries part
 of the update rule (FedADC's Nesterov variant takes its gradient at a shifted point), this
 is the loss without it. Personalisation (``eval.personalize_loss: algorithm``) fine-tunes the
@@ -253,6 +262,7 @@ class Algorithm:
     noise_dim: int | None = None  # batch["noise"]: (rows, noise_dim) standard normal, per step
     personal: bool = False  # clients train and keep their own model, state["params"]
     client_model: Callable[[Tree, Tree], Params] | None = None  # (shared, client state) -> its model (docstring)
+    train_params: Callable[[Tree, Tree], Params] | None = None  # (payload, client state) -> the tree it trains (docstring)
     predict: Callable[[Tree, Params, torch.Tensor, Apply], dict[str, torch.Tensor]] | None = None
     calibration: Calibration | None = None  # post-hoc calibration at evaluation (CCVR; module docstring)
     sums: dict[str, SumWeights] | None = None  # streamed aggregation (module docstring): field -> weighting
@@ -285,3 +295,5 @@ class Algorithm:
         if self.client_model is not None and (self.personal or self.init_client is None):
             raise ValueError(f"algorithm {self.name}: a client model joins the shared model and the client state; "
                              "give init_client, and not personal")
+        if self.train_params is not None and self.client_model is None:
+            raise ValueError(f"algorithm {self.name}: train_params is the tree a client model trains; give client_model too")

@@ -79,6 +79,9 @@ def check(cfg: Config, algorithm: Algorithm) -> None:
         raise ConfigError(f"privacy.level: client clips model changes, and {name} keeps personal models and "
                           "uploads prototypes; allowed: none or sample")
     if level == "sample":
+        if algorithm.train_params is not None:
+            raise ConfigError(f"privacy.level: sample noises each step's gradient of one model, and {name} trains "
+                              "two on each client in one step; allowed: none or client")
         if algorithm.client_end is not None:
             raise ConfigError(f"privacy.level: sample protects the local steps, and {name} uploads a summary "
                               "computed from the client's data after them; allowed: none")

@@ -123,11 +123,14 @@ class RoundTools:
         return ClientData(rows(self.x, idx), rows(self.y, idx), teacher)
 
     def start_params(self, payload: dict[str, Any], ctx: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Where local training starts: the broadcast model, the client's own (personal), or
-        the broadcast joined with the part the client keeps (``client_model``: FedBN)."""
+        """Where local training starts: the broadcast model, the client's own (personal), the
+        broadcast joined with the part the client keeps (``client_model``: FedBN), or the tree
+        of its two models (``train_params``: Ditto)."""
         alg = self.algorithm
         if alg.personal:
             return ctx["state"]["params"]
+        if alg.train_params is not None:
+            return alg.train_params(payload, ctx["state"])
         return payload["params"] if alg.client_model is None else alg.client_model(payload, ctx["state"])
 
     def noise(self, round_: int, client: int, step: int, rows: int) -> torch.Tensor | None:
