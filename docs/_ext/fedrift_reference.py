@@ -220,6 +220,21 @@ def config_page(model: type, names: dict[str, list[str]] | None = None) -> str:
     return "\n".join(lines)
 
 
+def options_page(model: type, prefix: str) -> str:
+    """A flat options model's table (``ReportOptions``: the ``report.*`` options of ``fedrift
+    compare``, ``fedrift report`` and a study's ``report:``), each key under ``prefix``."""
+    lines = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
+    for name, info in model.model_fields.items():
+        lines.append(f"| `{prefix}.{name}` | {cell(type_name(info.annotation))} | {code(info.get_default())} | "
+                     f"{cell(allowed(info.annotation, info.metadata))} | {cell(text(info.description or ''))} |")
+    return "\n".join(lines) + "\n"
+
+
+def missing_option_descriptions(model: type, prefix: str) -> list[str]:
+    """Options of a flat options model without a ``description=``: the build refuses them."""
+    return [f"{prefix}.{name}" for name, info in model.model_fields.items() if not info.description]
+
+
 # ---------------------------------------------------------------------------------------
 # Registry entries: algorithms, datasets, partitions, models
 
@@ -407,12 +422,14 @@ def pages() -> dict[str, str]:
     from fedrift.data.partition import PARTITIONS
     from fedrift.experiments.space import default_space
     from fedrift.models import MODELS
+    from fedrift.report.html import ReportOptions
 
     names = {section: [e.name for e in built_in(registry)] for section, registry in
              (("data", DATASETS), ("partition", PARTITIONS), ("model", MODELS), ("algorithm", ALGORITHMS))}
     return {
         "cli.md": cli_page(_parser()),
         "config.md": config_page(Config, names),
+        "report-options.md": options_page(ReportOptions, "report"),
         "algorithms-table.md": summary_table(ALGORITHMS, "algorithm"),
         "datasets.md": registry_page(DATASETS, "dataset"),
         "partitions.md": registry_page(PARTITIONS, "partition"),
@@ -457,6 +474,11 @@ def _on_builder_inited(app: Any) -> None:
     log = logging.getLogger(__name__)
     for key in missing_descriptions(Config):
         log.warning(f"config key {key} has no description= in src/fedrift/config.py; the config reference needs one")
+    from fedrift.report.html import ReportOptions
+
+    for key in missing_option_descriptions(ReportOptions, "report"):
+        log.warning(f"report option {key} has no description= in src/fedrift/report/html.py (ReportOptions); the "
+                    "config reference needs one")
     write_all()
     for family in families_without_a_page():
         log.warning(f"the algorithms of fedrift.algorithms.{family} are on no page: include "

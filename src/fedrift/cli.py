@@ -110,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="print the plan (trials per entry, rungs, confirmation runs, estimated time) and run nothing")
     sel.add_argument("grid", nargs="*", metavar="key=value",
                      help="algorithms=fedavg,fedprox  seeds=1,2,3  top=3  startup=2  min_rounds=3  eta=3  "
-                          "space.mu=log:1e-4:1  and overrides")
+                          "space.mu=log:1e-4:1  report.metric=accuracy|local_accuracy|local_accuracy_worst10 (what the "
+                          "recommendation ranks on)  and overrides")
 
     rep = sub.add_parser(
         "report",
@@ -125,7 +126,8 @@ def _parser() -> argparse.ArgumentParser:
                      "you trust (without it none is imported; the runs are reported from their files)")
     rep.add_argument("options", nargs="*", metavar="report.key=value",
                      help="report.at_rounds=10,20,50 report.target=0.9|fedavg:0.9|none report.tsne=fedavg|none "
-                     "report.tsne_points=1000 report.band=minmax|std report.paper=NAME report.plots=false report.title=...; "
+                     "report.tsne_points=1000 report.band=minmax|std report.paper=NAME report.plots=false report.title=... "
+                     "report.metric=accuracy|local_accuracy|local_accuracy_worst10; "
                      "plugins=[module,...] (imported first; those each run's config.yaml names only with --trust-plugins)")
 
     lst = sub.add_parser(
@@ -397,9 +399,11 @@ def _select(args: argparse.Namespace) -> int:
     from fedrift.experiments.select import select
 
     grid = parse_grid_tokens(args.grid)
-    if grid["sweep"] or grid["report"] or grid["tuned"] is not None:
+    report = dict(grid["report"] or {})
+    metric = report.pop("metric", None)  # what the verdict ranks on: the one report option select takes
+    if grid["sweep"] or report or grid["tuned"] is not None:
         raise ConfigError("sweep./report./tuned=: not select options; allowed: algorithms=, seeds=, top=, startup=, "
-                          "min_rounds=, eta=, space.KEY=SPEC and config overrides")
+                          "min_rounds=, eta=, report.metric=, space.KEY=SPEC and config overrides")
     space, overrides, options = {}, [], {}
     for item in grid["overrides"]:
         key, _, raw = item.partition("=")
@@ -415,7 +419,7 @@ def _select(args: argparse.Namespace) -> int:
             overrides.append(item)
     select(args.config, algorithms=grid["algorithms"], overrides=overrides, out=args.out, budget=args.budget,
            budget_rounds=args.budget_rounds, seeds=grid["seeds"], jobs=args.jobs, pruner=args.pruner, space=space,
-           report=not args.no_report, dry_run=args.dry_run, **options)
+           report=not args.no_report, dry_run=args.dry_run, metric=metric, **options)
     return 0
 
 

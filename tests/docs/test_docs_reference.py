@@ -28,6 +28,18 @@ def test_every_config_key_has_a_description():
     assert ref.missing_descriptions(Config) == []
 
 
+def test_every_report_option_has_a_description_and_a_row():
+    from fedrift.report.html import ReportOptions
+
+    assert ref.missing_option_descriptions(ReportOptions, "report") == []
+    page = ref.options_page(ReportOptions, "report")
+    assert len([line for line in page.splitlines() if line.startswith("| `report.")]) == len(ReportOptions.model_fields)
+    row = _row(page, "report.metric")
+    assert "`accuracy`, `local_accuracy`, `local_accuracy_worst10`, `null`" in row and "| `null` |" in row
+    assert "worst 10%" in row
+    assert _row(page, "report.tsne_points").startswith("| `report.tsne_points` | int | `1000` | >= 10 |")
+
+
 def test_changing_a_default_changes_the_config_page(monkeypatch):
     from fedrift.config import Config, TrainConfig
 

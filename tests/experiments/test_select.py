@@ -488,6 +488,51 @@ def test_the_search_reads_no_test_metric(better):
     assert "val_accuracy" in read
 
 
+def test_report_metric_ranks_the_confirmation_on_the_worst_10_percent_and_reruns_no_trial(better, tmp_path):
+    """The same select again with ``metric="local_accuracy_worst10"`` (a rerun: the trials and the
+    confirmation's runs are reused): the confirmation's table ranks on it, the verdict is judged
+    on it and says so at its head; FedProx's worst 10% of clients beats crippled FedAvg's."""
+    import shutil
+
+    out = tmp_path / "select"
+    shutil.copytree(better.out, out)
+    result = select(_base(), out=out, **better.kwargs, metric="local_accuracy_worst10")
+    assert len(result["trials"]) == len(better.result["trials"])  # no trial ran
+    assert result["metric"] == "local_accuracy_worst10" and result["judged_on"] == "final_local_accuracy_worst10"
+    assert result["choice"] == "fedprox" and result["text"].startswith(
+        "ranked on report.metric=local_accuracy_worst10 (the mean accuracy of the worst 10% of clients"), result["text"]
+    assert "on worst 10% local accuracy" in result["text"]
+    rows = {r["algorithm"]: r for r in result["rows"]}
+    assert rows["fedprox"]["rank"] == 1 and rows["fedprox"]["rank_metric"] == "final_local_accuracy_worst10"
+    assert rows["fedprox"]["final_local_accuracy_worst10_diff_n"] == 3
+    assert "rank (worst 10% local)" in (out / "confirm" / "results.md").read_text()
+    assert result["text"] in (out / "select.md").read_text()
+    assert (out / "recommendation.yaml").read_text().startswith(
+        "# fedrift select: ranked on report.metric=local_accuracy_worst10")
+    with pytest.raises(ConfigError, match="report.metric: 'worst' is not a metric to rank on; allowed: accuracy"):
+        select(_base(), out=tmp_path / "other", **better.kwargs, metric="worst")
+    assert not (tmp_path / "other").exists()
+
+
+def test_report_metric_on_selects_command_line(tmp_path, capsys, monkeypatch):
+    import fedrift.experiments.select as select_module
+
+    seen = {}
+    monkeypatch.setattr(select_module, "select", lambda *a, **kw: seen.update(kw))
+    assert main(["select", "-c", str(_cli_cfg(tmp_path)), "--budget-rounds", "500",
+                 "report.metric=local_accuracy_worst10"]) == 0
+    assert seen["metric"] == "local_accuracy_worst10"
+    monkeypatch.undo()
+    out = tmp_path / "s"
+    one_line_refusal(capsys, ["select", "-c", str(_cli_cfg(tmp_path)), "--out", str(out), "--budget-rounds", "500",
+                              "report.metric=worst"],
+                     "report.metric: 'worst' is not a metric to rank on; allowed: accuracy, local_accuracy, "
+                     "local_accuracy_worst10")
+    one_line_refusal(capsys, ["select", "-c", str(_cli_cfg(tmp_path)), "--out", str(out), "--budget-rounds", "500",
+                              "report.tsne=none"], "not select options", "report.metric=")
+    assert not out.exists()
+
+
 def _cli_cfg(tmp_path, **partition) -> Path:
     cfg = _base()
     cfg["partition"] = {**cfg["partition"], **partition}

@@ -18,10 +18,12 @@ MB = 1e6
 
 
 def _confirm(root: Path, diffs: dict[str, list[float | None]], seeds: list[int], ref_val: float = 0.70,
-             vals: dict[str, float] | None = None, down: dict[str, float] | None = None) -> list[dict]:
+             vals: dict[str, float] | None = None, down: dict[str, float] | None = None,
+             worst10: dict[str, list[float]] | None = None) -> list[dict]:
     """A confirmation folder as compare writes it: FedAvg at 0.40 test accuracy (at best
     validation) on every seed, each other entry at 0.40 + its diff (None: that run did not
-    finish); returns compare's rows (FedAvg the reference)."""
+    finish); ``worst10``: per entry (FedAvg's too) its runs' ``final_local_accuracy_worst10`` by
+    seed; returns compare's rows (FedAvg the reference)."""
     root.mkdir(parents=True, exist_ok=True)
     entries = {"fedavg": [0.0] * len(seeds), **diffs}
     settings = []
@@ -37,7 +39,9 @@ def _confirm(root: Path, diffs: dict[str, list[float | None]], seeds: list[int],
             (run / "summary.json").write_text(json.dumps({
                 "status": "completed", "seed": seed, "rounds": 10, "best_accuracy": 0.4 + d, "final_accuracy": 0.4 + d,
                 "test_accuracy_at_best_val": 0.4 + d, "best_val_accuracy": val,
-                "bytes_down_total": 10 * per_round, "bytes_up_total": 10 * 33.8 * MB}))
+                "bytes_down_total": 10 * per_round, "bytes_up_total": 10 * 33.8 * MB,
+                **({"final_local_accuracy": 0.5, "final_local_accuracy_worst10": worst10[entry][seeds.index(seed)]}
+                   if worst10 and entry in worst10 else {})}))
     (root / "compare.json").write_text(json.dumps({"settings": settings, "seeds": seeds}))
     groups, _ = load_groups(root)
     return summarize(groups, reference="fedavg")
@@ -185,3 +189,82 @@ def test_a_trial_the_budget_stopped_is_said_apart_from_the_tuning(tmp_path):
     assert "FedAvg 4 trials (furthest 12 rounds; 1 more stopped by the budget, not counted)" in tuning, tuning
     assert "(4 trials against 15)" in tuning
     assert rec["entries"]["fedadc"]["trials"] == 15 and rec["entries"]["fedadc"]["cut"] == 1
+
+
+# ---------------------------------------------------------------------------------------
+# The worst 10% of clients (issue 71 item 2): said when the remedy's is below FedAvg's, and
+# report.metric ranking and judging on it
+
+
+def test_a_remedy_whose_worst_10_percent_is_below_fedavgs_is_said_so_with_both_numbers(tmp_path):
+    """FedADC ahead on test accuracy on every seed, but its worst 10% of clients at 61.2% on
+    average (61.0, 61.5, 61.1) against FedAvg's 64.0% (64.0 each seed): one sentence says so."""
+    worst = {"fedavg": [0.640, 0.640, 0.640], "fedadc": [0.610, 0.615, 0.611]}
+    rows = _confirm(tmp_path / "confirm", {"fedadc": [0.030, 0.027, 0.058]}, [1, 2, 3], worst10=worst)
+    rec = recommend(_plan(tmp_path, [1, 2, 3]), rows, PICKED, trials=TRIALS)
+    assert rec["choice"] == "fedadc" and rec["verdict"] == "ahead, not tested"
+    sentence = ("Its worst 10% of clients score 61.2% on their own test splits, below FedAvg's 64.0% "
+                "(final_local_accuracy_worst10, the mean over the confirmation's 3 runs each)")
+    assert sentence in rec["text"] and rec["text"].count("worst 10%") == 1
+    assert rec["text"].index(sentence) < rec["text"].index("To test it")  # before the command, after the verdict
+    assert rec["worst10"] == {"choice": pytest.approx(0.612), "reference": pytest.approx(0.64), "below": True,
+                              "runs": 3, "reference_runs": 3}
+    assert rec["metric"] == "accuracy" and rec["judged_on"] == "test_accuracy_at_best_val"
+    assert not rec["text"].startswith("ranked on")  # the default verdict's words are today's
+    # its tail above FedAvg's: nothing said
+    rows = _confirm(tmp_path / "up", {"fedadc": [0.030, 0.027, 0.058]}, [1, 2, 3],
+                    worst10={"fedavg": [0.60] * 3, "fedadc": [0.62] * 3})
+    rec = recommend(_plan(tmp_path / "x", [1, 2, 3]), rows, PICKED, trials=TRIALS)
+    assert "worst 10%" not in rec["text"] and rec["worst10"]["below"] is False
+    # FedAvg kept: nothing to compare; runs from before the metric: nothing said either
+    rows = _confirm(tmp_path / "kept", {"fedadc": [-0.01, -0.02, -0.005]}, [1, 2, 3], worst10=worst)
+    rec = recommend(_plan(tmp_path / "y", [1, 2, 3]), rows, PICKED, trials=TRIALS)
+    assert rec["choice"] == "fedavg" and rec["worst10"] is None and "worst 10%" not in rec["text"]
+    rows = _confirm(tmp_path / "old", {"fedadc": [0.030, 0.027, 0.058]}, [1, 2, 3])
+    rec = recommend(_plan(tmp_path / "z", [1, 2, 3]), rows, PICKED, trials=TRIALS)
+    assert rec["worst10"] is None and "worst 10%" not in rec["text"]
+
+
+PICKED3 = [*PICKED, {"entry": "fedprox", "values": {"train.lr": 0.02}, "score": 0.71, "rounds": 12, "trial": 5}]
+
+
+def test_report_metric_worst10_ranks_the_confirmed_entries_and_judges_the_gain_on_it(tmp_path):
+    """FedADC has the best validation accuracy (0.72) and +3 points of test accuracy, but its
+    worst 10% of clients 5 points below FedAvg's; FedProx's worst 10% is 5, 6, 7 points above.
+    By default FedADC is recommended (and its tail said); on the worst 10%, FedProx, the metric
+    named at the verdict's head and its gain on the worst 10% per seed."""
+    worst = {"fedavg": [0.60, 0.50, 0.55], "fedadc": [0.55, 0.45, 0.50], "fedprox": [0.65, 0.56, 0.62]}
+    rows = _confirm(tmp_path / "confirm", {"fedadc": [0.03, 0.03, 0.03], "fedprox": [0.01, 0.01, 0.01]}, [1, 2, 3],
+                    vals={"fedadc": 0.72, "fedprox": 0.71}, worst10=worst)
+    plan = _plan(tmp_path, [1, 2, 3])
+    rec = recommend(plan, rows, PICKED3, trials=TRIALS)
+    assert rec["choice"] == "fedadc" and "below FedAvg's 55.0%" in rec["text"] and "50.0%" in rec["text"]
+    explicit = recommend(plan, rows, PICKED3, trials=TRIALS, metric="accuracy")
+    assert explicit["choice"] == "fedadc" and explicit["text"].startswith(
+        "ranked on report.metric=accuracy (the confirmed entries' validation accuracy, the gain in test accuracy at the "
+        "best validation round): ")
+    assert explicit["text"].endswith(rec["text"])
+    rec = recommend(plan, rows, PICKED3, trials=TRIALS, metric="local_accuracy_worst10")
+    assert rec["choice"] == "fedprox" and rec["verdict"] == "ahead, not tested"
+    assert rec["validation_order"] == ["fedprox", "fedavg", "fedadc"]  # 61.0, 55.0, 50.0
+    assert rec["metric"] == "local_accuracy_worst10" and rec["ranked_on"] == "final_local_accuracy_worst10"
+    assert rec["judged_on"] == "final_local_accuracy_worst10"
+    text = rec["text"]
+    assert text.startswith("ranked on report.metric=local_accuracy_worst10 (the mean accuracy of the worst 10% of "
+                           "clients on their own test splits (final_local_accuracy_worst10), the mean over the "
+                           "confirmation's seeds and the paired gain on it; the search ranked its trials on validation "
+                           "accuracy): fedprox at lr 0.02 is ahead of FedAvg at lr 0.05 on every seed: +6.0 +- 2.5 "
+                           "points (3 seeds) on worst 10% local accuracy (per seed: +5.0, +6.0, +7.0)"), text
+    assert "not tested" in text and "seeds=1,2,3,4,5,6" in text and "below FedAvg" not in text
+    assert rec["entries"]["fedprox"]["ranked"] == pytest.approx(0.61)
+    # the mean over clients: equal for all three here (0.5): FedAvg first by the stable order, kept
+    rec = recommend(plan, rows, PICKED3, trials=TRIALS, metric="local_accuracy")
+    assert rec["judged_on"] == "final_local_accuracy" and rec["ranked_on"] == "final_local_accuracy"
+    assert rec["choice"] == "fedavg" and "has the best mean local accuracy of the confirmed entries" in rec["text"]
+    with pytest.raises(ConfigError, match="report.metric: 'worst' is not a metric to rank on; allowed: accuracy, "
+                                          "local_accuracy, local_accuracy_worst10"):
+        recommend(plan, rows, PICKED3, metric="worst")
+    # no confirmation run finished: the metric is said unused
+    rec = recommend(_plan(tmp_path / "none", [1, 2, 3]), [], PICKED3, metric="local_accuracy_worst10")
+    assert rec["verdict"] == "search only" and "report.metric=local_accuracy_worst10 ranks the confirmation's runs" in \
+        rec["text"]

@@ -131,6 +131,7 @@ def test_the_report_has_the_table_and_the_claims(finished):
     page = (runs / "study.md").read_text()
     assert "fedrift study run" in page and "## Results" in page and "## Claims" in page
     assert "fedprox:mu=0.01 > fedavg" in page
+    assert "worst 10% local %" in page and "worst 10% local vs fedavg" in page  # every run's worst 10% of clients
     # the published table's columns beside the measured ones (this tiny setting is none of its columns)
     assert "published %" in page and "no published row" in page and "Published (fedgkd-table3-cifar10)" in page
     grid = json.loads((runs / "compare.json").read_text())
@@ -251,6 +252,7 @@ def test_a_changed_entry_is_rerun_alone_and_said_so(finished, tmp_path, calls, c
     ({"tune": {"space": {"train.lr": "grid:0.1:1"}, "rounds": 2}}, "space.train.lr"),
     ({"tune": {"spaces": {}}}, "tune.spaces: unknown key"),
     ({"report": {"paper": "fedgkd-table9"}}, "report.paper"),
+    ({"report": {"metric": "worst10"}}, "report.metric: 'worst10' is not a metric to rank on; allowed: accuracy"),
     ({"reference": "scaffold"}, "reference"),
     ({"entries": [{"entry": "fedprox:mu=0.1", "space": {"mu": "log:1e-3:1"}}]}, "the entry fixes mu"),
     ({"sweep": {"partition.alpha": []}}, "sweep.partition.alpha"),

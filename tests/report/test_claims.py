@@ -183,3 +183,38 @@ def test_a_users_claim_may_name_its_keys_as_the_papers_do(tmp_path, capsys):
     assert len(err) == 1 and "report.claims: 'calibrated_acc' is in no run's summary.json; allowed: " in err[0], err
     assert "calibrated_accuracy" in err[0]
     assert {p: p.read_bytes() for p in root.iterdir() if p.is_file()} == before
+
+
+def test_report_metric_judges_claims_on_the_worst_10_percent(tmp_path, capsys):
+    """fedprox ahead of fedavg on the test set at best validation (+2 points every seed) but its
+    worst 10% of clients behind (-5, -4, -6 points): the claim on the default metric says
+    ahead, on ``report.metric=local_accuracy_worst10`` behind, in its own column."""
+    root = tmp_path / "runs"
+    for seed, (at, worst) in enumerate([(0.70, 0.40), (0.65, 0.35), (0.80, 0.50)]):
+        write_run(root, "avg", seed, {"name": "fedavg"}, 0.1, at, at, at_val=at, final_local_accuracy=at,
+                  final_local_accuracy_worst10=worst)
+        write_run(root, "prox", seed, {"name": "fedprox", "mu": 0.01}, 0.1, at + 0.02, at + 0.02, at_val=at + 0.02,
+                  final_local_accuracy=at, final_local_accuracy_worst10=worst - (0.05, 0.04, 0.06)[seed])
+    groups, _ = load_groups(root)
+    claims = resolve_claims(["fedprox>fedavg"], [g.algorithm for g in groups])
+    default = check_claims(claims, groups)
+    assert default == check_claims(claims, groups, "accuracy")  # accuracy: today's claims
+    assert default[0]["metric"] == "test_accuracy_at_best_val" and default[0]["verdict"] == "3 seeds: ahead, too few to test"
+    assert "final_local_accuracy_worst10_diff_mean" not in default[0]
+    assert "worst 10% local" not in to_markdown(default)
+    rows = check_claims(claims, groups, "local_accuracy_worst10")
+    r = rows[0]
+    assert r["metric"] == "final_local_accuracy_worst10" and r["verdict"] == "3 seeds: behind, too few to test"
+    assert r["final_local_accuracy_worst10_diff_mean"] == pytest.approx(-0.05)
+    assert r["final_local_accuracy_worst10_diff_n"] == 3
+    md = to_markdown(rows)
+    assert "| claim | best (A - B) | final (A - B) | at best val (A - B) | worst 10% local (A - B) | seeds | p |" in md
+    assert "| -5.0 +- 2.5 | 3 | 0.25 | 3 seeds: behind, too few to test |" in md
+    assert "p: the exact sign-flip test's on the worst 10% local accuracy" in md
+    assert check_claims(claims, groups, "local_accuracy")[0]["verdict"] == "3 seeds: tied, too few to test"
+    # on the command line: the claims' verdict and the table's rank follow report.metric
+    args = ["report", str(root), "report.tsne=none", "report.plots=false", "report.claims=fedprox>fedavg"]
+    assert main([*args, "report.metric=local_accuracy_worst10"]) == 0
+    out = capsys.readouterr().out
+    assert "3 seeds: behind, too few to test" in out and "rank (worst 10% local)" in out
+    assert "final_local_accuracy_worst10" in (root / "claims.csv").read_text()

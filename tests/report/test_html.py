@@ -61,7 +61,9 @@ def test_every_file_exists_and_is_well_formed(grid):
     assert len(table_lines) == 2 + len(rows) and "acc@2 %" in md[0] and "final vs fedavg" in md[0]
     assert md[-1].startswith("'vs fedavg': paired differences")  # the note under the table
     figures = sorted(p.name for p in (root / "figures").iterdir())
-    assert figures == sorted(f"{n}.{ext}" for n in ("drift", "learning_curves", "partition-1", "tsne") for ext in ("png", "svg"))
+    names = ("drift", "learning_curves", "worst10_curves", "client_accuracy", "partition-1", "tsne")  # the runs write clients.csv
+    assert figures == sorted(f"{n}.{ext}" for n in names for ext in ("png", "svg"))
+    assert "worst 10% local %" in md[0] and "worst 10% local vs fedavg" in md[0]  # every run reports its worst 10%
     for p in (root / "figures").iterdir():
         if p.suffix == ".png":
             assert imread(p).ndim == 3
@@ -83,7 +85,7 @@ def test_report_html_is_self_contained(grid):
     checker.close()
     assert checker.errors == [] and checker.stack == []
     assert checker.tables["results"] == 1 + len(rows)  # header + a row per setting
-    assert len(checker.imgs) == 4  # learning curves, drift, partition, t-SNE
+    assert len(checker.imgs) == 6  # learning curves, worst 10% curves, per-client accuracy, drift, partition, t-SNE
     for src in checker.imgs:
         assert src.startswith("data:image/png;base64,")
         png = base64.b64decode(src.split(",", 1)[1])

@@ -75,7 +75,7 @@ def test_rendered_dom_has_the_table_and_decoded_images(grid, tmp_path):
     assert found, (proc.stdout[-1000:], proc.stderr[-2000:])
     seen = json.loads(found.group(1))
     assert seen["rows"] == len(rows) and seen["first_cell"] == rows[0]["setting"]
-    assert seen["imgs"] == 4 and seen["decoded"] == 4 and seen["shown"] == 4
+    assert seen["imgs"] == 6 and seen["decoded"] == 6 and seen["shown"] == 6  # with the worst 10% and per-client figures
 
 
 WIDTH_PROBE = """<script>
@@ -107,8 +107,9 @@ def widths(page, tmp_path, width=1280):
 
 def wide_grid(root):
     """Run folders for the widest results table fedrift writes: six methods, a validation split,
-    local test splits, three acc@ rounds, paired differences on three metrics, a paper's three
-    columns and the seed papers' claims (20 columns)."""
+    local test splits and their worst 10%, three acc@ rounds, paired differences on five metrics
+    (with report.metric=local_accuracy), a rank column, a paper's three columns and the seed
+    papers' claims (24 columns)."""
     import yaml
 
     algorithms = ["fedavg", "fedprox", "moon", "fedgkd", "fedgkd_vote", "fedcsd"]
@@ -126,12 +127,13 @@ def wide_grid(root):
             (d / "summary.json").write_text(json.dumps({
                 "status": "completed", "seed": seed, "rounds": 50, "best_accuracy": max(accs), "final_accuracy": accs[-1],
                 "test_accuracy_at_best_val": accs[-2], "best_val_accuracy": accs[-2], "final_local_accuracy": accs[-1] - 0.1,
+                "final_local_accuracy_worst10": accs[-1] - 0.25 - 0.01 * seed,
                 "wall_seconds": 1234.5, "seconds_per_round": 24.69, "bytes_down_total": 50 * 44.36e6,
                 "bytes_up_total": 50 * 33.27e6}))
 
 
 def test_both_pages_fit_1280_pixels_without_scrolling_sideways(grid, tmp_path):
-    """report.html (the widest table: 20 columns) and tune.html in a 1280-pixel window: the
+    """report.html (the widest table: 24 columns) and tune.html in a 1280-pixel window: the
     page and each table fit (a table's cells wrap, a number before its ±, rather than scroll)."""
     from fedrift.cli import main
     from fedrift.report.table import load_groups, summarize
@@ -143,9 +145,9 @@ def test_both_pages_fit_1280_pixels_without_scrolling_sideways(grid, tmp_path):
     runs = tmp_path / "wide"
     wide_grid(runs)
     assert main(["report", str(runs), "report.plots=false", "report.tsne=none", "report.at_rounds=10,20,50",
-                 "report.paper=fedgkd-table3-cifar10", "report.claims=papers"]) == 0
+                 "report.paper=fedgkd-table3-cifar10", "report.claims=papers", "report.metric=local_accuracy"]) == 0
     columns = (runs / "results.md").read_text().splitlines()[0].count("|") - 1
-    assert columns == 20 and len(summarize(load_groups(runs)[0])) == 6
+    assert columns == 24 and len(summarize(load_groups(runs)[0])) == 6
     cfg = tiny_config(tmp_path, train={"rounds": 2}, partition={"val_share": 0.2})
     cfg.pop("output")
     tune = tmp_path / "tune"
@@ -157,6 +159,8 @@ def test_both_pages_fit_1280_pixels_without_scrolling_sideways(grid, tmp_path):
         assert seen["inner"] == 1280 and seen["page"] <= seen["inner"], (page, seen)
         for t in tables:
             assert 0 < seen["tables"][t]["width"] <= seen["tables"][t]["room"], (page, t, seen["tables"])
-    # it fits by wrapping its cells (a number before its ±): on one line each, it would not
+    # it fits by wrapping its cells (a number before its ±, a size before its unit, a header after a /) in
+    # smaller type (over 20 columns): on one line each, it would not
     html = (runs / "report.html").read_text()
-    assert '<table id="results" class="fit">' in html and "70.2 ±&nbsp;0.2" in html
+    assert '<table id="results" class="fit dense">' in html and "70.2 ±&nbsp;0.2" in html
+    assert "<td>44.36 MB</td>" in html and "<th>down/<wbr>round</th>" in html

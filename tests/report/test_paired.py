@@ -181,3 +181,29 @@ def test_six_seeds_carry_a_star_in_the_tables(tmp_path):
     md = to_markdown(rows)
     assert "| +1.1 +- 0.1* | -1.0 +- 0.0* |" in next(x for x in md.splitlines() if x.startswith("| fedprox"))
     assert "none can carry *" not in md and "at least 6 paired seeds" in md
+
+
+def test_the_worst_10_percent_is_paired_with_its_interval_over_seeds(tmp_path):
+    """The worst 10% of clients' local accuracy: fedavg 30, 40, 50 by seed, fedprox +1, +2, +3
+    points: mean +2.0, sd 1, the 95% t interval +- 4.303 / sqrt(3) = 2.48 points; 3 seeds, no *."""
+    root = tmp_path / "runs"
+    for seed, worst in enumerate([0.30, 0.40, 0.50]):
+        write_run(root, "avg", seed, {"name": "fedavg"}, 0.1, 0.8, 0.7, final_local_accuracy=0.6,
+                  final_local_accuracy_worst10=worst)
+        write_run(root, "prox", seed, {"name": "fedprox", "mu": 0.01}, 0.1, 0.8, 0.7, final_local_accuracy=0.6,
+                  final_local_accuracy_worst10=worst + 0.01 * (seed + 1))
+    rows = summarize(load_groups(root)[0], reference="fedavg")
+    prox = rows[1]
+    assert prox["final_local_accuracy_worst10_diff_n"] == 3
+    assert prox["final_local_accuracy_worst10_diff_mean"] == pytest.approx(0.02)
+    assert prox["final_local_accuracy_worst10_diff_ci95"] == pytest.approx(T_975_2 * 0.01 / 3 ** 0.5, abs=1e-7)
+    assert prox["final_local_accuracy_worst10_diff_low"] == pytest.approx(0.02 - 0.024841, abs=1e-6)
+    assert prox["final_local_accuracy_worst10_diff_p"] == pytest.approx(0.25)
+    assert prox["final_local_accuracy_worst10_diff_significant"] is False
+    md = to_markdown(rows)
+    head = [c.strip() for c in md.splitlines()[0].split("|")]
+    at = head.index("best vs fedavg")
+    assert head[at:at + 3] == ["best vs fedavg", "final vs fedavg", "worst 10% local vs fedavg"]
+    line = next(x for x in md.splitlines() if x.startswith("| fedprox"))
+    assert line.split("|")[head.index("worst 10% local vs fedavg")].strip() == "+2.0 +- 2.5"
+    assert line.split("|")[head.index("worst 10% local %")].strip() == "42.0 +- 11.0"  # 31, 42, 53: sd 11

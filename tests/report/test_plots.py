@@ -161,3 +161,102 @@ def test_the_tsne_default_is_the_reference_beside_the_best_other_setting(tmp_pat
     assert names == ["fedcsd", "fedgkd"] and "fedcsd (the reference)" in why
     names, why = default_algorithms(groups, summarize(groups))  # no reference: the grid's first
     assert names == [groups[0].algorithm, "fedgkd"] and "(the grid's first)" in why
+
+
+def _clients_csv(run_dir, rows):
+    """A run's clients.csv: (round, client, model, n_test, correct) rows, as fedrift writes them."""
+    lines = ["round,client,model,n_test,correct"] + [",".join(map(str, r)) for r in rows]
+    (run_dir / "clients.csv").write_text("\n".join(lines) + "\n")
+
+
+def _spread_runs(root):
+    """fedavg and fedprox, two seeds each, with local_accuracy_worst10 per round and clients.csv
+    (four clients; round 1, then the last round 2 the figure reads)."""
+    import json
+
+    from .test_paired import write_run
+
+    last = {("avg", 0): (5, 10, 10, 10), ("avg", 1): (6, 10, 10, 10), ("prox", 0): (8, 9, 10, 10),
+            ("prox", 1): (7, 9, 10, 10)}  # correct of 10 test samples each, at round 2
+    for (name, seed), right in last.items():
+        alg = {"name": "fedavg"} if name == "avg" else {"name": "fedprox", "mu": 0.01}
+        write_run(root, name, seed, alg, 0.1, 0.8, 0.8)
+        d = root / name / f"seed{seed}"
+        worst = min(right) / 10
+        (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in (
+            {"round": 1, "test_accuracy": 0.5, "local_accuracy_worst10": worst / 2},
+            {"round": 2, "test_accuracy": 0.8, "local_accuracy_worst10": worst})))
+        _clients_csv(d, [(1, k, "global", 10, 1) for k in range(4)] + [(2, k, "global", 10, c) for k, c in enumerate(right)])
+    return root
+
+
+def test_client_accuracies_are_read_at_the_last_round_personal_first(tmp_path):
+    from types import SimpleNamespace
+
+    from fedrift.report.plots import read_client_accuracies
+
+    run = SimpleNamespace(dir=tmp_path)
+    assert read_client_accuracies(run) is None  # no clients.csv
+    _clients_csv(tmp_path, [(1, 0, "global", 4, 1), (1, 1, "global", 4, 2), (2, 0, "global", 4, 3), (2, 1, "global", 5, 5),
+                            (2, 2, "global", 0, 0),  # no local test sample: no accuracy
+                            (2, 0, "calibrated", 4, 4), (2, 0, "global_proto", 4, 4),  # other models: not read
+                            ("x", 0, "global", 4, 1), (2, 3, "global", 4, 9)])  # damaged rows: skipped
+    assert read_client_accuracies(run) == ("global", [0.75, 1.0])
+    _clients_csv(tmp_path, [(3, 0, "global", 4, 3), (3, 0, "personal", 4, 2), (3, 1, "personal", 2, 1), (2, 0, "global", 1, 1)])
+    assert read_client_accuracies(run) == ("personal", [0.5, 0.5])  # the model local_accuracy is of
+    (tmp_path / "clients.csv").write_bytes(b"\xff\xfe garbage\n")
+    assert read_client_accuracies(run) is None
+
+
+def test_worst10_curves_and_the_per_client_ecdf_by_hand(tmp_path, drawn):
+    from fedrift.report.plots import client_accuracy, worst10_curves
+
+    root = _spread_runs(tmp_path / "runs")
+    groups, _ = load_groups(root)
+    check_png_svg(worst10_curves(groups, tmp_path / "w10"))
+    check_png_svg(client_accuracy(groups, tmp_path / "ecdf"))
+    curves, ecdf = drawn
+    lines = {line.get_label(): line for line in curves.axes[0].get_lines()}
+    # fedavg: worst 50% and 60% at round 2, 25% and 30% at round 1: means 27.5, 55.0
+    assert lines["fedavg (n=2)"].get_ydata().tolist() == pytest.approx([27.5, 55.0])
+    assert lines["fedprox (n=2)"].get_ydata().tolist() == pytest.approx([37.5, 75.0])
+    steps = {line.get_label(): line for line in ecdf.axes[0].get_lines() if not line.get_label().startswith("_")}
+    avg = steps["fedavg (global, 8 clients, 2 seeds)"]  # both seeds' four clients pooled
+    assert avg.get_xdata().tolist() == pytest.approx([50, 50, 60, 100, 100, 100, 100, 100, 100])
+    assert avg.get_ydata().tolist() == pytest.approx([k / 8 for k in range(9)])
+    assert steps["fedprox (global, 8 clients, 2 seeds)"].get_xdata().tolist()[:4] == pytest.approx([70, 70, 80, 90])
+    assert all(legend_hits(fig) == [] for fig in drawn)
+    # no clients.csv and no worst 10% in the metrics: no figure
+    for d in root.glob("*/seed*"):
+        (d / "clients.csv").unlink()
+        (d / "metrics.jsonl").write_text('{"round": 2, "test_accuracy": 0.8}\n')
+    groups, _ = load_groups(root)
+    assert client_accuracy(groups, tmp_path / "none") is None and worst10_curves(groups, tmp_path / "none2") is None
+
+
+def test_the_report_shows_the_two_figures_only_when_runs_have_them(tmp_path):
+    import fedrift
+
+    root = _spread_runs(tmp_path / "runs")
+    fedrift.write_report(root, verbose=False, tsne="none")
+    page = (root / "report.html").read_text()
+    assert "<h3>Per-client accuracy</h3>" in page and "<h3>Worst 10% of clients: learning curves</h3>" in page
+    assert "the clients of every completed seed pooled" in page
+    assert page.index("<h3>Learning curves</h3>") < page.index("<h3>Worst 10% of clients") < page.index(
+        "<h3>Per-client accuracy</h3>")
+    assert (root / "figures" / "client_accuracy.png").is_file() and (root / "figures" / "worst10_curves.svg").is_file()
+    for d in root.glob("*/seed*"):
+        (d / "clients.csv").unlink()
+        (d / "metrics.jsonl").write_text('{"round": 2, "test_accuracy": 0.8}\n')
+    fedrift.write_report(root, verbose=False, tsne="none")
+    page = (root / "report.html").read_text()
+    assert "Per-client accuracy" not in page and "Worst 10% of clients" not in page
+    assert not (root / "figures" / "client_accuracy.png").exists()  # the earlier report's figure removed
+
+
+def test_the_grids_runs_give_both_figures(grid, tmp_path):
+    from fedrift.report.plots import client_accuracy, worst10_curves
+
+    groups, _ = load_groups(grid[0])
+    check_png_svg(worst10_curves(groups, tmp_path / "w10"))
+    check_png_svg(client_accuracy(groups, tmp_path / "ecdf"))

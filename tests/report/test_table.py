@@ -326,3 +326,143 @@ def test_a_swept_partition_value_is_left_out_of_the_title(runs):
     from fedrift.report.table import describe_groups
 
     assert describe_groups(load_groups(runs)[0]) == "fedavg, fedprox on digits (dirichlet)"  # alpha 0.1 and 1.0
+
+
+# ---------------------------------------------------------------------------------------
+# The worst 10% of clients (issue 71 item 2) and report.metric
+
+
+def _local(runs, values):
+    """Add ``final_local_accuracy`` and ``final_local_accuracy_worst10`` (run folder -> (mean, worst10))."""
+    for d, (mean, worst) in values.items():
+        path = runs / d / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "final_local_accuracy": mean,
+                                    "final_local_accuracy_worst10": worst}))
+
+
+LOCAL = {"a/s0": (0.90, 0.40), "a/s1": (0.80, 0.50), "a/s2": (0.85, 0.45), "p/s0": (0.70, 0.55), "b/s0": (0.75, 0.30)}
+
+
+def _cells(md: str, header: str) -> dict[str, str]:
+    lines = md.splitlines()
+    col = [c.strip() for c in lines[0].split("|")].index(header)
+    return {row.split("|")[1].strip(): row.split("|")[col].strip() for row in lines[2:] if row.startswith("| ")}
+
+
+def test_worst10_column_beside_final_local_with_its_paired_difference(runs):
+    """fedavg's worst 10% at alpha 0.1: 40, 50, 45 -> 45.0 +- 5.0 over seeds; fedprox's one
+    completed seed (seed 0) 55 against fedavg's 40 on seed 0: +15.0, one pair, no interval."""
+    assert "worst 10% local" not in to_markdown(summarize(load_groups(runs)[0], reference="fedavg"))  # older runs
+    _local(runs, LOCAL)
+    rows = summarize(load_groups(runs)[0], reference="fedavg")
+    avg, prox, avg1 = rows
+    assert avg["final_local_accuracy_worst10_mean"] == pytest.approx(0.45)
+    assert avg["final_local_accuracy_worst10_std"] == pytest.approx(0.05)  # over the seeds
+    assert avg["final_local_accuracy_worst10_n"] == 3
+    assert prox["final_local_accuracy_worst10_diff_mean"] == pytest.approx(0.15)
+    assert prox["final_local_accuracy_worst10_diff_n"] == 1 and prox["final_local_accuracy_worst10_diff_ci95"] is None
+    assert "final_local_accuracy_diff_n" not in prox  # the mean's paired column only when report.metric ranks on it
+    md = to_markdown(rows)
+    head = [c.strip() for c in md.splitlines()[0].split("|")]
+    assert head.index("worst 10% local %") == head.index("final local %") + 1
+    assert "worst 10% local vs fedavg" in head and "rank" not in md.splitlines()[0]
+    worst = _cells(md, "worst 10% local %")
+    assert worst == {"fedavg alpha=0.1": "45.0 +- 5.0", "fedprox alpha=0.1": "55.0", "fedavg alpha=1.0": "30.0"}
+    paired = _cells(md, "worst 10% local vs fedavg")
+    assert paired == {"fedavg alpha=0.1": "ref", "fedprox alpha=0.1": "+15.0 +- -", "fedavg alpha=1.0": "ref"}
+    assert "worst 10% local: per run, the mean accuracy of its worst 10% of evaluated clients" in md
+    parsed = list(csv.DictReader(io.StringIO(to_csv(rows))))
+    for field in ("final_local_accuracy_worst10_mean", "final_local_accuracy_worst10_std",
+                  "final_local_accuracy_worst10_n", "final_local_accuracy_worst10_diff_mean",
+                  "final_local_accuracy_worst10_diff_ci95", "final_local_accuracy_worst10_diff_p"):
+        assert field in parsed[0], field
+    assert float(parsed[1]["final_local_accuracy_worst10_diff_mean"]) == pytest.approx(0.15)
+    assert float(parsed[0]["final_local_accuracy_std"]) == pytest.approx(0.05)  # the mean local's std over seeds
+    # a run from before the metric: the mean says over how many runs it is
+    path = runs / "a/s2/summary.json"
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items()
+                                if k != "final_local_accuracy_worst10"}))
+    md = to_markdown(summarize(load_groups(runs)[0]))
+    assert _cells(md, "worst 10% local %")["fedavg alpha=0.1"] == "45.0 +- 7.1 (2/3 runs)"
+
+
+def test_report_metric_ranks_settings_of_the_same_swept_values(runs):
+    """``report.metric``: a rank column on the chosen metric, per swept values; none by default."""
+    _local(runs, LOCAL)
+    groups = load_groups(runs)[0]
+    default = summarize(groups, reference="fedavg")
+    assert all("rank" not in r and "rank_metric" not in r for r in default)
+    assert to_markdown(summarize(groups, reference="fedavg", metric=None)) == to_markdown(default)
+    # the worst 10%: fedprox (55) above fedavg (45) at alpha 0.1; fedavg alone at 1.0
+    rows = summarize(groups, reference="fedavg", metric="local_accuracy_worst10")
+    assert [(r["rank"], r["rank_metric"]) for r in rows] == [(2, "final_local_accuracy_worst10"),
+                                                             (1, "final_local_accuracy_worst10"),
+                                                             (1, "final_local_accuracy_worst10")]
+    md = to_markdown(rows)
+    assert md.splitlines()[0].startswith("| setting | runs | rank (worst 10% local) | best acc % |")
+    assert _cells(md, "rank (worst 10% local)") == {"fedavg alpha=0.1": "2", "fedprox alpha=0.1": "1",
+                                                    "fedavg alpha=1.0": "1"}
+    assert "rank: by the mean over seeds of worst 10% local (final_local_accuracy_worst10; report.metric)" in md
+    # accuracy: the best accuracy without a validation split: fedavg 85.0 above fedprox 84.0
+    rows = summarize(groups, reference="fedavg", metric="accuracy")
+    assert [r["rank"] for r in rows] == [1, 2, 1] and rows[0]["rank_metric"] == "best_accuracy"
+    # the mean local accuracy: fedavg 85 above fedprox 70; its paired column is added
+    rows = summarize(groups, reference="fedavg", metric="local_accuracy")
+    assert [r["rank"] for r in rows] == [1, 2, 1]
+    assert rows[1]["final_local_accuracy_diff_mean"] == pytest.approx(-0.20)  # 70 - 90 on seed 0
+    assert "final local vs fedavg" in to_markdown(rows).splitlines()[0]
+    # equal means share a place; a setting without the value has none
+    _local(runs, {"p/s0": (0.70, 0.45)})
+    rows = summarize(load_groups(runs)[0], metric="local_accuracy_worst10")
+    assert [r["rank"] for r in rows[:2]] == [1, 1]
+    for d in ("a/s0", "a/s1", "a/s2", "p/s0", "b/s0"):
+        path = runs / d / "summary.json"
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if "local" not in k}))
+    rows = summarize(load_groups(runs)[0], metric="local_accuracy_worst10")
+    assert [r["rank"] for r in rows] == [None, None, None]
+    assert _cells(to_markdown(rows), "rank (worst 10% local)")["fedavg alpha=0.1"] == "-"
+
+
+@pytest.mark.parametrize("bad", ["worst10", "local_accuracy_worst", "final_local_accuracy_worst10", 3])
+def test_a_bad_report_metric_is_refused_in_one_line_listing_the_allowed(runs, capsys, bad):
+    from fedrift.report.html import ReportOptions
+    from fedrift.report.table import check_metric
+
+    allowed = "allowed: accuracy, local_accuracy, local_accuracy_worst10"
+    with pytest.raises(ConfigError, match=f"report.metric: .* is not a metric to rank on; {allowed}"):
+        check_metric(bad)
+    with pytest.raises(ConfigError, match="report.metric: "):
+        ReportOptions.parse({"metric": bad})
+    with pytest.raises(ConfigError, match="report.metric"):
+        summarize(load_groups(runs)[0], metric=bad)
+    assert main(["report", str(runs), f"report.metric={bad}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "report.metric" in err[0] and allowed in err[0], err
+    assert not (runs / "results.md").exists()
+
+
+def test_report_metric_on_the_command_line_and_a_metric_no_run_reports(runs, capsys):
+    assert main(["report", str(runs), "report.metric=local_accuracy_worst10", "report.plots=false"]) == 0
+    out = capsys.readouterr().out
+    assert "report.metric=local_accuracy_worst10: no completed run reports final_local_accuracy_worst10" in out
+    _local(runs, LOCAL)
+    assert main(["report", str(runs), "report.metric=local_accuracy_worst10", "report.plots=false"]) == 0
+    out = capsys.readouterr().out
+    assert "report.metric=local_accuracy_worst10: no completed run" not in out and "rank (worst 10% local)" in out
+    assert "rank (worst 10% local)" in (runs / "results.md").read_text()
+    page = (runs / "report.html").read_text()
+    assert "<th>rank (worst 10% local)</th>" in page and "rank: by the mean over seeds of worst 10% local" in page
+    parsed = list(csv.DictReader(io.StringIO((runs / "results.csv").read_text())))
+    assert [r["rank"] for r in parsed] == ["2", "1", "1"] and parsed[0]["rank_metric"] == "final_local_accuracy_worst10"
+
+
+def test_the_data_line_names_a_partition_switch_only_when_it_is_set():
+    from fedrift.report.table import describe_data
+
+    usual = {"data": {"name": "mnist"}, "partition": {"name": "dirichlet", "alpha": 0.1, "num_clients": 20,
+                                                        "balance": False}}
+    assert describe_data([usual]) == "mnist (dirichlet alpha=0.1, 20 clients)"
+    balanced = {**usual, "partition": {**usual["partition"], "balance": True}}
+    assert describe_data([balanced]) == "mnist (dirichlet alpha=0.1 balance=true, 20 clients)"
+    runs = {"data": {"name": "mnist"}, "partition": {"name": "shards", "classes_per_client": 2, "mode": "sorted"}}
+    assert describe_data([runs]) == "mnist (shards classes_per_client=2 mode=sorted)"

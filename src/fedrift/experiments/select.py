@@ -68,7 +68,12 @@ The confirmation
     The best ``top`` entries (by their best trial: the most rounds reached, then the score)
     and FedAvg at its own best trial run again at ``seeds`` other than the search's, through
     ``fedrift compare`` (``<out>/confirm``, its report beside). The words of the
-    recommendation are :func:`fedrift.experiments.select_verdict.recommend`'s.
+    recommendation are :func:`fedrift.experiments.select_verdict.recommend`'s; ``metric``
+    (``report.metric=`` on the command line: ``accuracy``, ``local_accuracy``,
+    ``local_accuracy_worst10``) is what it ranks the confirmed entries on and judges the gain on
+    (default: validation accuracy, the gain in test accuracy at best validation); the search
+    scores validation accuracy whatever it is, and a rerun may change it (it reads the
+    confirmation again).
 
 More seeds later
     The same command with other ``seeds=`` (six, to test a gain) confirms the candidates of the
@@ -123,7 +128,7 @@ from fedrift.experiments.select_plan import (
 )
 from fedrift.experiments.select_verdict import REFERENCE, recommend, values_text, wrap
 from fedrift.report.select_page import duration_text, render_select_page
-from fedrift.report.table import describe_data
+from fedrift.report.table import check_metric, describe_data
 from fedrift.safe_files import make_dir, write_atomic
 
 CONFIRMATION = ("seeds", "top")  # what a rerun of the same select may change
@@ -205,6 +210,7 @@ class Select:
     probed: dict[str, Cost] = field(default_factory=dict)  # the timed probe's (--dry-run's, the budget check's)
     overhead: float = OVERHEAD_S  # a confirmation's seconds beside its runs (REPORT_OVERHEAD_S with its reports)
     setting: str = ""  # the base config's data and partition, for the page's title
+    metric: str | None = None  # report.metric: what the verdict ranks the confirmed entries on (not the search)
 
     @property
     def reference(self) -> str:
@@ -1024,6 +1030,8 @@ def _write_page(plan: Select, page: dict[str, Any], figures: bool) -> Path:
 
 
 def _recommend(plan: Select, rows: Any, picked: Sequence[Mapping[str, Any]], trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    if plan.metric is not None:
+        return recommend(plan, rows, picked, trials=trials, metric=plan.metric)
     try:
         return recommend(plan, rows, picked, trials=trials)
     except TypeError as err:  # a verdict without the tuning words
@@ -1136,11 +1144,14 @@ def select(
     report: bool = True,
     verbose: bool = True,
     dry_run: bool = False,
+    metric: str | None = None,
 ) -> dict[str, Any]:
     """Search (algorithm, hyper-parameters) within the budget, confirm the best over seeds
     against FedAvg, and recommend (see the module docstring). Returns the recommendation
     (``choice``, ``verdict``, ``text``) with ``outcome``, ``trials`` and the confirmation's
     ``rows``; ``dry_run``: prints the plan and returns it (``plan``), writing nothing.
+    ``metric``: ``report.metric`` (``accuracy``, ``local_accuracy``, ``local_accuracy_worst10``),
+    what the recommendation ranks the confirmed entries on and judges the gain on.
 
     ``fedrift.select("my.yaml", budget="2h", jobs=2, out="runs/select")``
     """
@@ -1150,8 +1161,10 @@ def select(
         raise ConfigError(f"jobs: must be at least 1 (got {jobs})")
     began = time.time()  # --budget is the whole command's wall clock
     echo = print if verbose else (lambda _msg: None)
+    metric = check_metric(metric)  # refused before anything runs
     plan = build_select(config, algorithms, overrides, out, budget, budget_rounds, seeds, top, startup, min_rounds, eta,
                         pruner, space)
+    plan.metric = metric
     load_optuna()
     plan.overhead = REPORT_OVERHEAD_S if report else OVERHEAD_S
     if dry_run:
@@ -1248,7 +1261,8 @@ def select(
             try:  # the time of a confirmation stopped by Ctrl-C counts too
                 rows = compare(plan.description["base"], algorithms=[t["entry"] for t in picked], seeds=conf.seeds,
                                out=plan.root / "confirm", jobs=jobs, tuned=tuned, verbose=verbose, report=report,
-                               report_options={"reference": REFERENCE, "tsne": "none"})
+                               report_options={"reference": REFERENCE, "tsne": "none",
+                                               **({"metric": plan.metric} if plan.metric else {})})
             finally:
                 plan.description["spent"] += time.time() - started
                 spent = plan.description["spent"]

@@ -11,7 +11,9 @@ claim is checked per swept values with the paired differences of :mod:`fedrift.r
 runs have a validation split, else on the best accuracy (a paper's claim whose gain is another
 model's names its two summary keys, shown and judged in the ``final`` column: CCVR's calibrated
 model against FedAvg's final one, FedBN's clients' own models against FedAvg's global model on
-the clients' own test splits), and judged by the tables' ``*``: significant when the exact
+the clients' own test splits; with ``report.metric=local_accuracy`` or
+``local_accuracy_worst10``, on ``final_local_accuracy`` or ``final_local_accuracy_worst10``, the
+clients' own test splits, shown in its own column), and judged by the tables' ``*``: significant when the exact
 sign-flip test gives p < 0.05 and the 95% t interval excludes 0, which takes at least
 ``MIN_SEEDS`` (6) paired seeds (the rule and why: :mod:`fedrift.report.paired`):
 
@@ -32,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from fedrift.errors import ConfigError
-from fedrift.report.paired import METRICS, MIN_SEEDS, differences, fmt_diff, rule
-from fedrift.report.table import markdown_lines, text_lines
+from fedrift.report.paired import LOCAL_METRICS, METRICS, MIN_SEEDS, differences, fmt_diff, rule
+from fedrift.report.table import check_metric, markdown_lines, metric_key, text_lines
 from fedrift.report.table import to_csv as table_csv
 
 # (better, op, worse, whose claim[, (A's summary key, B's)]): the orderings the papers report
@@ -166,11 +168,15 @@ def verdict(op: str, diff: Mapping[str, Any], key: str) -> str:
     return "ahead, not significant" if mean > 0 else "behind, not significant"
 
 
-def check_claims(claims: Sequence[Claim], groups: Sequence[Any]) -> list[dict[str, Any]]:
+def check_claims(claims: Sequence[Claim], groups: Sequence[Any], metric: str | None = None) -> list[dict[str, Any]]:
     """One row per claim and swept values: the setting's swept keys, the paired-difference
-    keys of every compared metric, ``metric`` (the one judged) and ``verdict``."""
+    keys of every compared metric, ``metric`` (the one judged) and ``verdict``. ``metric``:
+    ``report.metric`` (None or ``accuracy``: the test accuracy at best validation, else the best
+    accuracy; ``local_accuracy``, ``local_accuracy_worst10``: that local summary key)."""
     keys = [k for k, _ in METRICS if any(k in r.summary for g in groups for r in g.runs)]
-    judged = "test_accuracy_at_best_val" if "test_accuracy_at_best_val" in keys else "best_accuracy"
+    judged = metric_key(check_metric(metric) or "accuracy", (r.summary for g in groups for r in g.runs))
+    if judged not in keys:
+        keys.append(judged)
     summaries = [r.summary for g in groups for r in g.runs]
     for key in {k for c in claims if c.keys and not c.source for k in c.keys}:  # a user's named key: recorded
         if not any(isinstance(s.get(key), (int, float)) for s in summaries):
@@ -196,7 +202,7 @@ def check_claims(claims: Sequence[Claim], groups: Sequence[Any]) -> list[dict[st
 
 def _columns(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[tuple[str, str]]]:
     sweep = list(dict.fromkeys(k for r in rows for k in r if "." in k))
-    shown = [(key, name) for key, name in METRICS if any(f"{key}_diff_n" in r for r in rows)]
+    shown = [(key, name) for key, name in (*METRICS, *LOCAL_METRICS) if any(f"{key}_diff_n" in r for r in rows)]
     return sweep, shown
 
 
@@ -216,6 +222,11 @@ def display(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> tuple[list[str
     return headers, cells
 
 
+JUDGED = {"test_accuracy_at_best_val": "the test accuracy at best validation", "best_accuracy": "the best accuracy",
+          "final_local_accuracy": "the final local accuracy (the mean over clients on their own test splits; "
+                                  "report.metric=local_accuracy)",
+          "final_local_accuracy_worst10": "the worst 10% local accuracy (the mean of the worst 10% of clients on their "
+                                          "own test splits; report.metric=local_accuracy_worst10)"}
 NOTE = ("Claims: A - B in percentage points, paired per seed, {pm} the half-width of the 95% t interval; p: the exact "
         "sign-flip test's on {metric}, the metric the verdict is on. ")
 
@@ -227,8 +238,7 @@ def note(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> str:
     judged = [r.get(f"{r['metric']}_diff_n") or 0 for r in rows]
     named = ("A claim that names its summary keys in brackets is on those, in the final column, and judged "
              "there. " if len(table) < len(rows) else "")
-    return NOTE.format(pm=pm, metric="the test accuracy at best validation" if metric == "test_accuracy_at_best_val"
-                       else "the best accuracy") + named + rule(max(judged, default=0))
+    return NOTE.format(pm=pm, metric=JUDGED.get(metric, metric)) + named + rule(max(judged, default=0))
 
 
 def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:

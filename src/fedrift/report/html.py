@@ -19,6 +19,10 @@ Options (``report.*`` on the command line, keyword arguments in Python):
 - ``reference``: the algorithm the paired differences are taken to (:mod:`fedrift.report.paired`;
   a label of the grid, or a name only one of its settings has); default ``fedavg`` when the
   grid has it, ``none`` for no paired differences;
+- ``metric``: ``accuracy``, ``local_accuracy`` or ``local_accuracy_worst10``: a ``rank`` column on
+  it (:func:`fedrift.report.table.add_ranks`), the claims judged on it
+  (:mod:`fedrift.report.claims`), and ``fedrift select``'s recommendation made on it; default none
+  (no rank column, claims on the accuracy);
 - ``claims``: orderings to check with the paired differences, ``A>B`` or ``A>=B`` (``papers``:
   the seed papers' orderings among the grid's algorithms; :mod:`fedrift.report.claims`),
   printed after the table and written to ``claims.csv``, ``claims.md`` and the report;
@@ -52,13 +56,16 @@ from fedrift.errors import ConfigError, FedriftError, writing
 from fedrift.overrides import parse_value, split_list
 from fedrift.plugins import run_folders
 from fedrift.report import claims, published
-from fedrift.report.paired import note, resolve_reference
+from fedrift.report.paired import resolve_reference
 from fedrift.report.table import (
     Group,
+    check_metric,
     default_target,
     describe_groups,
     display_table,
     load_groups,
+    metric_key,
+    notes as table_notes,
     parse_target,
     print_table,
     summarize,
@@ -78,16 +85,33 @@ class ReportOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    at_rounds: list[PositiveInt] | None = None
-    target: float | str | None = "auto"
-    tsne: list[str] | None = None
-    tsne_points: Annotated[int, Field(ge=10)] = 1000
-    band: Literal["minmax", "std"] = "minmax"
-    reference: str | None = "auto"
-    claims: list[str] | None = None
-    paper: str | None = None
-    plots: bool = True
-    title: str | None = None
+    at_rounds: list[PositiveInt] | None = Field(None, description=(
+        "accuracy at these rounds, a column each (null: the runs' `eval.at_rounds` if any set, else 10, 20, 50; "
+        "rounds past every run's end are dropped)"))
+    target: float | str | None = Field("auto", description=(
+        "rounds to target: an accuracy (`0.9`), `ALG:FRACTION` (`fedavg:0.9`: that share of the algorithm's best) or "
+        "`none`; `auto`: `fedavg:0.9` when FedAvg is in the grid"))
+    tsne: list[str] | None = Field(None, description=(
+        "algorithms whose final global model's features get a t-SNE panel (null: the reference beside the best other "
+        "setting; `none`: no t-SNE)"))
+    tsne_points: Annotated[int, Field(ge=10)] = Field(1000, description="test samples in each t-SNE panel")
+    band: Literal["minmax", "std"] = Field("minmax", description=(
+        "the learning curves' band over seeds: min to max, or mean +- std"))
+    reference: str | None = Field("auto", description=(
+        "the algorithm paired differences are taken to (a label of the grid, or a name one setting has); `auto`: "
+        "`fedavg` when the grid has it; `none`: no paired differences"))
+    metric: Literal["accuracy", "local_accuracy", "local_accuracy_worst10"] | None = Field(None, description=(
+        "what the report ranks on (a `rank` column), its claims judge and `fedrift select` recommends on: `accuracy` "
+        "(the test accuracy at best validation, else the best accuracy), `local_accuracy` (the mean over clients of "
+        "their accuracy on their own test splits) or `local_accuracy_worst10` (the mean of the worst 10% of those "
+        "clients); null: no rank column, claims on `accuracy`"))
+    claims: list[str] | None = Field(None, description=(
+        "orderings to check with the paired differences, `A>B` or `A>=B`, or `papers` (the papers' orderings among "
+        "the grid's algorithms)"))
+    paper: str | None = Field(None, description=(
+        "a published table (`fedgkd-table3-cifar10`, ...) whose numbers go beside the measured ones"))
+    plots: bool = Field(True, description="false: the tables and a report without figures")
+    title: str | None = Field(None, description="the report's title (null: the algorithms, data and partition compared)")
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any] | "ReportOptions" | None) -> "ReportOptions":
@@ -97,6 +121,9 @@ class ReportOptions(BaseModel):
 
         doc: dict[str, Any] = {}
         for key, value in (raw or {}).items():
+            if key == "metric":
+                doc[key] = check_metric(value)  # refused in one line naming the allowed metrics
+                continue
             if isinstance(value, str) and key in ("at_rounds", "tsne", "claims"):
                 items = split_list(value)
                 if key == "tsne" and [i.lower() for i in items] in ([], ["none"], ["off"]):
@@ -184,7 +211,11 @@ def _merged_options(grid: dict[str, Any] | None, raw: Mapping[str, Any] | Report
 def _tables(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo, quiet: bool = False):
     at_rounds = resolve_at_rounds(opts, groups)
     reference = resolve_reference(opts.reference, [g.algorithm for g in groups])
-    rows = summarize(groups, at_rounds, _target(opts, groups), reference)
+    rows = summarize(groups, at_rounds, _target(opts, groups), reference, opts.metric)
+    key = metric_key(opts.metric, (r.summary for g in groups for r in g.runs))
+    if key is not None and not quiet and not any(r.get("rank") is not None for r in rows):
+        echo(f"report.metric={opts.metric}: no completed run reports {key} in its summary.json (runs from before it, "
+             "or without the clients' own test splits): nothing is ranked")
     published.add_published(groups, rows, opts.paper)
     checked = _claims(root, groups, opts)
     with _writing(root):
@@ -209,7 +240,7 @@ def _claims(root: Path, groups: Sequence[Group], opts: ReportOptions) -> list[di
     """``report.claims`` checked on the groups, written to claims.csv and claims.md (the
     files of an earlier report without claims are removed: they would describe other runs)."""
     found = claims.resolve_claims(opts.claims, [g.algorithm for g in groups])
-    checked = claims.check_claims(found, groups)
+    checked = claims.check_claims(found, groups, opts.metric)
     with _writing(root):
         for name, write in (("claims.csv", claims.to_csv), ("claims.md", claims.to_markdown)):
             if checked:
@@ -222,11 +253,12 @@ def _claims(root: Path, groups: Sequence[Group], opts: ReportOptions) -> list[di
 def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Echo = print,
                  rows: Sequence[Mapping[str, Any]] = ()) -> list[Any]:
     """The figures; ``rows`` (the table's) choose the t-SNE's default panels."""
-    from fedrift.report.plots import drift_curves, learning_curves, partition_plots
+    from fedrift.report.plots import client_accuracy, drift_curves, learning_curves, partition_plots, worst10_curves
     from fedrift.report.tsne import choose_runs, default_algorithms, tsne_plot
 
     folder = make_dir(root / "figures")
-    for pattern in ("learning_curves.*", "drift.*", "partition-*.*", "tsne.*"):  # this report's own files
+    for pattern in ("learning_curves.*", "worst10_curves.*", "client_accuracy.*", "drift.*", "partition-*.*",
+                    "tsne.*"):  # this report's own files
         for old in folder.glob(pattern):
             if old.suffix in (".png", ".svg"):
                 old.unlink()
@@ -234,6 +266,10 @@ def make_figures(root: Path, groups: list[Group], opts: ReportOptions, echo: Ech
     lc = learning_curves(groups, folder / "learning_curves", opts.band)
     if lc:
         plots.append(lc)
+    for figure in (worst10_curves(groups, folder / "worst10_curves", opts.band),
+                   client_accuracy(groups, folder / "client_accuracy")):
+        if figure:
+            plots.append(figure)
     dc = drift_curves(groups, folder / "drift", opts.band)
     if dc:
         plots.append(dc)
@@ -369,7 +405,7 @@ h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bo
 .meta{color:#666;font-size:.9em}
 table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.3em .5em;text-align:right;white-space:nowrap}
-table.fit{font-size:.8em}table.fit td{white-space:normal}table.fit td,table.fit th{padding:.25em .25em}
+table.fit{font-size:.8em}table.dense{font-size:.7em}table.fit td{white-space:normal}table.fit td,table.fit th{padding:.25em .25em}
 th{background:#f1f3f6;white-space:normal;vertical-align:bottom}td:first-child,th:first-child{text-align:left}
 tbody tr:nth-child(even){background:#fafbfc}
 table.kv td{text-align:left;white-space:normal}table.kv td:first-child{font-weight:600;background:#f7f7f7}
@@ -389,11 +425,13 @@ def _e(x: Any) -> str:
 def cell(text: Any) -> str:
     """A table cell's HTML in a ``fit`` table, whose cells may wrap so that the table fits
     the page (a 1280 px window, any usual font) instead of scrolling: a number such as ``32.4 ±
-    11.7`` or ``3.0 (1/2)`` breaks only before its ``±`` or ``(``, words anywhere."""
+    11.7`` or ``3.0 (1/2)`` breaks only before its ``±`` or ``(``, a size ``44.36 MB`` before
+    its unit, words anywhere."""
     escaped = _e(text)
     if not re.match(r"[-+]?\d", str(text)):
         return escaped
-    return escaped.replace(" ", "&nbsp;").replace("&nbsp;±", " ±").replace("&nbsp;+-", " +-").replace("&nbsp;(", " (")
+    spaced = escaped.replace(" ", "&nbsp;").replace("&nbsp;±", " ±").replace("&nbsp;+-", " +-").replace("&nbsp;(", " (")
+    return re.sub(r"&nbsp;([kMG]?B)$", r" \1", spaced)
 
 
 def _img(png: Path, alt: str) -> str:
@@ -438,10 +476,20 @@ def page_head(title: str, meta: str, generated: str | None = None) -> list[str]:
             f'<p class="meta">fedrift {_e(__version__)}, generated {_e(now)}{_e(meta)}</p>']
 
 
+def _header(text: Any) -> str:
+    """A column header that may also break after a ``/`` (``down/round``: the widest word of its column)."""
+    return _e(text).replace("/", "/<wbr>")
+
+
+DENSE = 20  # columns beyond which a table's text is set smaller (a results table with its worst 10%, rank, paper)
+
+
 def fit_table(table_id: str, headers: Sequence[Any], rows: Sequence[Sequence[Any]]) -> list[str]:
-    """A table that wraps to fit the page (cells by :func:`cell`), scrolling only if it must."""
-    return ['<div class="scroll">', f'<table id="{_e(table_id)}" class="fit">',
-            "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr></thead>", "<tbody>",
+    """A table that wraps to fit the page (cells by :func:`cell`), scrolling only if it must;
+    one of more than :data:`DENSE` columns in smaller type."""
+    kind = "fit dense" if len(headers) > DENSE else "fit"
+    return ['<div class="scroll">', f'<table id="{_e(table_id)}" class="{kind}">',
+            "<thead><tr>" + "".join(f"<th>{_header(h)}</th>" for h in headers) + "</tr></thead>", "<tbody>",
             *("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in rows),
             "</tbody>", "</table>", "</div>"]
 
@@ -453,8 +501,8 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
     unreadable model file), shown at its top."""
     title = report_title(root, groups, opts)
     headers, cells = display_table(rows, at_rounds, pm="±")
-    paired_note = note(rows, pm="±")
     paper_note = published.note(rows, pm="±")
+    table_note = " ".join(n for n in table_notes(rows, pm="±") if n != paper_note)  # worst 10%, rank, paired
     parts = [
         *page_head(title, ""),
         *(f'<p class="warn" id="skipped-{i + 1}">{_e(line)}</p>' for i, line in enumerate(notes)),
@@ -471,7 +519,7 @@ def render_html(root: Path, groups: Sequence[Group], grid: dict[str, Any] | None
         + (f"; target rule {_e(_target(opts, groups))}" if _target(opts, groups) else "")
         + ". s/round: training seconds per round; wall s: the run's own time (start-up, rounds, evaluation); "
         "down/up: bytes per round. The same table is in "
-        "results.csv (raw numbers) and results.md." + (f" {_e(paired_note)}" if paired_note else "") + "</p>",
+        "results.csv (raw numbers) and results.md." + (f" {_e(table_note)}" if table_note else "") + "</p>",
         *([f'<p class="note" id="published">{_e(paper_note)}</p>'] if paper_note else []),
     ]
     if checked:

@@ -7,7 +7,9 @@ same swept values (``report.reference``, default ``fedavg`` when the grid has it
 
 - the pairs are the seeds at which both runs completed;
 - per pair, d = this setting's accuracy - the reference's (best, final and, with a
-  validation split, at best validation);
+  validation split, at best validation; with the clients' own test splits, the mean of the
+  worst 10% of clients' accuracies, ``final_local_accuracy_worst10``, and with
+  ``report.metric=local_accuracy`` the mean over the clients, ``final_local_accuracy``);
 - ``*_diff_mean`` is the mean of the d's; ``*_diff_ci95`` the half-width of the 95% Student t
   interval, ``t(0.975, n - 1) * sd(d, ddof=1) / sqrt(n)``; ``*_diff_low``/``*_diff_high`` its
   ends; ``*_diff_n`` the pairs. One pair gives a difference and no interval (None, shown
@@ -40,6 +42,10 @@ from fedrift.errors import ConfigError
 
 # summary keys compared, and their names in the tables
 METRICS = (("best_accuracy", "best"), ("final_accuracy", "final"), ("test_accuracy_at_best_val", "at best val"))
+# on the clients' own test splits: the worst 10% of clients' mean accuracy always paired in the
+# results table when runs report it, the mean over clients when ``report.metric`` ranks on it
+LOCAL_METRICS = (("final_local_accuracy", "final local"), ("final_local_accuracy_worst10", "worst 10% local"))
+WORST10 = "final_local_accuracy_worst10"
 LEVEL = 0.95
 ALPHA = 1 - LEVEL  # the sign-flip test's level (two-sided)
 EXACT_UP_TO = 16  # seeds enumerated exactly (2^16 sign patterns); more: a seeded random sample of patterns
@@ -122,13 +128,18 @@ def resolve_reference(spec: str | None, algorithms: Sequence[str]) -> str | None
     raise ConfigError(f"report.reference: {spec!r} is not an algorithm of the grid; allowed: {allowed}")
 
 
-def add_paired(groups: Sequence[Any], rows: Sequence[dict[str, Any]], reference: str | None) -> None:
+def add_paired(groups: Sequence[Any], rows: Sequence[dict[str, Any]], reference: str | None,
+               extra: Sequence[str] = ()) -> None:
     """Add the paired-difference keys (module docstring) to each row of a setting that has a
     reference at its swept values; ``rows[i]`` is ``groups[i]``'s. The reference's own row
-    and rows with no reference get ``reference`` only (the differences stay absent)."""
+    and rows with no reference get ``reference`` only (the differences stay absent). Besides
+    :data:`METRICS`, the worst 10% of clients' local accuracy (:data:`WORST10`) and the summary
+    keys in ``extra`` (``final_local_accuracy`` when ``report.metric`` ranks on it), each when
+    some run reports it."""
     if reference is None:
         return
-    present = [key for key, _ in METRICS if any(key in r.summary for g in groups for r in g.runs)]
+    wanted = [*(key for key, _ in METRICS), WORST10, *extra]
+    present = [key for key in dict.fromkeys(wanted) if any(key in r.summary for g in groups for r in g.runs)]
     for g, row in zip(groups, rows):
         row["reference"] = reference
         ref = next((h for h in groups if h.algorithm == reference and h.sweep == g.sweep), None)
@@ -166,7 +177,8 @@ def headers(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     ref = next((r["reference"] for r in rows if r.get("reference")), None)
     if ref is None:
         return []
-    return [(key, f"{name} vs {ref}") for key, name in METRICS if any(f"{key}_diff_n" in r for r in rows)]
+    return [(key, f"{name} vs {ref}") for key, name in (*METRICS, *LOCAL_METRICS)
+            if any(f"{key}_diff_n" in r for r in rows)]
 
 
 def cell(row: Mapping[str, Any], key: str, pm: str = "+-") -> str:
@@ -218,5 +230,5 @@ def note(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> str | None:
     return NOTE.format(ref=ref, pm=pm) + rule(most_pairs(rows))
 
 
-__all__ = ["ALPHA", "METRICS", "MIN_SEEDS", "add_paired", "cell", "differences", "fmt_diff", "headers", "interval",
-           "most_pairs", "note", "resolve_reference", "rule", "sign_flip_p", "significant"]
+__all__ = ["ALPHA", "LOCAL_METRICS", "METRICS", "MIN_SEEDS", "WORST10", "add_paired", "cell", "differences", "fmt_diff",
+           "headers", "interval", "most_pairs", "note", "resolve_reference", "rule", "sign_flip_p", "significant"]

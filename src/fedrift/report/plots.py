@@ -2,6 +2,11 @@
 
 - ``learning_curves``: global test accuracy per round, one panel per swept value, one line
   per algorithm: the mean over seeds, with a band (min to max over seeds, or mean +- std).
+- ``worst10_curves``: when the runs report it, the mean accuracy of the worst 10% of clients on
+  their own test splits (``local_accuracy_worst10``) per round, laid out as the learning curves.
+- ``client_accuracy``: when runs wrote ``clients.csv``, the empirical CDF over clients of each
+  client's accuracy on its own test split at the run's last evaluated round, one line per
+  algorithm, the clients of its completed seeds pooled (each seed's clients counted once each).
 - ``drift_curves``: when the runs logged drift diagnostics (``eval.drift``), the logit KL and
   feature L2 distance of the local models to the global model per round (FedCSD Fig. 1).
 - ``partition_plots``: the client x class bubble plot (``partition_plot.bubble_plot``) of
@@ -14,6 +19,7 @@ never pyplot: no window, no global figure registry, the caller's backend untouch
 
 from __future__ import annotations
 
+import csv
 import json
 import textwrap
 from dataclasses import dataclass
@@ -234,6 +240,128 @@ def learning_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -
                 png, svg)
 
 
+WORST10 = "local_accuracy_worst10"
+
+
+def worst10_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -> Plot | None:
+    """The worst 10% of clients' mean local accuracy per round (``local_accuracy_worst10``), one
+    panel per swept value, one line per algorithm: the mean over seeds, a band over them; None
+    when no run reports it."""
+    def curve(run: Run) -> list[tuple[int, float]]:
+        return [(int(m["round"]), float(m[WORST10])) for m in run.metrics
+                if isinstance(m.get(WORST10), (int, float)) and not isinstance(m.get(WORST10), bool)]
+
+    panels = [(t, gs) for t, gs in panels_of(groups) if any(curve(r) for g in gs for r in _plotted_runs(g))]
+    if not panels:
+        return None
+    colours = _colours(groups)
+    rows, cols = _grid_shape(len(panels))
+    fig = new_figure(max(6.0, 4.6 * cols), 3.6 * rows + 0.4)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, gs) in zip(axes.flat, panels):
+        for g in gs:
+            curves = [c for c in (curve(r) for r in _plotted_runs(g)) if c]
+            if not curves:
+                continue
+            rounds, mean, low, high = curve_stats(curves, band)
+            c = colours[g.algorithm]
+            ax.plot(rounds, 100 * mean, color=c, lw=1.6, label=f"{g.algorithm} (n={len(curves)})",
+                    marker="o" if len(rounds) <= 12 else None, ms=3)
+            if len(curves) > 1:
+                ax.fill_between(rounds, 100 * low, 100 * high, color=c, alpha=0.18, lw=0)
+        ax.set_title(wrap_title(title), fontsize=10)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("worst 10% local accuracy (%)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7 if len(gs) > 6 else 8)  # placed by save: on no curve (clear_legends)
+    what = "min to max" if band == "minmax" else "mean +- std"
+    fig.suptitle(f"Worst 10% of clients, on their own test splits: mean over seeds, band {what}", fontsize=11)
+    fig.tight_layout()
+    png, svg = save(fig, base)
+    return Plot("Worst 10% of clients: learning curves",
+                "Per round, the mean accuracy of the worst 10% of the evaluated clients (ceil(n/10), at least one) on "
+                f"their own test splits (local_accuracy_worst10: the global model's, or each client's own model where "
+                f"the method has one); line: mean over seeds, band: {what} over seeds.", png, svg)
+
+
+def read_client_accuracies(run: Run) -> tuple[str, list[float]] | None:
+    """The run's ``clients.csv`` at its last evaluated round: which model (``personal`` where the
+    run scored clients' own models, else ``global``) and each client's accuracy (``correct /
+    n_test``); None without the file or a usable row. A damaged or foreign row is skipped."""
+    path = Path(run.dir) / "clients.csv"
+    if not path.is_file():
+        return None
+    last: dict[str, list[float]] = {}
+    last_round = -1
+    try:
+        with path.open(newline="", encoding="utf-8", errors="replace") as f:
+            for row in csv.DictReader(f):
+                try:
+                    rnd, n, right = int(row["round"]), int(row["n_test"]), int(row["correct"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                model = row.get("model")
+                if n <= 0 or not 0 <= right <= n or model not in ("global", "personal"):
+                    continue
+                if rnd > last_round:
+                    last_round, last = rnd, {}
+                if rnd == last_round:
+                    last.setdefault(model, []).append(right / n)
+    except (OSError, csv.Error):
+        return None
+    for model in ("personal", "global"):  # the model local_accuracy is of: the client's own where it has one
+        if last.get(model):
+            return model, last[model]
+    return None
+
+
+def client_accuracy(groups: Sequence[Group], base: Path) -> Plot | None:
+    """The empirical CDF over clients of their accuracy on their own test splits at each run's
+    last evaluated round (``clients.csv``), one panel per swept value, one line per algorithm,
+    the clients of its completed runs pooled over seeds; None when no run has the file."""
+    panels = []
+    for title, gs in panels_of(groups):
+        lines = []
+        for g in gs:
+            read = [x for x in (read_client_accuracies(r) for r in g.done()) if x]
+            if read:
+                models = sorted({m for m, _ in read})
+                lines.append((g, len(read), "/".join(models), np.sort(np.concatenate([a for _, a in read]))))
+        if lines:
+            panels.append((title, lines))
+    if not panels:
+        return None
+    colours = _colours(groups)
+    rows, cols = _grid_shape(len(panels))
+    fig = new_figure(max(6.0, 4.6 * cols), 3.6 * rows + 0.4)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, lines) in zip(axes.flat, panels):
+        for g, seeds, model, acc in lines:  # from 0 at the lowest accuracy, up 1/n at each client
+            share = np.arange(len(acc) + 1) / len(acc)
+            ax.step(100 * np.concatenate([acc[:1], acc]), share, where="post", color=colours[g.algorithm], lw=1.6,
+                    label=f"{g.algorithm} ({model}, {len(acc)} clients, {seeds} seed{'s' if seeds > 1 else ''})")
+        ax.axhline(0.1, color="0.5", lw=0.8, ls=":")
+        ax.set_title(wrap_title(title), fontsize=10)
+        ax.set_xlabel("client's accuracy on its own test split (%)")
+        ax.set_ylabel("share of clients at or below")
+        ax.set_ylim(0, 1.02)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)  # placed by save: on no line (clear_legends)
+    fig.suptitle("Per-client accuracy at the last evaluated round (ECDF, seeds pooled)", fontsize=11)
+    fig.tight_layout()
+    png, svg = save(fig, base)
+    return Plot("Per-client accuracy",
+                "Empirical CDF over clients of each client's accuracy on its own local test split at the run's last "
+                "evaluated round (clients.csv: the global model's, or each client's own model where the method has "
+                "one, as named in the legend), the clients of every completed seed pooled, each counted once per seed. "
+                "The dotted line is 10% of clients: where a line crosses it is the edge of its worst 10%.", png, svg)
+
+
 def has_drift(groups: Sequence[Group]) -> bool:
     return any(k in m for g in groups for r in g.runs for m in r.metrics for k in DRIFT_KEYS)
 
@@ -330,5 +458,5 @@ def partition_plots(groups: Sequence[Group], folder: Path, warn: Any = print) ->
     return plots
 
 
-__all__ = ["Plot", "clear_legends", "covers_data", "curve_stats", "drift_curves", "has_drift", "learning_curves",
-           "partition_plots", "run_dataset"]
+__all__ = ["Plot", "clear_legends", "client_accuracy", "covers_data", "curve_stats", "drift_curves", "has_drift",
+           "learning_curves", "partition_plots", "read_client_accuracies", "run_dataset", "worst10_curves"]

@@ -25,6 +25,17 @@ Statistics, per setting, over its runs:
   (on the clients' own splits), and ``personalized_accuracy`` (``eval.personalize``: each
   client's classifier calibrated on its data, on its own split), beside "final local": the
   global model's accuracy on those same splits.
+- The worst 10% of clients, when runs report it: ``final_local_accuracy_worst10`` ("worst 10%
+  local" in the tables, beside "final local"), each run's mean accuracy of its worst
+  ``ceil(n/10)`` evaluated clients on their own test splits (:mod:`fedrift.metrics.client_spread`),
+  then its mean and std over the seeds as for any other column, with its paired difference to
+  the reference. (``final_local_accuracy_std`` in these rows is its std over the seeds, not the
+  run's spread over its clients, which ``summary.json`` calls by the same name.)
+- With ``report.metric`` (``accuracy``, ``local_accuracy``, ``local_accuracy_worst10``): ``rank``,
+  each setting's place among the settings with the same swept values by the mean over seeds of
+  that metric (``rank_metric`` names its summary key: for ``accuracy`` the test accuracy at best
+  validation, else the best accuracy, as the claims judge), 1 the highest, equal means sharing a
+  place; none without the metric. Without ``report.metric`` nothing is ranked.
 - Accuracy at round r: the global test accuracy at the last evaluated round <= r, for runs
   that reached round r.
 - Rounds to target: the first evaluated round whose test accuracy is >= the target; the mean
@@ -62,6 +73,11 @@ from fedrift.report import paired, published
 # summary keys of runs with a validation split (partition.val_share)
 VALIDATION_KEYS = ("test_accuracy_at_best_val", "best_val_accuracy")
 LOCAL_KEY = "final_local_accuracy"  # on the clients' own test splits: a column when runs report it
+WORST10_KEY = "final_local_accuracy_worst10"  # the worst 10% of those clients: a column beside it, paired
+# report.metric: what a report ranks, its claims judge and select recommends on
+RANK_METRICS = ("accuracy", "local_accuracy", "local_accuracy_worst10")
+METRIC_NAMES = {"test_accuracy_at_best_val": "at best val", "best_accuracy": "best acc", LOCAL_KEY: "final local",
+                WORST10_KEY: "worst 10% local"}
 # the final model calibrated (CCVR, on the test set and on the clients' own splits) and FedADC's
 # per-client calibration (eval.personalize, on the clients' own splits): columns when runs report them
 CALIBRATED_KEYS = (("calibrated_accuracy", "calibrated %"), ("calibrated_local_accuracy", "calibrated local %"),
@@ -324,6 +340,9 @@ def discover_groups(root: Path, notes: list[str] | None = None) -> list[Group]:
 
 # partition options every partition may have: not what tells one split from another
 _PARTITION_PLUMBING = ("name", "holdout", "val_share", "num_clients", "min_size", "max_redraws", "min_local_test")
+# switches to another definition of a partition, named only when set (issue 69's settings that
+# reproduce Flower Datasets' partitioners): at these values the partition is the usual one
+_PARTITION_USUAL = {"balance": False, "mode": "classes"}
 
 
 def describe_data(configs: Iterable[Mapping[str, Any]]) -> str:
@@ -344,7 +363,8 @@ def describe_data(configs: Iterable[Mapping[str, Any]]) -> str:
     kinds = [json.loads(v) for v in values("partition.name") if v != "null"]
     keys = dict.fromkeys(k for f in flats for k in f if k.startswith("partition."))
     options = [f"{k.split('.', 1)[1]}={_fmt_value(one(k))}" for k in keys
-               if k.split(".", 1)[1] not in _PARTITION_PLUMBING and one(k) is not None]
+               if k.split(".", 1)[1] not in _PARTITION_PLUMBING and one(k) is not None
+               and _PARTITION_USUAL.get(k.split(".", 1)[1], object()) != one(k)]
     clients = one("partition.num_clients")
     split = " ".join([", ".join(map(str, kinds)), *options]).strip()
     detail = ", ".join(x for x in (split, f"{clients} clients" if clients else "") if x)
@@ -426,11 +446,50 @@ def default_target(groups: Sequence[Group]) -> str | None:
     return "fedavg:0.9" if any(g.algorithm == "fedavg" for g in groups) else None
 
 
+def check_metric(value: Any) -> str | None:
+    """``report.metric``'s value, refused in one line when it is not one of :data:`RANK_METRICS`
+    (None, or ``none``: nothing ranked, today's tables)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    if value not in RANK_METRICS:
+        raise ConfigError(f"report.metric: {value!r} is not a metric to rank on; allowed: {', '.join(RANK_METRICS)}")
+    return str(value)
+
+
+def metric_key(metric: str | None, summaries: Iterable[Mapping[str, Any]]) -> str | None:
+    """The summary key ``report.metric`` stands for: ``local_accuracy`` -> ``final_local_accuracy``,
+    ``local_accuracy_worst10`` -> ``final_local_accuracy_worst10``, ``accuracy`` -> the test
+    accuracy at best validation when a run has a validation split, else the best accuracy (the
+    claims' rule); None for None."""
+    if metric is None:
+        return None
+    if metric != "accuracy":
+        return f"final_{metric}"
+    val = any("test_accuracy_at_best_val" in s for s in summaries)
+    return "test_accuracy_at_best_val" if val else "best_accuracy"
+
+
+def add_ranks(groups: Sequence[Group], rows: Sequence[dict[str, Any]], key: str) -> None:
+    """``rank`` (1 the highest mean of ``key``; equal means share the place; None without a
+    value) among the rows of the same swept values, and ``rank_metric`` = ``key``."""
+    by_sweep: dict[str, list[dict[str, Any]]] = {}
+    for g, row in zip(groups, rows):
+        by_sweep.setdefault(json.dumps(g.sweep, sort_keys=True, default=str), []).append(row)
+    for same in by_sweep.values():
+        values = [r.get(f"{key}_mean") for r in same]
+        for r, v in zip(same, values):
+            r["rank_metric"] = key
+            r["rank"] = None if v is None else 1 + sum(o is not None and o > v for o in values)
+
+
 def summarize(
-    groups: Sequence[Group], at_rounds: Sequence[int] = (), target: Any = None, reference: str | None = None
+    groups: Sequence[Group], at_rounds: Sequence[int] = (), target: Any = None, reference: str | None = None,
+    metric: str | None = None,
 ) -> list[dict[str, Any]]:
     """One dict per setting (see the module docstring for every statistic); with a
-    ``reference`` algorithm label, the paired differences to it (:mod:`fedrift.report.paired`)."""
+    ``reference`` algorithm label, the paired differences to it (:mod:`fedrift.report.paired`);
+    with ``metric`` (``report.metric``), each setting's ``rank`` on it."""
+    metric = check_metric(metric)
     kind, tval, frac = parse_target(target)
     rows: list[dict[str, Any]] = []
     for g in groups:
@@ -441,7 +500,7 @@ def summarize(
         row["diverged"] = sum(r.status == "diverged" for r in g.runs)
         row["interrupted_at"] = [r.last_round for r in g.runs if r.status == "interrupted"]  # rounds done
         row["seeds"] = ",".join(str(r.seed) for r in done if r.seed is not None)
-        optional = (*VALIDATION_KEYS, LOCAL_KEY, *(k for k, _ in CALIBRATED_KEYS))
+        optional = (*VALIDATION_KEYS, LOCAL_KEY, WORST10_KEY, *(k for k, _ in CALIBRATED_KEYS))
         for key in ("best_accuracy", "final_accuracy", *optional):
             if key in optional and not any(key in r.summary for r in g.runs):
                 continue  # no validation split, no local test splits, no calibration: no columns
@@ -473,7 +532,10 @@ def summarize(
             hits = [rounds_to(r, goal) for r in g.done()]
             row["rounds_to_target_mean"], row["rounds_to_target_std"] = mean_std(hits)
             row["rounds_to_target_reached"] = sum(h is not None for h in hits)
-    paired.add_paired(groups, rows, reference)
+    key = metric_key(metric, (r.summary for g in groups for r in g.runs))
+    paired.add_paired(groups, rows, reference, extra=[key] if key == LOCAL_KEY else [])
+    if key is not None:
+        add_ranks(groups, rows, key)
     return rows
 
 
@@ -521,9 +583,12 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
     several = len(targets) > 1
     validated = any(r.get("test_accuracy_at_best_val_mean") is not None for r in rows)
     local = any(r.get(f"{LOCAL_KEY}_mean") is not None for r in rows)
+    worst10 = any(r.get(f"{WORST10_KEY}_mean") is not None for r in rows)
     calibrated = [(k, h) for k, h in CALIBRATED_KEYS if any(r.get(f"{k}_mean") is not None for r in rows)]
-    headers = ["setting", "runs", "best acc %", "final acc %", *(["at best val %"] if validated else []),
-               *(["final local %"] if local else []), *(h for _, h in calibrated), *(f"acc@{t} %" for t in at_rounds)]
+    ranked = rank_header(rows)
+    headers = ["setting", "runs", *([ranked] if ranked else []), "best acc %", "final acc %",
+               *(["at best val %"] if validated else []), *(["final local %"] if local else []),
+               *(["worst 10% local %"] if worst10 else []), *(h for _, h in calibrated), *(f"acc@{t} %" for t in at_rounds)]
     pairs = paired.headers(rows)
     headers += [h for _, h in pairs]
     if several:
@@ -542,11 +607,13 @@ def display_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (),
         cells.append([
             r["setting"],
             runs,
+            *([_fmt_rank(r)] if ranked else []),
             fmt_acc(r["best_accuracy_mean"], _spread(r, "best_accuracy"), pm),
             fmt_acc(r["final_accuracy_mean"], _spread(r, "final_accuracy"), pm),
             *([fmt_acc(r.get("test_accuracy_at_best_val_mean"), _spread(r, "test_accuracy_at_best_val"), pm)]
               if validated else []),
             *([_fmt_some(r, LOCAL_KEY, pm)] if local else []),
+            *([_fmt_some(r, WORST10_KEY, pm)] if worst10 else []),
             *(_fmt_some(r, k, pm) for k, _ in calibrated),
             *(fmt_acc(r[f"accuracy_at_{t}_mean"], _spread(r, f"accuracy_at_{t}"), pm) for t in at_rounds),
             *(paired.cell(r, key, pm) for key, _ in pairs),
@@ -576,6 +643,36 @@ def _insert_published(rows: Sequence[dict[str, Any]], headers: list[str], cells:
         headers.insert(at, header)
         for row, vals in zip(cells, values):
             row.insert(at, vals[k])
+
+
+def rank_header(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """``rank (worst 10% local)``: the rank column's header when the rows are ranked (``report.metric``)."""
+    key = next((r["rank_metric"] for r in rows if r.get("rank_metric")), None)
+    return None if key is None else f"rank ({METRIC_NAMES.get(key, key)})"
+
+
+def _fmt_rank(row: Mapping[str, Any]) -> str:
+    return "-" if row.get("rank") is None else str(row["rank"])
+
+
+def rank_note(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The tables' line on the rank column, or None without one."""
+    key = next((r["rank_metric"] for r in rows if r.get("rank_metric")), None)
+    if key is None:
+        return None
+    return (f"rank: by the mean over seeds of {METRIC_NAMES.get(key, key)} ({key}; report.metric), 1 the highest, "
+            "among the settings of the same swept values; '-' where no completed run reports it.")
+
+
+WORST10_NOTE = ("worst 10% local: per run, the mean accuracy of its worst 10% of evaluated clients (ceil(n/10), at "
+                "least one) on their own test splits at the last evaluation, then mean {pm} std over seeds.")
+
+
+def notes(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> list[str]:
+    """The lines under a table: the worst 10% column's, the rank column's, the paired columns',
+    the published table's."""
+    worst10 = WORST10_NOTE.format(pm=pm) if any(r.get(f"{WORST10_KEY}_mean") is not None for r in rows) else None
+    return [n for n in (worst10, rank_note(rows), paired.note(rows, pm=pm), published.note(rows, pm=pm)) if n]
 
 
 def _fmt_some(row: Mapping[str, Any], key: str, pm: str) -> str:
@@ -613,8 +710,7 @@ def text_lines(headers: Sequence[str], cells: Sequence[Sequence[str]]) -> list[s
 
 def to_markdown(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = ()) -> str:
     lines = markdown_lines(*display_table(rows, at_rounds))
-    notes = [n for n in (paired.note(rows), published.note(rows)) if n]
-    return "\n".join(lines + [f"\n{n}" for n in notes]) + "\n"
+    return "\n".join(lines + [f"\n{n}" for n in notes(rows)]) + "\n"
 
 
 def to_csv(rows: Sequence[dict[str, Any]]) -> str:
@@ -645,7 +741,7 @@ def print_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (), t
     import sys
 
     text = to_text(rows, at_rounds)
-    footnote = "\n".join(n for n in (paired.note(rows), published.note(rows)) if n)
+    footnote = "\n".join(notes(rows))
     width = max(len(line) for line in text.splitlines())
     try:
         from rich.console import Console
@@ -667,15 +763,19 @@ def print_table(rows: Sequence[dict[str, Any]], at_rounds: Sequence[int] = (), t
     for row in cells:
         table.add_row(*row)
     Console().print(table)
-    for n in (paired.note(rows, pm="±"), published.note(rows, pm="±")):
-        if n:
-            print(n)
+    for n in notes(rows, pm="±"):
+        print(n)
 
 
 __all__ = [
+    "METRIC_NAMES",
+    "RANK_METRICS",
+    "WORST10_KEY",
     "Group",
     "Run",
     "accuracy_at",
+    "add_ranks",
+    "check_metric",
     "default_target",
     "describe_data",
     "describe_groups",
@@ -684,8 +784,12 @@ __all__ = [
     "load_run",
     "markdown_lines",
     "mean_std",
+    "metric_key",
+    "notes",
     "parse_target",
     "print_table",
+    "rank_header",
+    "rank_note",
     "rounds_to",
     "summarize",
     "text_lines",
