@@ -25,7 +25,7 @@ import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -205,58 +205,16 @@ def _grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:
     return (n + cols - 1) // cols, cols
 
 
-def learning_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -> Plot | None:
-    panels = [(t, gs) for t, gs in panels_of(groups) if any(_plotted_runs(g) for g in gs)]
-    if not panels:
-        return None
-    colours = _colours(groups)
-    rows, cols = _grid_shape(len(panels))
-    fig = new_figure(max(6.0, 4.6 * cols), 3.6 * rows + 0.4)  # save widens it for a legend beside a panel
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (title, gs) in zip(axes.flat, panels):
-        for g in gs:
-            runs = _plotted_runs(g)
-            if not runs:
-                continue
-            rounds, mean, low, high = curve_stats([r.accuracy_curve() for r in runs], band)
-            c = colours[g.algorithm]
-            ax.plot(rounds, 100 * mean, color=c, lw=1.6, label=f"{g.algorithm} (n={len(runs)})",
-                    marker="o" if len(rounds) <= 12 else None, ms=3)
-            if len(runs) > 1:
-                ax.fill_between(rounds, 100 * low, 100 * high, color=c, alpha=0.18, lw=0)
-        ax.set_title(wrap_title(title), fontsize=10)
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("test accuracy (%)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7 if len(gs) > 6 else 8)  # placed by save: on no curve (clear_legends)
-    what = "min to max" if band == "minmax" else "mean +- std"
-    fig.suptitle(f"Global test accuracy: mean over seeds, band {what}", fontsize=11)
-    fig.tight_layout()
-    png, svg = save(fig, base)
-    return Plot("Learning curves", f"Global test accuracy per round; line: mean over seeds, band: {what} over seeds.",
-                png, svg)
-
-
-WORST10 = "local_accuracy_worst10"
-
-
-def worst10_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -> Plot | None:
-    """The worst 10% of clients' mean local accuracy per round (``local_accuracy_worst10``), one
-    panel per swept value, one line per algorithm: the mean over seeds, a band over them; None
-    when no run reports it."""
-    def curve(run: Run) -> list[tuple[int, float]]:
-        return [(int(m["round"]), float(m[WORST10])) for m in run.metrics
-                if isinstance(m.get(WORST10), (int, float)) and not isinstance(m.get(WORST10), bool)]
-
+def _curve_panels(groups: Sequence[Group], base: Path, band: str, curve: Callable[[Run], list[tuple[int, float]]],
+                  ylabel: str, suptitle: str) -> tuple[Path, Path] | None:
+    """One panel per swept value, one line per algorithm: ``curve`` of each run, the mean over
+    seeds with a band over them (``band``); None when no run has a curve."""
     panels = [(t, gs) for t, gs in panels_of(groups) if any(curve(r) for g in gs for r in _plotted_runs(g))]
     if not panels:
         return None
     colours = _colours(groups)
     rows, cols = _grid_shape(len(panels))
-    fig = new_figure(max(6.0, 4.6 * cols), 3.6 * rows + 0.4)
+    fig = new_figure(max(6.0, 4.6 * cols), 3.6 * rows + 0.4)  # save widens it for a legend beside a panel
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
@@ -274,17 +232,48 @@ def worst10_curves(groups: Sequence[Group], base: Path, band: str = "minmax") ->
         ax.set_title(wrap_title(title), fontsize=10)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("worst 10% local accuracy (%)")
+        ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7 if len(gs) > 6 else 8)  # placed by save: on no curve (clear_legends)
-    what = "min to max" if band == "minmax" else "mean +- std"
-    fig.suptitle(f"Worst 10% of clients, on their own test splits: mean over seeds, band {what}", fontsize=11)
+    fig.suptitle(suptitle, fontsize=11)
     fig.tight_layout()
-    png, svg = save(fig, base)
+    return save(fig, base)
+
+
+def _band_words(band: str) -> str:
+    return "min to max" if band == "minmax" else "mean +- std"
+
+
+def learning_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -> Plot | None:
+    what = _band_words(band)
+    saved = _curve_panels(groups, base, band, lambda r: r.accuracy_curve(), "test accuracy (%)",
+                          f"Global test accuracy: mean over seeds, band {what}")
+    if saved is None:
+        return None
+    return Plot("Learning curves", f"Global test accuracy per round; line: mean over seeds, band: {what} over seeds.",
+                *saved)
+
+
+WORST10 = "local_accuracy_worst10"
+
+
+def worst10_curves(groups: Sequence[Group], base: Path, band: str = "minmax") -> Plot | None:
+    """The worst 10% of clients' mean local accuracy per round (``local_accuracy_worst10``), one
+    panel per swept value, one line per algorithm: the mean over seeds, a band over them; None
+    when no run reports it."""
+    def curve(run: Run) -> list[tuple[int, float]]:
+        return [(int(m["round"]), float(m[WORST10])) for m in run.metrics
+                if isinstance(m.get(WORST10), (int, float)) and not isinstance(m.get(WORST10), bool)]
+
+    what = _band_words(band)
+    saved = _curve_panels(groups, base, band, curve, "worst 10% local accuracy (%)",
+                          f"Worst 10% of clients, on their own test splits: mean over seeds, band {what}")
+    if saved is None:
+        return None
     return Plot("Worst 10% of clients: learning curves",
                 "Per round, the mean accuracy of the worst 10% of the evaluated clients (ceil(n/10), at least one) on "
                 f"their own test splits (local_accuracy_worst10: the global model's, or each client's own model where "
-                f"the method has one); line: mean over seeds, band: {what} over seeds.", png, svg)
+                f"the method has one); line: mean over seeds, band: {what} over seeds.", *saved)
 
 
 def read_client_accuracies(run: Run) -> tuple[str, list[float]] | None:
