@@ -22,7 +22,7 @@ import importlib.metadata
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,6 @@ class Work:
     local_epochs: int
     rounds: int
     num_classes: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def fresh_model(self) -> torch.nn.Module:
         return copy.deepcopy(self.model)
