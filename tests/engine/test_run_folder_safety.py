@@ -86,6 +86,18 @@ def test_a_link_at_the_lock_is_refused_by_a_resume(capsys, tmp_path, monkeypatch
     assert victim.read_text() == "the owner's file\n"
 
 
+def test_a_link_at_clients_csv_is_refused_by_a_resume(capsys, tmp_path, monkeypatch):
+    """The per-client rows (issue 71) are appended as metrics.jsonl is: never through a link."""
+    run = _stopped_run(tmp_path, monkeypatch, capsys)
+    victim = tmp_path / "elsewhere.csv"  # the same bytes, so only the link can stop the resume
+    victim.write_bytes((run / "clients.csv").read_bytes())
+    before = victim.read_bytes()
+    (run / "clients.csv").unlink()
+    (run / "clients.csv").symlink_to(victim)
+    one_line_refusal(capsys, ["run", "--resume", str(run)], f"{run / 'clients.csv'} is a symbolic link")
+    assert victim.read_bytes() == before
+
+
 def test_a_link_at_a_run_subfolder_is_refused(capsys, tmp_path, monkeypatch):
     run = tmp_path / "run"
     run.mkdir()
@@ -106,12 +118,12 @@ def test_overwrite_removes_a_link_never_what_it_points_to(capsys, tmp_path):
     run = tmp_path / "run"
     assert main(_run(run)) == 0
     victim = _victim(tmp_path)
-    for name in ("metrics.jsonl", "summary.json", "final_model.pt"):
+    for name in ("metrics.jsonl", "summary.json", "final_model.pt", "clients.csv"):
         (run / name).unlink()
         (run / name).symlink_to(victim)
     assert main(_run(run, "output.overwrite=true")) == 0
     assert victim.read_text() == "the owner's file\n"
-    assert not any((run / n).is_symlink() for n in ("metrics.jsonl", "summary.json", "final_model.pt"))
+    assert not any((run / n).is_symlink() for n in ("metrics.jsonl", "summary.json", "final_model.pt", "clients.csv"))
 
 
 def test_a_link_at_a_report_file_is_refused(capsys, tmp_path):
