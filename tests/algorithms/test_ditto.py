@@ -35,7 +35,8 @@ SETUP = Setup(num_classes=3, num_clients=2, feature_dim=4, lr=0.1, momentum=0.0,
 
 
 def as_fedavg(tools, fedavg, train):
-    """``tools`` training as FedAvg: its loss, the train section's optimiser, their step."""
+    """``tools`` training as FedAvg (or another one-model method): its loss, the train section's
+    optimiser, their step."""
     optimizer = local_optimizer(train)
     return dataclasses.replace(tools, algorithm=fedavg, optimizer=optimizer,
                                step=make_step(fedavg, tools.apply, optimizer, inplace=True))
@@ -134,6 +135,24 @@ def test_at_lambda_zero_a_personal_model_trains_as_a_client_alone(tiny, tmp_path
             for k, v in ends.items():
                 agree(server.store.get(k)["v"], v, BITS)
     assert again > 0
+
+
+@pytest.mark.agreement
+def test_in_a_clients_first_round_the_personal_model_is_fedproxs_client_model(tiny, tmp_path):
+    """A first-timer's v starts at w_t and trains on f_k(v) + lam/2 ||v - w_t||^2: FedProx's local
+    problem at mu = lam, under momentum and weight decay (the same function, its two terms'
+    gradients summed by autograd in another order: the rounding rule). So where FedProx at
+    mu = lam diverges (workload A at mu 1, lr 0.05, momentum 0.9), Ditto's personal model does."""
+    lam = 0.5
+    train = {"rounds": 1, "clients_per_round": 3, "momentum": 0.9, "weight_decay": 1e-3}
+    with server_of(tiny, tmp_path, "ditto", algorithm={"name": "ditto", "lam": lam}, train=train) as (server, w0):
+        rnd, outputs = one_round(server, 1)
+        fedprox = make("fedprox", SETUP, mu=lam)
+        for job, out in zip(rnd.jobs, outputs):
+            alone = train_client(as_fedavg(rnd.tools, fedprox, server.cfg.train), {"params": w0}, job, 1)
+            agree({k: alone.end_params[k] for k in w0}, {k: out.end_params[OWN + k] for k in w0},
+                  where=f"client {job.client_id}")
+        server.close(rnd, outputs, [])
 
 
 @pytest.mark.agreement

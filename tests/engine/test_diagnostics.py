@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -83,5 +84,12 @@ def test_personalisation_changes_only_the_classifier_and_helps_locally(tiny, rec
     doc = json.loads((r.output_dir / "personalization.json").read_text())
     assert len(doc["clients"]) == 6 and all(c["local_test_size"] >= 10 for c in doc["clients"])
     assert r.summary["personalized_accuracy"] == pytest.approx(doc["personalized_accuracy"])
+    # the calibrated models' spread over the clients, as the global model's local accuracy has it
+    pers = sorted(c["personalized_accuracy"] for c in doc["clients"])
+    assert r.summary["personalized_accuracy_worst"] == pytest.approx(pers[0])
+    assert r.summary["personalized_accuracy_worst10"] == pytest.approx(pers[0])  # ceil(6 / 10) = 1 client
+    assert r.summary["personalized_accuracy_best10"] == pytest.approx(pers[-1])
+    assert r.summary["global_local_accuracy_std"] == pytest.approx(
+        float(np.std([c["global_local_accuracy"] for c in doc["clients"]])))
     # under strong label skew a calibrated classifier fits the client's own label mix better
     assert r.summary["personalized_accuracy"] > r.summary["global_local_accuracy"]

@@ -213,17 +213,19 @@ def test_calibrated_and_personalized_columns_side_by_side(runs):
     for d in ("a/s0", "a/s1", "a/s2"):
         path = runs / d / "summary.json"
         extra = {"final_local_accuracy": 0.80, "calibrated_accuracy": 0.90 if d != "a/s2" else 0.70,
-                 "calibrated_local_accuracy": 0.85, "personalized_accuracy": 0.95}
+                 "calibrated_local_accuracy": 0.85, "personalized_accuracy": 0.95,
+                 "personalized_accuracy_worst10": 0.60 if d != "a/s0" else 0.90}
         path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))
     rows = summarize(load_groups(runs)[0])
     lines = to_markdown(rows).splitlines()
     head = [c.strip() for c in lines[0].split("|")]
     assert head.index("final local %") + 1 == head.index("calibrated %") == head.index("calibrated local %") - 1
     assert head.index("personalized %") == head.index("calibrated local %") + 1
+    assert head.index("personalized worst 10% %") == head.index("personalized %") + 1  # FedADC's calibration's worst 10%
     row = next(line for line in lines if line.startswith("| fedavg alpha=0.1 ")).split("|")
     cell = lambda h: row[head.index(h)].strip()  # noqa: E731
-    assert (cell("calibrated %"), cell("calibrated local %"), cell("personalized %")) == (
-        "83.3 +- 11.5", "85.0 +- 0.0", "95.0 +- 0.0")
+    assert (cell("calibrated %"), cell("calibrated local %"), cell("personalized %"), cell("personalized worst 10% %")) == (
+        "83.3 +- 11.5", "85.0 +- 0.0", "95.0 +- 0.0", "70.0 +- 17.3")
     other = next(line for line in lines if line.startswith("| fedprox alpha=0.1 ")).split("|")
     assert other[head.index("calibrated %")].strip() == "-"  # runs without a calibration
 

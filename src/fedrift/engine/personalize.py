@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
 from fedrift.algorithms.base import Algorithm, RoundInfo
@@ -37,6 +36,7 @@ from fedrift.engine.executors.base import Executor
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_step
 from fedrift.functional.optim import Transform, local_optimizer
+from fedrift.metrics.client_spread import ClientScores, client_spread
 from fedrift.engine.round_types import ClientJob, RoundTools
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
@@ -147,8 +147,10 @@ def personalize(
             pers = evaluate(tools.apply, out.end_params, xs, ys, tools.eval_batch)["test_accuracy"]
             rows.append({"client": job.client_id, "global_local_accuracy": glob,
                          "personalized_accuracy": pers, "local_test_size": int(len(local))})
-    return {
-        "personalized_accuracy": float(np.mean([r["personalized_accuracy"] for r in rows])),
-        "global_local_accuracy": float(np.mean([r["global_local_accuracy"] for r in rows])),
-        "clients": rows,
-    }
+    n_test = torch.tensor([r["local_test_size"] for r in rows], dtype=torch.int64)
+
+    def spread(key: str) -> dict[str, float]:  # the mean over clients with test samples, and its spread
+        correct = torch.tensor([round(r[key] * r["local_test_size"]) if r["local_test_size"] else 0 for r in rows])
+        return client_spread(ClientScores(n_test, correct), key)
+
+    return {**spread("personalized_accuracy"), **spread("global_local_accuracy"), "clients": rows}

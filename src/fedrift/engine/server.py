@@ -519,8 +519,7 @@ class Server:
                 at = {r["round"]: r["test_accuracy"] for r in out.history}
                 out.summary["accuracy_at"] = {str(r): at.get(r) for r in self.cfg.eval.at_rounds}
             if out.personalization is not None:
-                out.summary["personalized_accuracy"] = out.personalization["personalized_accuracy"]
-                out.summary["global_local_accuracy"] = out.personalization["global_local_accuracy"]
+                out.summary.update({k: v for k, v in out.personalization.items() if k != "clients"})
         return out
 
     def diverged_in_effect(self) -> DivergenceError | None:

@@ -81,7 +81,8 @@ METRIC_NAMES = {"test_accuracy_at_best_val": "at best val", "best_accuracy": "be
 # the final model calibrated (CCVR, on the test set and on the clients' own splits) and FedADC's
 # per-client calibration (eval.personalize, on the clients' own splits): columns when runs report them
 CALIBRATED_KEYS = (("calibrated_accuracy", "calibrated %"), ("calibrated_local_accuracy", "calibrated local %"),
-                   ("personalized_accuracy", "personalized %"))
+                   ("personalized_accuracy", "personalized %"),
+                   ("personalized_accuracy_worst10", "personalized worst 10% %"))
 
 EXECUTION_KEYS = (
     "engine.executor",
