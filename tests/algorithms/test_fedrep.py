@@ -14,7 +14,7 @@ from conftest import one_line_refusal
 from partial_sharing import one_round, server_of, two_layer_apply, two_layers
 
 import fedrift
-from fedrift.algorithms.fedrep import PHASE, head_steps, phased_sgd
+from fedrift.algorithms.fedrep import head_steps, phased_sgd
 from fedrift.algorithms.terms import weighted_ce
 
 HEAD = frozenset({"fc.weight", "fc.bias"})
@@ -52,11 +52,11 @@ def test_the_phased_optimiser_trains_the_head_then_the_body_as_torch_does_with_t
     lr, momentum, wd, limit = 0.1, 0.9, 0.01, 2
     opt = phased_sgd(lr, momentum, wd, clip, lambda p: HEAD)
     params = two_layers()
-    state = opt.init(params)
+    state = {**opt.init(params), "head_steps": torch.tensor(float(limit))}  # as FedRep's optimizer_start sets it
     for s, loss_of in enumerate(batches):
         leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
         grads = dict(zip(leaves, torch.autograd.grad(loss_of(leaves), list(leaves.values()))))
-        updates, state = opt.update({**grads, PHASE: torch.tensor(float(limit))}, state, params)
+        updates, state = opt.update(grads, state, params)
         new = {k: params[k] + updates[k] for k in params}
         for k in params:  # a frozen tensor keeps its bits, a trained one moves
             assert torch.equal(new[k], params[k]) == ((k in HEAD) != (s < limit)), (s, k)
@@ -112,3 +112,12 @@ def test_its_own_sgd_refuses_adamw_in_one_line(tmp_path, capsys, name):
                               "train.optimizer=adamw", f"output.dir={tmp_path / 'run'}", "output.progress=false"],
                      "train.optimizer", "allowed: sgd")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_optimizer_start_needs_the_algorithms_own_optimiser():
+    """optimizer_start prepares the state of the algorithm's optimiser; without one (the train
+    section's) there is no state of a known form to prepare."""
+    from fedrift.algorithms.base import Algorithm
+
+    with pytest.raises(ValueError, match="optimizer_start .* give optimizer too"):
+        Algorithm(name="x", hparams=None, local_loss=lambda *a: None, optimizer_start=lambda state, ctx: state)

@@ -255,6 +255,9 @@ class Algorithm:
     teacher: Callable[[Tree, torch.Tensor, Apply], Tree] | None = None  # per-sample, cacheable
     grad_correction: Callable[[Params, Params, Tree, Tree], Params] | None = None
     optimizer: Transform | None = None  # None: the train section's (train.optimizer)
+    # (its optimiser's fresh state, the client's context) -> the state the client's training
+    # starts from: what of the client the optimiser needs (FedRep: its head phase's length)
+    optimizer_start: Callable[[Any, Tree], Any] | None = None
     local_sgd: bool = False  # its math assumes the train section's local SGD (refuses train.optimizer=adamw)
     client_end: Callable[[Tree, Params, Tree, ClientData, Apply], Tree] | None = None
     client_result: Callable[[Tree, Params, Tree], tuple[Tree, Tree]] = default_client_result
@@ -295,5 +298,8 @@ class Algorithm:
         if self.client_model is not None and (self.personal or self.init_client is None):
             raise ValueError(f"algorithm {self.name}: a client model joins the shared model and the client state; "
                              "give init_client, and not personal")
+        if self.optimizer_start is not None and self.optimizer is None:
+            raise ValueError(f"algorithm {self.name}: optimizer_start prepares the algorithm's own optimiser's state; "
+                             "give optimizer too")
         if self.train_params is not None and self.client_model is None:
             raise ValueError(f"algorithm {self.name}: train_params is the tree a client model trains; give client_model too")

@@ -9,10 +9,8 @@ runs: 10 + 1 = 11) that is exactly ``head_epochs`` epochs, then ``body_epochs``.
 part does not move at all (no decay, no momentum), as torch's SGD skips a parameter without a
 gradient. Maths, defaults and departures: docs/reference/algorithms/personalisation.md.
 
-The engine hands the optimiser no step index and no client context, and the head phase's
-length depends on the client (its ``H_k``). So ``grad_correction``, which sees the context,
-passes that length to FedRep's optimiser as one extra entry of the gradient tree
-(:data:`PHASE`), which only that optimiser reads and drops; the optimiser counts its steps.
+The head phase's length depends on the client (its ``H_k``): ``optimizer_start`` writes it into
+the optimiser's state from the client's context, and the optimiser counts its steps.
 """
 
 from __future__ import annotations
@@ -27,9 +25,6 @@ from fedrift.algorithms.base import Algorithm, AlgorithmParams, Params, Setup, T
 from fedrift.algorithms.fedper import kept_part, top_keys, top_split
 from fedrift.functional.optim import Transform, decay
 from fedrift.params import params
-
-PHASE = "@fedrep.head_steps"  # not a parameter name (no module has an @): grad_correction -> optimiser
-
 
 @params
 class FedRepParams(AlgorithmParams):
@@ -91,18 +86,19 @@ def masked_sgd(lr: Any, momentum: float, weight_decay: float, clip: float | None
             buf = {k: pick(trains[k], moved[k], buf[k]) for k in d}
             d = moved
         updates = {k: pick(trains[k], v.mul(-lr), torch.full_like(v, -0.0)) for k, v in d.items()}
-        return updates, {"count": state["count"] + 1, "buf": buf}
+        return updates, {**state, "count": state["count"] + 1, "buf": buf}
 
     return Transform(init, update)
 
 
 def phased_sgd(lr: Any, momentum: float, weight_decay: float, clip: float | None,
                head_of: Callable[[Params], frozenset[str]]) -> Transform:
-    """:func:`masked_sgd` on the head while the step count is below the phase length the
-    gradient tree carries (:data:`PHASE`), on the rest after."""
+    """:func:`masked_sgd` on the head while the step count is below the phase length its state
+    carries (``head_steps``, set by FedRep's ``optimizer_start`` from the client's context), on
+    the rest after."""
 
     def trains(grads: Params, state: Tree, params: Params) -> dict[str, Any]:
-        head, in_head = head_of(params), state["count"] < grads[PHASE]
+        head, in_head = head_of(params), state["count"] < state["head_steps"]
         return {k: in_head if k in head else ~in_head for k in params}
 
     return masked_sgd(lr, momentum, weight_decay, clip, trains)
@@ -116,9 +112,9 @@ def fedrep(hp: FedRepParams, setup: Setup) -> Algorithm:
     own, check = top_split("fedrep", "head_layers", hp.head_layers, setup, low=1)
     tau_h, tau_phi = hp.head_epochs, hp.body_epochs
 
-    def grad_correction(grads: Params, params_: Params, payload: Tree, ctx: Tree) -> Params:
-        return {**grads, PHASE: head_steps(ctx["num_steps"], tau_h, tau_phi)}
+    def optimizer_start(state: Tree, ctx: Tree) -> Tree:
+        return {**state, "head_steps": head_steps(ctx["num_steps"], tau_h, tau_phi)}
 
     optimizer = phased_sgd(setup.lr, setup.momentum, setup.weight_decay, setup.clip_grad_norm,
                            lambda p: top_keys(p, hp.head_layers))
-    return kept_part("fedrep", hp, own, check, grad_correction=grad_correction, optimizer=optimizer)
+    return kept_part("fedrep", hp, own, check, optimizer=optimizer, optimizer_start=optimizer_start)

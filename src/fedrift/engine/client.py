@@ -35,7 +35,7 @@ def train_client(tools: RoundTools, payload: dict[str, Any], job: ClientJob, rou
         stage = "local_loss"
         # the client's own copy: the step may update it in place (RoundTools.step)
         params = {k: v.clone() for k, v in tools.start_params(payload, ctx).items()}
-        opt_state = optimizer_init(tools.optimizer, params, tools.apply)  # BatchNorm statistics: not optimised
+        opt_state = optimizer_init(tools.optimizer, params, tools.apply, alg.optimizer_start, ctx)
         loss_sum = torch.zeros((), device=params[next(iter(params))].device)
         aux_sum: dict[str, torch.Tensor] = {}
         label = labeller()

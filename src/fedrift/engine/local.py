@@ -279,10 +279,14 @@ def make_step(
     return step
 
 
-def optimizer_init(optimizer: Transform, params: Params, apply: Callable[..., Any]) -> Any:
+def optimizer_init(optimizer: Transform, params: Params, apply: Callable[..., Any],
+                   start: Callable[[Any, Any], Any] | None = None, ctx: Any = None) -> Any:
     """The optimiser state for a client's ``params``: over the trained tensors only (a
-    BatchNorm model's running statistics are not optimised, see :func:`make_step`)."""
-    return optimizer.init(without_stats(params, stat_keys_of(apply)))
+    BatchNorm model's running statistics are not optimised, see :func:`make_step`), then
+    ``start(state, ctx)`` where the algorithm prepares it from the client's context
+    (``Algorithm.optimizer_start``)."""
+    state = optimizer.init(without_stats(params, stat_keys_of(apply)))
+    return state if start is None else start(state, ctx)
 
 
 def make_tools(

@@ -267,7 +267,16 @@ class BatchedExecutor:
         else:
             params = cat([{name: p.unsqueeze(0).expand(len(part.jobs), *p.shape) for name, p in part.payload["params"].items()}
                            for part in parts])
-        opt_state = vmap(partial(optimizer_init, tools0.optimizer, apply=tools0.apply))(params)
+        if alg.optimizer_start is None:
+            opt_state = vmap(partial(optimizer_init, tools0.optimizer, apply=tools0.apply))(params)
+        else:  # each client's own context, and in a stack its run's algorithm (vmap batches positional arguments only)
+            rebuild = (step_tools or tools0).rebuild if values is not None else None
+
+            def init(p: Any, c: Any) -> Any:
+                a = alg if rebuild is None else rebuild.pieces(c[step_values.VALUES])[0]
+                return optimizer_init(tools0.optimizer, p, tools0.apply, a.optimizer_start, c)
+
+            opt_state = vmap(init)(params, ctx)
         vstep = self.vstep(step_tools or tools0, payload_dims, valued=values is not None)
         steps = [j.num_steps for j in jobs]
         # a captured or compiled step's rows: the clients still training, then the first of them
