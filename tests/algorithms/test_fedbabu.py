@@ -71,9 +71,12 @@ def test_with_no_head_it_is_fedavg(tiny, tmp_path):
     agree(untimed(a.history), untimed(b.history), BITS)
 
 
-def test_personalisation_fine_tunes_each_clients_head(tiny, tmp_path):
-    r = fedrift.run(tiny(algorithm={"name": "fedbabu"}, eval={"personalize": True, "personalize_epochs": 5},
-                         output={"dir": str(tmp_path / "p")}))
+@pytest.mark.parametrize("part", ["head", "all"])
+def test_personalisation_fine_tunes_each_clients_head_or_whole_model(tiny, tmp_path, part):
+    """The paper's fine-tuning moves the whole model (eval.personalize_part=all); the head alone
+    is FedADC's calibration. Either changes what each client scores."""
+    r = fedrift.run(tiny(algorithm={"name": "fedbabu"}, output={"dir": str(tmp_path / "p")},
+                         eval={"personalize": True, "personalize_epochs": 5, "personalize_part": part}))
     s = r.summary
     assert 0.0 <= s["personalized_accuracy"] <= 1.0 and s["personalized_accuracy"] != s["global_local_accuracy"]
 

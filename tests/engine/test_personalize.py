@@ -38,10 +38,12 @@ def recorded(monkeypatch):
                         Entry("rec_batched", lambda cfg: _recording(BatchedExecutor)(), "test only", None))
 
 
-def _run(tiny, tmp_path, algorithm, wd=0.0, loss="algorithm", mu=0.0, executor="rec_sequential", out="run", **sections):
+def _run(tiny, tmp_path, algorithm, wd=0.0, loss="algorithm", mu=0.0, executor="rec_sequential", out="run", part="head",
+         **sections):
     cfg = tiny(algorithm=algorithm, engine={"executor": executor}, output={"dir": str(tmp_path / out)},
                train={"rounds": 2, "lr": LR, "momentum": MOMENTUM, "weight_decay": wd},
-               eval={"personalize": True, "personalize_epochs": EPOCHS, "personalize_loss": loss, "personalize_mu": mu},
+               eval={"personalize": True, "personalize_epochs": EPOCHS, "personalize_loss": loss, "personalize_mu": mu,
+                     "personalize_part": part},
                **sections)
     r = fedrift.run(cfg)
     round_, tools, payload, jobs, outs = CALLS[-1]
@@ -62,10 +64,11 @@ def _body_is_global_and_head_moved(r, outs):
                 agree(v, r.global_state[k], BITS, where=k)
 
 
-def _hand_run(apply, glob, schedule, x, y, loss, wd):
-    """Plain SGD with momentum on the classifier alone, as torch.optim.SGD writes it:
-    ``buf = momentum buf + (g + wd w)``, ``w <- w - lr buf``; the body held at the global model."""
-    w = {k: v.clone() for k, v in glob.items() if _is_head(k)}
+def _hand_run(apply, glob, schedule, x, y, loss, wd, moves=_is_head):
+    """Plain SGD with momentum on the classifier alone (``moves``: those tensors), as
+    torch.optim.SGD writes it: ``buf = momentum buf + (g + wd w)``, ``w <- w - lr buf``; the body
+    held at the global model."""
+    w = {k: v.clone() for k, v in glob.items() if moves(k)}
     buf = {k: torch.zeros_like(v) for k, v in w.items()}
     for idx in schedule:
         g = torch.func.grad(lambda head: loss({**glob, **head}, x[idx], y[idx]))(w)
@@ -75,19 +78,30 @@ def _hand_run(apply, glob, schedule, x, y, loss, wd):
     return w
 
 
-def _check_hand_run(r, tools, jobs, outs, loss_for, wd):
-    """Every client's classifier equals the hand-run over its batches (the same order)."""
+def _check_hand_run(r, tools, jobs, outs, loss_for, wd, moves=_is_head):
+    """Every client's classifier (``moves``: those tensors) equals the hand-run over its batches
+    (the same order)."""
     glob = {k: r.global_state[k] for k in outs[0].end_params}
     hand = {}
     for job, o in zip(jobs, outs):
-        hand[job.client_id] = _hand_run(tools.apply, glob, job.schedule, tools.x, tools.y, loss_for(job), wd)
+        hand[job.client_id] = _hand_run(tools.apply, glob, job.schedule, tools.x, tools.y, loss_for(job), wd, moves)
         for k, v in hand[job.client_id].items():
-            torch.testing.assert_close(o.end_params[k], v, rtol=1e-5, atol=1e-6)
+            agree(o.end_params[k], v, where=f"client {job.client_id}, {k}")
     return hand
 
 
 def _ce(apply):
     return lambda p, x, y: F.cross_entropy(apply(p, x), y)
+
+
+@pytest.mark.agreement
+def test_personalize_part_all_fine_tunes_the_whole_model_by_the_same_sgd(tiny, tmp_path, recorded):
+    """FedBABU's fine-tuning (eval.personalize_part=all): every tensor moves, each client's model
+    the hand-run SGD on the whole model over its batches, with weight decay once."""
+    r, tools, jobs, outs = _run(tiny, tmp_path, {"name": "fedavg"}, wd=1e-3, loss="ce", part="all")
+    for o in outs:
+        assert not any(torch.equal(v, r.global_state[k]) for k, v in o.end_params.items())
+    _check_hand_run(r, tools, jobs, outs, lambda job: _ce(tools.apply), wd=1e-3, moves=lambda k: True)
 
 
 @pytest.mark.agreement
@@ -164,6 +178,7 @@ def test_fedprox_calibration_anchors_to_the_global_model(tiny, tmp_path, recorde
     _check_hand_run(r, tools, jobs, outs, lambda job: prox, wd=0.0)
 
 
+@pytest.mark.agreement
 def test_personalize_mu_adds_the_proximal_term_to_the_ce(tiny, tmp_path, recorded):
     mu = 0.5
     r, tools, jobs, outs = _run(tiny, tmp_path, {"name": "fedadc", "variant": "nesterov"}, loss="ce", mu=mu)

@@ -14,7 +14,9 @@ The fine-tuning takes a *loss* from the run, never its update rule (ALGORITHMS.m
   (SCAFFOLD's controls, FedADC's embedded server momentum), no optimiser of the algorithm's own.
 - Only the classifier moves: the loss sees the body detached (no gradient, no backward pass
   through it) and the optimiser is handed the classifier's parameters only, so every other
-  tensor of a personalised model equals the global model's, bit for bit.
+  tensor of a personalised model equals the global model's, bit for bit. With
+  ``eval.personalize_part: all`` (FedBABU's fine-tuning) the whole model moves, by the same
+  loss and optimiser.
 
 It runs through the same executor as training, as a round ``train.rounds + 1`` of the
 calibrated clients (their batch schedules drawn as for that round).
@@ -115,12 +117,12 @@ def personalize(
     head_prefixes: tuple[str, ...],
     clients: list[int],
 ) -> dict[str, Any]:
-    """Fine-tune the classifier of each of ``clients`` (the server's evaluation panel: every
+    """Fine-tune the classifier (``eval.personalize_part: all``: the model) of each of ``clients`` (the server's evaluation panel: every
     client up to ``eval.clients_sample``, else that many drawn by the seed) for
     ``eval.personalize_epochs`` with the loss of ``eval.personalize_loss`` (module docstring);
     test on their local splits."""
     ev, tc = cfg.eval, cfg.train
-    head = {k for k in server["params"] if k.split(".")[0] in head_prefixes}
+    head = {k for k in server["params"] if ev.personalize_part == "all" or k.split(".")[0] in head_prefixes}
     round_ = tc.rounds + 1  # batches drawn as for a round after the last one
     tuned_alg = calibration(algorithm, ev.personalize_loss, ev.personalize_mu, head)
     info = RoundInfo(round=round_, num_clients=fed.num_clients, sampled=tuple(clients))
