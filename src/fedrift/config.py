@@ -277,6 +277,11 @@ class EvalConfig(_Section):
     personalize_part: Literal["head", "all"] = Field("head", description=(
         "what the fine-tuning moves: `head`, the classifier alone (FedADC's calibration), or `all`, "
         "the whole model (FedBABU's fine-tuning)"))
+    per_client_test: Literal["every", "at_rounds"] = Field("every", description=(
+        "methods with a model per client: each client's model on the whole test set and validation union "
+        "(`test_accuracy`, `val_accuracy`: a pass over each per client) at every evaluated round, or only at "
+        "`eval.at_rounds` and the last round (`at_rounds`); the local accuracies, each client's model on its "
+        "own samples, at every evaluated round either way"))
     # personal models' metrics, local_accuracy and personalisation: every client up to this
     # many clients, else this many drawn once by the seed (the same clients every round)
     clients_sample: PositiveInt = Field(1000, description=(

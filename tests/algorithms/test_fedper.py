@@ -172,3 +172,23 @@ def test_compare_and_tune_take_the_four_partial_sharing_methods(tiny, tmp_path):
                            report=False, verbose=False)
     assert {n: results[n]["best"]["metric"] for n in results} == {
         "fedper": "val_local_accuracy", "fedrep": "val_local_accuracy", "fedbabu": "val_accuracy"}
+
+
+@pytest.mark.agreement
+def test_per_client_test_at_rounds_skips_the_whole_sets_and_keeps_the_local_accuracies(tiny, tmp_path):
+    """eval.per_client_test=at_rounds: each client's model on the whole test set and validation
+    union only at eval.at_rounds and the last round; every round's local accuracies (each model
+    on its own samples, alone) are those of the run that passes the whole sets each round (the
+    same per-sample predictions, in other batches: the rounding rule), and so is the final
+    model and its final accuracy."""
+    sections = dict(algorithm={"name": "fedper"}, train={"rounds": 4}, partition={"val_share": 0.2})
+    every = fedrift.run(tiny(**sections, output={"dir": str(tmp_path / "every")}))
+    sparse = fedrift.run(tiny(**sections, eval={"per_client_test": "at_rounds", "at_rounds": [2]},
+                              output={"dir": str(tmp_path / "sparse")}))
+    assert [r["round"] for r in sparse.history if "test_accuracy" in r] == [2, 4]
+    assert [r["round"] for r in sparse.history if "val_accuracy" in r] == [2, 4]
+    local = ("local_accuracy", "local_accuracy_worst10", "val_local_accuracy", "local_clients")
+    agree([{k: r[k] for k in local} for r in sparse.history], [{k: r[k] for k in local} for r in every.history])
+    agree(sparse.global_state, every.global_state, BITS)  # evaluation never touches training
+    agree(sparse.summary["final_accuracy"], every.summary["final_accuracy"], BITS)
+    assert (tmp_path / "sparse" / "clients.csv").read_text() == (tmp_path / "every" / "clients.csv").read_text()

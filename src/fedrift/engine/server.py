@@ -349,7 +349,7 @@ class Server:
         cal = self.algorithm.calibration
         if t % cfg.eval.every == 0 or t == tc.rounds or (cal is not None and cal.at is not None and t in cal.at):
             scores: dict[str, ClientScores] = {}  # per panel client, by scored model (clients.csv)
-            row = {"round": t, **self.evaluate(scores), **self.calibrate(t, scores), **_aux_metrics(outputs, weights)}
+            row = {"round": t, **self.evaluate(scores, t), **self.calibrate(t, scores), **_aux_metrics(outputs, weights)}
             if cfg.eval.drift:
                 local = [o.end_params for o in outputs]
                 row.update(drift_metrics(self.tools.apply, rnd.payload["params"], local, fed.x_test, fed.y_test,
@@ -372,30 +372,38 @@ class Server:
             self.out.history.append(row)
             if self.on_round is not None:
                 self.on_round(row)
-            if row["test_accuracy"] > self.best[0]:
-                self.best = (row["test_accuracy"], t)
-            self.bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", best=f"{self.best[0]:.3f}")
+            if "test_accuracy" in row:  # not at every round for per-client models (eval.per_client_test)
+                if row["test_accuracy"] > self.best[0]:
+                    self.best = (row["test_accuracy"], t)
+                self.bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", best=f"{self.best[0]:.3f}")
+            else:
+                self.bar.set_postfix(local=f"{row.get('local_accuracy', float('nan')):.3f}")
         if self.checkpoints is not None and self.checkpoints.due(t, tc.rounds):
             self.checkpoint(t)
         self.closed, self.touched = t, False
         self.bar.update(1)
         return row
 
-    def evaluate(self, scores: dict[str, ClientScores] | None = None) -> dict[str, float]:
+    def evaluate(self, scores: dict[str, ClientScores] | None = None, t: int | None = None) -> dict[str, float]:
         """The global model (or, for personal algorithms and client models, each client's own:
         every client up to ``eval.clients_sample`` clients, else a seeded panel of that many) on
-        the test set and the validation union. ``scores``: filled with the panel clients' counts
+        the test set and the validation union; each client's own model on those whole sets only
+        where ``eval.per_client_test`` says, at round ``t`` (else on its own samples alone:
+        the local accuracies). ``scores``: filled with the panel clients' counts
         on their local test splits, under ``global`` or ``personal`` (``_<name>`` for an extra
         predictor: ``personal_proto``)."""
         fed, alg, apply, chunk = self.fed, self.algorithm, self.tools.apply, self.tools.eval_batch
         predict = partial(alg.predict, self.state, apply=apply) if alg.predict is not None else None
         row: dict[str, float] = {}
+        ev = self.cfg.eval
+        whole = (ev.per_client_test == "every" or t is None or t in ev.at_rounds or t == self.cfg.train.rounds)
         for prefix, x_eval, y_eval in self.evaluated:
             own: dict[str, ClientScores] | None = {} if prefix == "test" else None
             if self.per_client:  # each panel client's own model, as the store holds it now
                 models = (self.client_model(k) for k in self.panel)  # one at a time
                 local = [fed.test_indices(k) if prefix == "test" else fed.val_positions(k) for k in self.panel]
-                row.update(evaluate_personal(apply, models, local, x_eval, y_eval, chunk, predict, prefix, scores=own))
+                row.update(evaluate_personal(apply, models, local, x_eval, y_eval, chunk, predict, prefix, scores=own,
+                                             whole=whole))
             else:
                 local_parts = self.local_test if prefix == "test" else None
                 row.update(evaluate(apply, self.state["params"], x_eval, y_eval, chunk, predict, prefix, local_parts,
@@ -516,7 +524,7 @@ class Server:
             if self.accountant is not None:
                 out.summary.update(epsilon=self.epsilon, delta=self.cfg.privacy.delta)
             if self.cfg.eval.at_rounds:
-                at = {r["round"]: r["test_accuracy"] for r in out.history}
+                at = {r["round"]: r.get("test_accuracy") for r in out.history}
                 out.summary["accuracy_at"] = {str(r): at.get(r) for r in self.cfg.eval.at_rounds}
             if out.personalization is not None:
                 out.summary.update({k: v for k, v in out.personalization.items() if k != "clients"})

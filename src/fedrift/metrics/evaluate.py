@@ -110,11 +110,12 @@ def evaluate(
 def evaluate_personal(
     apply: Callable[..., Any], models: Iterable[dict[str, torch.Tensor]], local: list[torch.Tensor] | None,
     x: torch.Tensor, y: torch.Tensor, batch_size: int, predict: Predict | None = None, prefix: str = "test",
-    scores: dict[str, ClientScores] | None = None,
+    scores: dict[str, ClientScores] | None = None, whole: bool = True,
 ) -> dict[str, float]:
     """Personal models (FedProto): the mean over clients of each client's own model's
-    accuracy on the whole of (x, y) (``test_accuracy``; ``prefix`` as in :func:`evaluate`)
-    and on its own part of it (``local[k]`` indexes (x, y); none when ``local`` is None):
+    accuracy on the whole of (x, y) (``test_accuracy``; ``prefix`` as in :func:`evaluate`;
+    ``whole=False``: not taken, each model runs on its own part alone, a pass over (x, y) in
+    all instead of one a client) and on its own part of it (``local[k]`` indexes (x, y); none when ``local`` is None):
     ``local_accuracy`` on the test set (its local split, with its spread over the clients),
     ``<prefix>_local_accuracy`` otherwise (``val_local_accuracy``: its own validation samples,
     what tunes such a method), and of each extra predictor. A client whose own part is empty
@@ -124,14 +125,19 @@ def evaluate_personal(
     counts: dict[str, int] = {}
     hits: dict[str, list[torch.Tensor]] = {}
     sizes: list[int] = []
+    whole = whole or local is None
     for params, ix in zip(models, local if local is not None else repeat(None)):  # models may be a generator
-        right, loss = outcomes(apply, params, x, y, batch_size, predict)
-        row = {**_rates(right, f"{prefix}_accuracy"), f"{prefix}_loss": loss.mean().item()}
-        for k, v in row.items():
-            sums[k] = sums.get(k, 0.0) + v
-            counts[k] = counts.get(k, 0) + 1
+        if whole:
+            right, loss = outcomes(apply, params, x, y, batch_size, predict)
+            row = {**_rates(right, f"{prefix}_accuracy"), f"{prefix}_loss": loss.mean().item()}
+            for k, v in row.items():
+                sums[k] = sums.get(k, 0.0) + v
+                counts[k] = counts.get(k, 0) + 1
+        else:  # its own samples only: the same per-sample outcomes as their rows of the whole set's
+            right, _ = outcomes(apply, params, x[ix], y[ix], batch_size, predict)
+            ix = slice(None)
         if ix is not None:
-            sizes.append(len(ix))
+            sizes.append(len(right[""][ix]))
             for name, r in right.items():
                 hits.setdefault(name, []).append(r[ix].sum())
     out = {k: v / counts[k] for k, v in sums.items()}
