@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "tune":
             message = ("interrupted; the trials in progress were stopped and recorded as interrupted; run the same "
                        "fedrift tune command again to continue (finished trials are kept, interrupted ones continue "
-                       "from their checkpoints)")
+                       "from their checkpoints; best.yaml has the best of those finished so far)")
         elif args.command == "study":
             message = ("interrupted; the trials or runs in progress were stopped and recorded as interrupted; run the "
                        "same fedrift study run command again to continue (finished trials and runs are kept)")

@@ -470,7 +470,8 @@ def test_ctrl_c_on_a_parallel_tune_records_its_trials_as_interrupted(tiny, tmp_p
                     "space.train.lr=0.01,0.02,0.03,0.04", "--no-report"], both_train)
     assert r.code == 130 and r.err.strip().splitlines() == [
         "fedrift: interrupted; the trials in progress were stopped and recorded as interrupted; run the same fedrift "
-        "tune command again to continue (finished trials are kept, interrupted ones continue from their checkpoints)"], r.err
+        "tune command again to continue (finished trials are kept, interrupted ones continue from their checkpoints; "
+        "best.yaml has the best of those finished so far)"], r.err
     assert r.line_s < 8.0, f"the line came {r.line_s:.1f} s after the signal (exit after {r.exit_s:.1f} s)"
     assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"
     runs = sorted(p.parent for p in out.glob("trials/fedavg/trial*/config.yaml"))
@@ -494,13 +495,46 @@ def test_ctrl_c_in_a_tune_marks_the_trial_interrupted_and_a_rerun_runs_it_again(
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
         "fedrift: interrupted; the trials in progress were stopped and recorded as interrupted; run the same fedrift "
-        "tune command again to continue (finished trials are kept, interrupted ones continue from their checkpoints)"], err
+        "tune command again to continue (finished trials are kept, interrupted ones continue from their checkpoints; "
+        "best.yaml has the best of those finished so far)"], err
     undo()
     assert main(args) == 0
     assert "fedavg: 0 of 1 trials finished before;" in capsys.readouterr().out
     st = optuna.load_study(study_name="fedavg", storage=f"sqlite:///{tmp_path / 't' / 'study.db'}")
     assert [(t.state.name, t.user_attrs.get("status")) for t in st.trials] == [("FAIL", "interrupted"),
                                                                                ("COMPLETE", "completed")]
+
+
+def test_a_stopped_tune_summarises_the_trials_that_finished(tiny, tmp_path, capsys, monkeypatch):
+    """Ctrl-C in fedavg's second trial, before fedprox's study begins: best.yaml, trials.csv
+    and tune.md hold fedavg's finished trial (compare can use it), and fedprox, never begun, has
+    no row; the next tune finishes both and rewrites them."""
+    from fedrift.engine import loop
+    from fedrift.experiments.tuned import read_tuned
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tiny, rounds=2)))
+    args = ["tune", "-c", str(cfg), "--out", str(tmp_path / "t"), "--trials", "2", "--pruner", "none",
+            "algorithms=fedavg,fedprox", "--no-report"]
+    train, calls = loop.train_clients, []
+
+    def stop(*a):
+        calls.append(1)
+        if len(calls) == 3:  # round 1 of the second trial
+            raise KeyboardInterrupt
+        return train(*a)
+
+    monkeypatch.setattr(loop, "train_clients", stop)
+    assert main(args) == 130
+    monkeypatch.setattr(loop, "train_clients", train)
+    best = yaml.safe_load((tmp_path / "t" / "best.yaml").read_text())
+    assert list(best) == ["fedavg"] and best["fedavg"]["trial"] == 0 and best["fedavg"]["trials"] == 2
+    assert set(read_tuned(tmp_path / "t")) == {"fedavg"}
+    rows = (tmp_path / "t" / "trials.csv").read_text().splitlines()
+    assert len(rows) == 3 and all(r.startswith("fedavg,") for r in rows[1:])  # the finished and the stopped trial
+    capsys.readouterr()
+    assert main(args) == 0
+    assert set(yaml.safe_load((tmp_path / "t" / "best.yaml").read_text())) == {"fedavg", "fedprox"}
 
 
 @pytest.mark.agreement
@@ -639,7 +673,8 @@ def test_stacked_runs_of_a_tune_ctrl_c_records_its_trials_as_interrupted(tiny, t
                     "space.train.lr=0.01,0.02,0.03", "--no-report"], all_train)
     assert r.code == 130 and r.err.strip().splitlines() == [
         "fedrift: interrupted; the trials in progress were stopped and recorded as interrupted; run the same fedrift "
-        "tune command again to continue (finished trials are kept, interrupted ones continue from their checkpoints)"], r.err
+        "tune command again to continue (finished trials are kept, interrupted ones continue from their checkpoints; "
+        "best.yaml has the best of those finished so far)"], r.err
     assert r.exit_s < 30.0, f"exit {r.exit_s:.1f} s after the signal"
     runs = sorted(p.parent for p in out.glob("trials/fedavg/trial*/config.yaml"))
     assert [json.loads((d / "summary.json").read_text())["status"] for d in runs] == ["interrupted"] * 3

@@ -551,7 +551,12 @@ def collect(tune: Tune) -> dict[str, dict[str, Any]]:
     optuna = load_optuna()
     out = {}
     for study in tune.studies:
-        st = optuna.load_study(study_name=study.name, storage=tune.storage)
+        try:
+            st = optuna.load_study(study_name=study.name, storage=tune.storage)
+        except KeyError:  # not begun: the tune stopped before it
+            out[study.name] = {"entry": study.entry, "space": {d.key: d.describe() for d in study.dims},
+                               "trials": [], "best": None}
+            continue
         rows = []
         for t in st.get_trials(deepcopy=False):
             inter = t.intermediate_values
@@ -646,8 +651,23 @@ def tune(
         if jobs > 1:
             raise ConfigError("pruner: an Optuna pruner object runs in this process only; allowed with jobs=1")
     load_optuna()
-    run_tune(t, jobs, echo, None if isinstance(pruner, str) else pruner)
+    try:
+        run_tune(t, jobs, echo, None if isinstance(pruner, str) else pruner)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the trials that finished are summarised as at the end
+        _summarise_stopped(t)
+        raise
     return write_results(t, echo, figures=report)
+
+
+def _summarise_stopped(t: Tune) -> None:
+    """A stopped tune's ``best.yaml``, ``trials.csv`` and ``tune.md`` over the trials that
+    finished (what ``compare tuned=DIR`` can use before the rest run); nothing when none did,
+    and never an error of its own in place of the stop."""
+    try:
+        if (t.root / "study.db").is_file() and any(r["best"] for r in collect(t).values()):
+            write_results(t, lambda _msg: None, figures=False)
+    except Exception:  # noqa: BLE001 - the stop is what the caller must see
+        pass
 
 
 __all__ = ["Study", "Tune", "build_tune", "collect", "run_tune", "score_of", "tune", "write_results"]
