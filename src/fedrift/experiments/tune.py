@@ -33,7 +33,8 @@ The tune folder
     the values at the edge of their range, :meth:`Dim.edge`), ``trials.csv``,
     ``tune.md`` and ``tune.html`` (the best trial's curves and the score against each
     hyper-parameter). Stop it at any time and run the same command again: finished trials are
-    kept, trials left running are marked failed and run anew, and only the missing ones run.
+    kept, trials left running are marked failed and run anew, and only the missing ones run;
+    the stop itself writes ``best.yaml``, ``trials.csv`` and ``tune.md`` over the finished trials.
     ``--jobs N`` runs N trials at once, in processes sharing the study. A Ctrl-C records the
     trials in progress as interrupted (state ``fail``, status ``interrupted``) and starts no
     other; each saves the checkpoint of its last whole round, and the next tune runs its point
