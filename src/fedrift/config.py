@@ -274,6 +274,9 @@ class EvalConfig(_Section):
         "`ce` (cross-entropy) or `algorithm`: the run's own loss only, never its update rule"))
     personalize_mu: Annotated[float, Field(ge=0, description=(
         "adds `mu/2 ||w - w_global||^2` to either calibration loss"))] = 0.0
+    personalize_lr: Annotated[float | None, Field(gt=0, description=(
+        "the learning rate of that fine-tuning (default: `train.lr`); a whole model fine-tuned at a "
+        "training rate tuned with its head frozen can collapse"))] = None
     personalize_part: Literal["head", "all"] = Field("head", description=(
         "what the fine-tuning moves: `head`, the classifier alone (FedADC's calibration), or `all`, "
         "the whole model (FedBABU's fine-tuning)"))

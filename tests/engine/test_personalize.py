@@ -39,11 +39,11 @@ def recorded(monkeypatch):
 
 
 def _run(tiny, tmp_path, algorithm, wd=0.0, loss="algorithm", mu=0.0, executor="rec_sequential", out="run", part="head",
-         **sections):
+         lr=None, **sections):
     cfg = tiny(algorithm=algorithm, engine={"executor": executor}, output={"dir": str(tmp_path / out)},
                train={"rounds": 2, "lr": LR, "momentum": MOMENTUM, "weight_decay": wd},
                eval={"personalize": True, "personalize_epochs": EPOCHS, "personalize_loss": loss, "personalize_mu": mu,
-                     "personalize_part": part},
+                     "personalize_part": part, "personalize_lr": lr},
                **sections)
     r = fedrift.run(cfg)
     round_, tools, payload, jobs, outs = CALLS[-1]
@@ -64,7 +64,7 @@ def _body_is_global_and_head_moved(r, outs):
                 agree(v, r.global_state[k], BITS, where=k)
 
 
-def _hand_run(apply, glob, schedule, x, y, loss, wd, moves=_is_head):
+def _hand_run(apply, glob, schedule, x, y, loss, wd, moves=_is_head, lr=LR):
     """Plain SGD with momentum on the classifier alone (``moves``: those tensors), as
     torch.optim.SGD writes it: ``buf = momentum buf + (g + wd w)``, ``w <- w - lr buf``; the body
     held at the global model."""
@@ -74,17 +74,17 @@ def _hand_run(apply, glob, schedule, x, y, loss, wd, moves=_is_head):
         g = torch.func.grad(lambda head: loss({**glob, **head}, x[idx], y[idx]))(w)
         for k in w:
             buf[k] = MOMENTUM * buf[k] + (g[k] + wd * w[k])
-            w[k] = w[k] - LR * buf[k]
+            w[k] = w[k] - lr * buf[k]
     return w
 
 
-def _check_hand_run(r, tools, jobs, outs, loss_for, wd, moves=_is_head):
+def _check_hand_run(r, tools, jobs, outs, loss_for, wd, moves=_is_head, lr=LR):
     """Every client's classifier (``moves``: those tensors) equals the hand-run over its batches
     (the same order)."""
     glob = {k: r.global_state[k] for k in outs[0].end_params}
     hand = {}
     for job, o in zip(jobs, outs):
-        hand[job.client_id] = _hand_run(tools.apply, glob, job.schedule, tools.x, tools.y, loss_for(job), wd, moves)
+        hand[job.client_id] = _hand_run(tools.apply, glob, job.schedule, tools.x, tools.y, loss_for(job), wd, moves, lr)
         for k, v in hand[job.client_id].items():
             agree(o.end_params[k], v, where=f"client {job.client_id}, {k}")
     return hand
@@ -95,13 +95,16 @@ def _ce(apply):
 
 
 @pytest.mark.agreement
-def test_personalize_part_all_fine_tunes_the_whole_model_by_the_same_sgd(tiny, tmp_path, recorded):
+@pytest.mark.parametrize("lr", [None, 0.02])
+def test_personalize_part_all_fine_tunes_the_whole_model_by_the_same_sgd(tiny, tmp_path, recorded, lr):
     """FedBABU's fine-tuning (eval.personalize_part=all): every tensor moves, each client's model
-    the hand-run SGD on the whole model over its batches, with weight decay once."""
-    r, tools, jobs, outs = _run(tiny, tmp_path, {"name": "fedavg"}, wd=1e-3, loss="ce", part="all")
+    the hand-run SGD on the whole model over its batches, with weight decay once, at train.lr or
+    at eval.personalize_lr; none diverged."""
+    r, tools, jobs, outs = _run(tiny, tmp_path, {"name": "fedavg"}, wd=1e-3, loss="ce", part="all", lr=lr)
     for o in outs:
         assert not any(torch.equal(v, r.global_state[k]) for k, v in o.end_params.items())
-    _check_hand_run(r, tools, jobs, outs, lambda job: _ce(tools.apply), wd=1e-3, moves=lambda k: True)
+    _check_hand_run(r, tools, jobs, outs, lambda job: _ce(tools.apply), wd=1e-3, moves=lambda k: True, lr=lr or LR)
+    assert r.summary["personalized_clients_diverged"] == 0
 
 
 @pytest.mark.agreement
@@ -220,3 +223,13 @@ def test_update_rules_of_ce_algorithms_are_left_out(tiny, tmp_path, recorded, al
     _, _, _, outs = _run(tiny, tmp_path, alg, wd=0.01)
     _, _, _, outs_ce = _run(tiny, tmp_path, alg, wd=0.01, loss="ce", out="ce")
     agree([o.end_params for o in outs], [o.end_params for o in outs_ce], BITS)
+
+
+def test_a_fine_tuning_that_diverges_is_counted(tiny, tmp_path, recorded):
+    """A fine-tuning whose model goes non-finite (here at eval.personalize_lr 1e30) still scores
+    what that model predicts, and the run says how many did: personalized_clients_diverged."""
+    r, _, _, outs = _run(tiny, tmp_path, {"name": "fedavg"}, loss="ce", part="all", lr=1e30)
+    bad = sum(not all(torch.isfinite(v).all() for v in o.end_params.values()) for o in outs)
+    assert bad > 0 and r.summary["personalized_clients_diverged"] == bad
+    doc = json.loads((r.output_dir / "personalization.json").read_text())
+    assert sum(c["diverged"] for c in doc["clients"]) == bad

@@ -9,8 +9,8 @@ The fine-tuning takes a *loss* from the run, never its update rule (ALGORITHMS.m
   the client's stored state, ``client_start``, the teacher, the per-step noise and the
   pre-phase (FedCSD's prototypes, combined over the calibrated clients). ``eval.personalize_mu``
   adds ``mu/2 ||w - w_global||^2`` to either.
-- The update is the train section's optimiser (``train.optimizer``: SGD with ``train.lr``,
-  ``momentum``, ``weight_decay`` applied once) for every algorithm: no ``grad_correction``
+- The update is the train section's optimiser (``train.optimizer``: SGD with ``train.lr``, or
+  ``eval.personalize_lr`` where set, ``momentum``, ``weight_decay`` applied once) for every algorithm: no ``grad_correction``
   (SCAFFOLD's controls, FedADC's embedded server momentum), no optimiser of the algorithm's own.
 - Only the classifier moves: the loss sees the body detached (no gradient, no backward pass
   through it) and the optimiser is handed the classifier's parameters only, so every other
@@ -42,7 +42,7 @@ from fedrift.metrics.client_spread import ClientScores, client_spread
 from fedrift.engine.round_types import ClientJob, RoundTools
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
-from fedrift.functional.tree import stack
+from fedrift.functional.tree import all_finite, stack
 from fedrift.metrics.evaluate import evaluate
 
 CHUNK = 64  # personal models trained at a time: bounded memory
@@ -129,7 +129,7 @@ def personalize(
     # from the global model itself: a broadcast may send another point to train from (FedACG's
     # look-ahead w_t + lam m), which is its update rule, not the model being calibrated
     payload = {**tuned_alg.broadcast(server, info), "params": server["params"]}
-    opt = only(head, local_optimizer(tc))
+    opt = only(head, local_optimizer(tc, ev.personalize_lr))
     tuned = replace(tools, algorithm=tuned_alg, optimizer=opt, step=make_step(tuned_alg, tools.apply, opt, inplace=True),
                     rebuild=None)
 
@@ -148,11 +148,15 @@ def personalize(
             glob = evaluate(tools.apply, server["params"], xs, ys, tools.eval_batch)["test_accuracy"]
             pers = evaluate(tools.apply, out.end_params, xs, ys, tools.eval_batch)["test_accuracy"]
             rows.append({"client": job.client_id, "global_local_accuracy": glob,
-                         "personalized_accuracy": pers, "local_test_size": int(len(local))})
+                         "personalized_accuracy": pers, "local_test_size": int(len(local)),
+                         "diverged": not all_finite(out.end_params)})
     n_test = torch.tensor([r["local_test_size"] for r in rows], dtype=torch.int64)
 
     def spread(key: str) -> dict[str, float]:  # the mean over clients with test samples, and its spread
         correct = torch.tensor([round(r[key] * r["local_test_size"]) if r["local_test_size"] else 0 for r in rows])
         return client_spread(ClientScores(n_test, correct), key)
 
-    return {**spread("personalized_accuracy"), **spread("global_local_accuracy"), "clients": rows}
+    # a fine-tuning that diverged scores what its model predicts (non-finite logits: class 0), and is counted
+    diverged = sum(r["diverged"] for r in rows)
+    return {**spread("personalized_accuracy"), **spread("global_local_accuracy"), "personalized_clients_diverged": diverged,
+            "clients": rows}
