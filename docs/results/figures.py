@@ -38,6 +38,15 @@ GAPS = [
     ("R2 C 0.1: FedADC, coverage - uniform", "r2-gpu-c01", "fedadc:engine.sampling=class_coverage", "fedadc"),
 ]
 
+# (figure file, title, committed runs folder): every client's accuracy on its own split, global
+# remedies against personalised ones (issue 71's comparison)
+SPREADS = [
+    ("d-personal-spread", "Workload D (feature skew: 4 digit domains, 20 clients), 15 rounds, 3 seeds", "d-personal"),
+]
+# the methods that score each client's own model (docs/concepts/evaluation.md); the rest score the
+# global one (FedBABU too: its personalisation is the fine-tuning after training, a row of its own)
+PERSONALISED = {"fedper", "lgfedavg", "fedrep", "fedbabu", "ditto", "apfl", "fedrod"}
+
 
 def _group(groups: Sequence, name: str):
     for g in groups:
@@ -91,9 +100,66 @@ def gaps(out: Path) -> Path:
     return png
 
 
+def _spread_rows(groups: Sequence) -> list[tuple[str, bool, tuple, tuple]]:
+    """Per setting (and FedADC's per-client calibration beside its run, where it was on): its
+    label, whether it scores per-client models, and (mean, 95% t half-width) over seeds of the
+    final mean local accuracy and of its worst 10% of clients, in points."""
+    from fedrift.report.paired import interval
+
+    def over_seeds(runs: Sequence, key: str) -> tuple:
+        mean, half = interval([100 * r.summary[key] for r in runs if isinstance(r.summary.get(key), (int, float))])
+        return mean, half or 0.0
+
+    rows = []
+    for g in groups:
+        done = g.done()
+        name = g.algorithm.split(":")[0]
+        label = g.algorithm.split(":eval.")[0]  # the fine-tuning after training is a row of its own
+        rows.append((label, name in PERSONALISED and name != "fedbabu", over_seeds(done, "final_local_accuracy"),
+                     over_seeds(done, "final_local_accuracy_worst10")))
+        if any("personalized_accuracy_worst10" in r.summary for r in done):
+            part = (done[0].config.get("eval") or {}).get("personalize_part", "head")
+            tuned = "whole model fine-tuned" if part == "all" else "classifier calibrated"
+            rows.append((f"{name} + {tuned} per client", True, over_seeds(done, "personalized_accuracy"),
+                         over_seeds(done, "personalized_accuracy_worst10")))
+    return sorted((r for r in rows if r[2][0] is not None and r[3][0] is not None), key=lambda r: r[3][0])
+
+
+def spread(out: Path) -> list[Path]:
+    """Per method: the clients' mean accuracy on their own test splits and that of the worst 10%
+    of them (mean over seeds, 95% t interval), global remedies in grey, personalised in blue."""
+    from fedrift.report.plots import new_figure, save
+    from fedrift.report.table import load_groups
+
+    made = []
+    for name, title, folder in SPREADS:
+        rows = _spread_rows(load_groups(RESULTS / folder)[0])
+        if not rows:
+            raise SystemExit(f"figures.py: no completed runs in benchmarks/results/{folder}")
+        fig = new_figure(7.5, 0.36 * len(rows) + 1.5)
+        ax = fig.subplots()
+        for i, (label, personal, (m, mh), (w, wh)) in enumerate(rows):
+            colour = "#1f77b4" if personal else "#7f7f7f"
+            ax.plot([w, m], [i, i], color=colour, lw=1, alpha=0.5)
+            ax.errorbar(m, i, xerr=mh, fmt="o", color=colour, capsize=2, ms=5)
+            ax.errorbar(w, i, xerr=wh, fmt="v", color=colour, capsize=2, ms=6, mfc="white")
+        ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+        ax.set_xlabel("accuracy on the clients' own test splits (%): mean over seeds, 95% t interval")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.plot([], [], "o", color="black", label="mean over clients")
+        ax.plot([], [], "v", color="black", mfc="white", label="worst 10% of clients")
+        ax.legend(fontsize=8)
+        ax.set_title(f"{title}\nglobal remedies grey, personalised blue; sorted by the worst 10%", fontsize=9)
+        fig.tight_layout()
+        png, svg = save(fig, out / name)
+        svg.unlink()
+        made.append(png)
+    return made
+
+
 def draw(out: Path = OUT) -> list[Path]:
     """Every figure in ``out``, quietly (the docs build's ``fedrift_figures`` calls this)."""
-    return [*curves(out), gaps(out)]
+    return [*curves(out), gaps(out), *spread(out)]
 
 
 def main(argv: Sequence[str]) -> int:
