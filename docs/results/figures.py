@@ -38,10 +38,11 @@ GAPS = [
     ("R2 C 0.1: FedADC, coverage - uniform", "r2-gpu-c01", "fedadc:engine.sampling=class_coverage", "fedadc"),
 ]
 
-# (figure file, title, committed runs folder): every client's accuracy on its own split, global
+# (figure file, title, committed runs folders): every client's accuracy on its own split, global
 # remedies against personalised ones (issue 71's comparison)
 SPREADS = [
-    ("d-personal-spread", "Workload D (feature skew: 4 digit domains, 20 clients), 15 rounds, 3 seeds", "d-personal"),
+    ("d-personal-spread", "Workload D (feature skew: 4 digit domains, 20 clients), 15 rounds, 3 seeds",
+     ("d-personal", "d-personal-extra")),
 ]
 # the methods that score each client's own model (docs/concepts/evaluation.md); the rest score the
 # global one (FedBABU too: its personalisation is the fine-tuning after training, a row of its own)
@@ -118,11 +119,17 @@ def _spread_rows(groups: Sequence) -> list[tuple[str, bool, tuple, tuple]]:
         rows.append((label, name in PERSONALISED and name != "fedbabu", over_seeds(done, "final_local_accuracy"),
                      over_seeds(done, "final_local_accuracy_worst10")))
         if any("personalized_accuracy_worst10" in r.summary for r in done):
-            part = (done[0].config.get("eval") or {}).get("personalize_part", "head")
-            tuned = "whole model fine-tuned" if part == "all" else "classifier calibrated"
-            rows.append((f"{name} + {tuned} per client", True, over_seeds(done, "personalized_accuracy"),
+            ev = done[0].config.get("eval") or {}
+            tuned = "whole model fine-tuned" if ev.get("personalize_part") == "all" else "classifier calibrated"
+            at = f" at lr {ev['personalize_lr']:g}" if ev.get("personalize_lr") else ""
+            rows.append((f"{name} + {tuned} per client{at}", True, over_seeds(done, "personalized_accuracy"),
                          over_seeds(done, "personalized_accuracy_worst10")))
-    return sorted((r for r in rows if r[2][0] is not None and r[3][0] is not None), key=lambda r: r[3][0])
+    seen, kept = set(), []
+    for r in rows:  # a setting's global model run again beside another fine-tuning: drawn once
+        if r[2][0] is not None and r[3][0] is not None and (r[2], r[3]) not in seen:
+            seen.add((r[2], r[3]))
+            kept.append(r)
+    return sorted(kept, key=lambda r: r[3][0])
 
 
 def spread(out: Path) -> list[Path]:
@@ -132,10 +139,10 @@ def spread(out: Path) -> list[Path]:
     from fedrift.report.table import load_groups
 
     made = []
-    for name, title, folder in SPREADS:
-        rows = _spread_rows(load_groups(RESULTS / folder)[0])
+    for name, title, folders in SPREADS:
+        rows = _spread_rows([g for folder in folders for g in load_groups(RESULTS / folder)[0]])
         if not rows:
-            raise SystemExit(f"figures.py: no completed runs in benchmarks/results/{folder}")
+            raise SystemExit(f"figures.py: no completed runs in benchmarks/results/{', '.join(folders)}")
         fig = new_figure(7.5, 0.36 * len(rows) + 1.5)
         ax = fig.subplots()
         for i, (label, personal, (m, mh), (w, wh)) in enumerate(rows):
