@@ -10,8 +10,9 @@ The fine-tuning takes a *loss* from the run, never its update rule (ALGORITHMS.m
   pre-phase (FedCSD's prototypes, combined over the calibrated clients). ``eval.personalize_mu``
   adds ``mu/2 ||w - w_global||^2`` to either.
 - The update is the train section's optimiser (``train.optimizer``: SGD with ``train.lr``, or
-  ``eval.personalize_lr`` where set, ``momentum``, ``weight_decay`` applied once) for every algorithm: no ``grad_correction``
-  (SCAFFOLD's controls, FedADC's embedded server momentum), no optimiser of the algorithm's own.
+  ``eval.personalize_lr`` where set, ``momentum``, ``weight_decay`` applied once) for every
+  algorithm: no ``grad_correction`` (SCAFFOLD's controls, FedADC's embedded server momentum),
+  no optimiser of the algorithm's own.
 - Only the classifier moves: the loss sees the body detached (no gradient, no backward pass
   through it) and the optimiser is handed the classifier's parameters only, so every other
   tensor of a personalised model equals the global model's, bit for bit. With
@@ -38,11 +39,11 @@ from fedrift.engine.executors.base import Executor
 from fedrift.engine.federation import Federation, client_job
 from fedrift.engine.local import make_step
 from fedrift.functional.optim import Transform, local_optimizer
-from fedrift.metrics.client_spread import ClientScores, client_spread
 from fedrift.engine.round_types import ClientJob, RoundTools
 from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
 from fedrift.functional.tree import all_finite, stack
+from fedrift.metrics.client_spread import ClientScores, client_spread
 from fedrift.metrics.evaluate import evaluate
 
 CHUNK = 64  # personal models trained at a time: bounded memory
@@ -117,8 +118,9 @@ def personalize(
     head_prefixes: tuple[str, ...],
     clients: list[int],
 ) -> dict[str, Any]:
-    """Fine-tune the classifier (``eval.personalize_part: all``: the model) of each of ``clients`` (the server's evaluation panel: every
-    client up to ``eval.clients_sample``, else that many drawn by the seed) for
+    """Fine-tune the classifier (``eval.personalize_part: all``: the whole model) of each of
+    ``clients`` (the server's evaluation panel: every client up to ``eval.clients_sample``,
+    else that many drawn by the seed) for
     ``eval.personalize_epochs`` with the loss of ``eval.personalize_loss`` (module docstring);
     test on their local splits."""
     ev, tc = cfg.eval, cfg.train
