@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -144,6 +144,7 @@ def test_min_size_always_met(name: str, alpha: float, min_size: int, clients: in
     alpha=st.sampled_from([0.01, 0.3, 10.0]),
     seed=st.integers(0, 2**31),
 )
+@example(n=40, clients=11, per_client=4, alpha=0.01, seed=0)  # 44 shards of 40 samples: refused
 def test_balance_and_sorted_cover_every_sample(n: int, clients: int, per_client: int, alpha: float, seed: int) -> None:
     labels = make_labels(n, 5, seed)
     min_size = min(10, n // clients)
@@ -151,7 +152,12 @@ def test_balance_and_sorted_cover_every_sample(n: int, clients: int, per_client:
                                                     balance=True), seed)
     assert_exact_cover(parts, n)
     assert min(p.size for p in parts) >= min_size
-    parts = split_shards(labels, ShardsParams(num_clients=clients, classes_per_client=per_client, mode="sorted"), seed)
+    sorted_shards = ShardsParams(num_clients=clients, classes_per_client=per_client, mode="sorted")
+    if clients * per_client > n:  # more shards than samples: refused in one line, naming what is allowed
+        with pytest.raises(ConfigError, match="exceed the .* training samples"):
+            split_shards(labels, sorted_shards, seed)
+        return
+    parts = split_shards(labels, sorted_shards, seed)
     assert_exact_cover(parts, n)
     run = n // (clients * per_client)  # runs of run or run + 1 samples, per_client of them each
     assert all(per_client * run <= p.size <= per_client * (run + 1) for p in parts)
