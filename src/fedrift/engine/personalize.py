@@ -44,7 +44,7 @@ from fedrift.engine.state import ClientStateStore
 from fedrift.engine.teacher import with_teacher
 from fedrift.functional.tree import all_finite, stack
 from fedrift.metrics.client_spread import ClientScores, client_spread
-from fedrift.metrics.evaluate import evaluate
+from fedrift.metrics.evaluate import outcomes
 
 CHUNK = 64  # personal models trained at a time: bounded memory
 
@@ -141,22 +141,23 @@ def personalize(
                    for k in clients[start : start + CHUNK]]
 
     payload = _with_prephase(cfg, tuned, payload, fed, chunks)
-    rows = []
+    rows, counts = [], []  # counts: per client, its local test samples and each model's right answers
     for jobs in chunks():
         chunk_tools = with_teacher(tuned, payload, jobs, cfg.engine.teacher_cache)
         for job, out in zip(jobs, executor.run_round(chunk_tools, payload, jobs, round_)):
             local = fed.test_indices(job.client_id)
             xs, ys = fed.x_test[local], fed.y_test[local]
-            glob = evaluate(tools.apply, server["params"], xs, ys, tools.eval_batch)["test_accuracy"]
-            pers = evaluate(tools.apply, out.end_params, xs, ys, tools.eval_batch)["test_accuracy"]
-            rows.append({"client": job.client_id, "global_local_accuracy": glob,
-                         "personalized_accuracy": pers, "local_test_size": int(len(local)),
-                         "diverged": not all_finite(out.end_params)})
-    n_test = torch.tensor([r["local_test_size"] for r in rows], dtype=torch.int64)
+            n = int(len(local))
+            right = {key: int(outcomes(tools.apply, params, xs, ys, tools.eval_batch)[0][""].sum())
+                     for key, params in (("global_local_accuracy", server["params"]),
+                                         ("personalized_accuracy", out.end_params))}
+            counts.append((n, right))
+            rows.append({"client": job.client_id, **{k: c / n if n else 0.0 for k, c in right.items()},
+                         "local_test_size": n, "diverged": not all_finite(out.end_params)})
+    n_test = torch.tensor([n for n, _ in counts], dtype=torch.int64)
 
     def spread(key: str) -> dict[str, float]:  # the mean over clients with test samples, and its spread
-        correct = torch.tensor([round(r[key] * r["local_test_size"]) if r["local_test_size"] else 0 for r in rows])
-        return client_spread(ClientScores(n_test, correct), key)
+        return client_spread(ClientScores(n_test, torch.tensor([c[key] for _, c in counts], dtype=torch.int64)), key)
 
     # a fine-tuning that diverged scores what its model predicts (non-finite logits: class 0), and is counted
     diverged = sum(r["diverged"] for r in rows)

@@ -133,13 +133,14 @@ def evaluate_personal(
             for k, v in row.items():
                 sums[k] = sums.get(k, 0.0) + v
                 counts[k] = counts.get(k, 0) + 1
-        else:  # its own samples only: the same per-sample outcomes as their rows of the whole set's
-            right, _ = outcomes(apply, params, x[ix], y[ix], batch_size, predict)
-            ix = slice(None)
-        if ix is not None:
-            sizes.append(len(right[""][ix]))
-            for name, r in right.items():
-                hits.setdefault(name, []).append(r[ix].sum())
+        if ix is None:
+            continue
+        # its own samples' outcomes: their rows of the whole set's, or (not whole) taken on them alone
+        mine = {name: r[ix] for name, r in right.items()} if whole else outcomes(
+            apply, params, x[ix], y[ix], batch_size, predict)[0]
+        sizes.append(len(ix))
+        for name, r in mine.items():
+            hits.setdefault(name, []).append(r.sum())
     out = {k: v / counts[k] for k, v in sums.items()}
     if local is not None and sizes:
         n_test = torch.tensor(sizes, dtype=torch.long)
