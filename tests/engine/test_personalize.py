@@ -233,3 +233,22 @@ def test_a_fine_tuning_that_diverges_is_counted(tiny, tmp_path, recorded):
     assert bad > 0 and r.summary["personalized_clients_diverged"] == bad
     doc = json.loads((r.output_dir / "personalization.json").read_text())
     assert sum(c["diverged"] for c in doc["clients"]) == bad
+
+
+def test_personalised_models_are_scored_on_their_own_validation_samples(tiny, tmp_path, recorded):
+    """personalized_val_accuracy: each client's fine-tuned model on its own validation samples
+    (partition.val_share), the mean over the clients that have some, counted by hand; a run
+    without a validation split has none."""
+    from fedrift.api import prepare
+
+    r, tools, jobs, outs = _run(tiny, tmp_path, {"name": "fedavg"}, loss="ce", part="all", partition={"val_share": 0.2})
+    prep = prepare(r.config)
+    accs = []
+    for job, o in zip(jobs, outs):
+        own = torch.as_tensor(prep.partition.val[job.client_id])
+        if len(own):
+            x, y = prep.dataset.x_train[own], prep.dataset.y_train[own]
+            accs.append(int((tools.apply(o.end_params, x).argmax(1) == y).sum()) / len(own))
+    assert len(accs) >= 5 and r.summary["personalized_val_accuracy"] == pytest.approx(sum(accs) / len(accs), abs=1e-12)
+    plain, *_ = _run(tiny, tmp_path, {"name": "fedavg"}, loss="ce", part="all", out="plain")
+    assert "personalized_val_accuracy" not in plain.summary and "personalized_accuracy" in plain.summary

@@ -110,6 +110,27 @@ def test_a_calibrated_run_is_scored_on_its_calibrated_rounds_only(tiny, tmp_path
     assert results["ccvr"]["best"]["val_accuracy"] == 0.4
 
 
+def test_a_personalising_run_is_scored_on_its_personalised_models(tiny, tmp_path, monkeypatch):
+    """A run with eval.personalize (FedBABU's fine-tuning, FedADC's calibration) outputs its
+    clients' fine-tuned models: its trial scores their personalized_val_accuracy, never the
+    higher validation accuracy of its global model before, and best.yaml names that metric."""
+    from types import SimpleNamespace
+
+    rows = [{"round": 1, "val_accuracy": 0.9}, {"round": 2, "val_accuracy": 0.95}]
+
+    def run(config=None, overrides=None, resume=False, on_round=None):
+        for row in rows:
+            on_round(row)
+        return SimpleNamespace(history=rows, summary={"rounds": 2, "personalized_val_accuracy": 0.3})
+
+    monkeypatch.setattr(fedrift.api, "run", run)
+    results = fedrift.tune(_cfg(tiny, rounds=2, eval={"personalize": True}), algorithms=["fedavg"], trials=1,
+                           out=tmp_path / "t", pruner="none", report=False, verbose=False)
+    assert results["fedavg"]["best"]["val_accuracy"] == 0.3
+    best = yaml.safe_load((tmp_path / "t" / "best.yaml").read_text())
+    assert best["fedavg"]["metric"] == "personalized_val_accuracy"
+
+
 def test_tune_needs_a_validation_split_and_checks_the_space(tiny):
     cfg = _cfg(tiny)
     cfg["partition"].pop("val_share")

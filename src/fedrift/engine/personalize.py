@@ -122,7 +122,8 @@ def personalize(
     ``clients`` (the server's evaluation panel: every client up to ``eval.clients_sample``,
     else that many drawn by the seed) for
     ``eval.personalize_epochs`` with the loss of ``eval.personalize_loss`` (module docstring);
-    test on their local splits."""
+    test on their local splits, and on their validation samples where the run has a validation
+    split (``personalized_val_accuracy``: what ``fedrift tune`` scores such a run on)."""
     ev, tc = cfg.eval, cfg.train
     head = {k for k in server["params"] if ev.personalize_part == "all" or k.split(".")[0] in head_prefixes}
     round_ = tc.rounds + 1  # batches drawn as for a round after the last one
@@ -141,25 +142,35 @@ def personalize(
                    for k in clients[start : start + CHUNK]]
 
     payload = _with_prephase(cfg, tuned, payload, fed, chunks)
-    rows, counts = [], []  # counts: per client, its local test samples and each model's right answers
+    rows, counts, val = [], [], []  # per client: its local test samples and each model's right answers; val's
     for jobs in chunks():
         chunk_tools = with_teacher(tuned, payload, jobs, cfg.engine.teacher_cache)
         for job, out in zip(jobs, executor.run_round(chunk_tools, payload, jobs, round_)):
-            local = fed.test_indices(job.client_id)
-            xs, ys = fed.x_test[local], fed.y_test[local]
-            n = int(len(local))
-            right = {key: int(outcomes(tools.apply, params, xs, ys, tools.eval_batch)[0][""].sum())
-                     for key, params in (("global_local_accuracy", server["params"]),
-                                         ("personalized_accuracy", out.end_params))}
+            k = job.client_id
+            n, right = _right(tools, fed.x_test, fed.y_test, fed.test_indices(k),
+                              {"global_local_accuracy": server["params"], "personalized_accuracy": out.end_params})
             counts.append((n, right))
-            rows.append({"client": job.client_id, **{k: c / n if n else 0.0 for k, c in right.items()},
+            rows.append({"client": k, **{key: c / n if n else 0.0 for key, c in right.items()},
                          "local_test_size": n, "diverged": not all_finite(out.end_params)})
-    n_test = torch.tensor([n for n, _ in counts], dtype=torch.int64)
+            if len(fed.y_val):  # a validation split
+                val.append(_right(tools, fed.x_val, fed.y_val, fed.val_positions(k),
+                                  {"personalized_val_accuracy": out.end_params}))
 
-    def spread(key: str) -> dict[str, float]:  # the mean over clients with test samples, and its spread
-        return client_spread(ClientScores(n_test, torch.tensor([c[key] for _, c in counts], dtype=torch.int64)), key)
+    def spread(key: str, counts: list[tuple[int, dict[str, int]]], full: bool = True) -> dict[str, float]:
+        """The mean over clients with samples, and (``full``) its spread."""
+        n = torch.tensor([n for n, _ in counts], dtype=torch.int64)
+        return client_spread(ClientScores(n, torch.tensor([c[key] for _, c in counts], dtype=torch.int64)), key, full)
 
     # a fine-tuning that diverged scores what its model predicts (non-finite logits: class 0), and is counted
     diverged = sum(r["diverged"] for r in rows)
-    return {**spread("personalized_accuracy"), **spread("global_local_accuracy"), "personalized_clients_diverged": diverged,
-            "clients": rows}
+    return {**spread("personalized_accuracy", counts), **spread("global_local_accuracy", counts),
+            **(spread("personalized_val_accuracy", val, full=False) if val else {}),  # what tune scores
+            "personalized_clients_diverged": diverged, "clients": rows}
+
+
+def _right(tools: RoundTools, x: torch.Tensor, y: torch.Tensor, own: torch.Tensor,
+           models: dict[str, dict[str, torch.Tensor]]) -> tuple[int, dict[str, int]]:
+    """A client's samples (``own`` indexes x, y) and, per named model, how many it gets right."""
+    xs, ys = x[own], y[own]
+    return int(len(own)), {key: int(outcomes(tools.apply, params, xs, ys, tools.eval_batch)[0][""].sum())
+                           for key, params in models.items()}

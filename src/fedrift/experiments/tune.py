@@ -17,8 +17,9 @@ The space
 Scoring and pruning
     A trial is one run of the config with the trial's values, scored by its best
     ``val_accuracy`` over the evaluated rounds (``val_local_accuracy`` for personal models,
-    ``calibrated_val_accuracy`` for a calibrated one, CCVR's: see :func:`score_of`; the test
-    set is never read by the tuner); the
+    ``calibrated_val_accuracy`` for a calibrated one, CCVR's: see :func:`score_of`), or, for a
+    run that personalises after training (``eval.personalize``), its personalised models'
+    ``personalized_val_accuracy``: the test set is never read by the tuner; the
     pruner (median by default) sees each round's score so far (the best validation accuracy up
     to that round: at strong label skew one round's accuracy swings by tens of points) and,
     from the middle round on, stops trials that fall behind the median of earlier trials at
@@ -217,6 +218,9 @@ def _open_study(tune: Tune, study: Study, seed: int, pruner: Any = None, point: 
         )
 
 
+PERSONAL = "personalized_val_accuracy"  # eval.personalize's models on their clients' validation samples
+
+
 def score_of(row: Mapping[str, Any]) -> tuple[str, float] | None:
     """What a round's row scores, and its name: ``val_local_accuracy`` where the run reports it
     (personal models, each on its own client's validation samples: what such a method is for;
@@ -291,8 +295,15 @@ class _TrialRun:
         # calibrated rounds only: its output is the calibrated model, not the rounds before
         if any(name == "calibrated_val_accuracy" for name, _ in scored):
             scored = [sc for sc in scored if sc[0] == "calibrated_val_accuracy"]
+        # one that personalises after training (eval.personalize) on its personalised models:
+        # its output, fine-tuned by eval.personalize_* (FedBABU's learning rate is tuned there)
+        personal = ended.summary.get(PERSONAL)
+        if personal is not None:
+            scored = [(PERSONAL, float(personal))]
         score = max((v for _, v in scored), default=math.nan)
         with shielded():
+            if personal is not None:
+                self.trial.set_user_attr("metric", PERSONAL)
             self.trial.set_user_attr("status", "completed")
             self.trial.set_user_attr("rounds", int(ended.summary.get("rounds", 0)))
         self.echo(f"{self.label}: val {score:.4f}, {time.perf_counter() - self.start:.1f} s")
