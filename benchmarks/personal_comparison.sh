@@ -11,6 +11,9 @@
 #      rounds, BENCHMARKS.md "A, every algorithm tuned on a space-filling design"), the personalised
 #      ones tuned here with 4 trials of 8 rounds (the same design's first 4 points: a smaller budget
 #      than the global entries had), then 3 seeds of 20 rounds.
+#   Then FedBABU's fine-tuning rate (eval.personalize_lr), which the first tune does not search,
+#   tuned on its fine-tuned models at its tuned training rate, 4 trials of 8 rounds, and 3 seeds
+#   of it (<w>-personal-babu).
 # Usage (repository root): bash benchmarks/personal_comparison.sh [d] [a]   # default both, D first
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +39,21 @@ if len(rest) == 3:  # a global entry's values under this comparison's entry name
 yaml.safe_dump({**glob, **personal}, open(out, "w"), sort_keys=False)
 PY
 }
+value() {  # value TUNED_YAML ENTRY KEY: the tuned value of KEY for ENTRY
+  .venv/bin/python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))[sys.argv[2]]["overrides"][sys.argv[3]])' "$@"
+}
+babu() {  # babu W CONFIG_ARGS RUN_ARGS: FedBABU's fine-tuning rate tuned on its fine-tuned models'
+  # validation accuracy (personalized_val_accuracy) at its tuned training rate, then 3 seeds of it
+  local w=$1 args=$2 runs=$3 lr plr
+  lr=$(value "$W/tuned-$w.yaml" "$BABU" train.lr) || exit 1
+  echo "== $(date -u +%T) $w: FedBABU's fine-tuning rate, at its training rate $lr"
+  $F tune $args train.rounds=8 $PC train.lr=$lr --trials 4 --jobs 2 --no-report space.train.lr=none \
+      "space.eval.personalize_lr=log:0.001:0.1" algorithms=$BABU --out "$W/tune-$w-babu" || exit 1
+  plr=$(value "$W/tune-$w-babu/best.yaml" "$BABU" eval.personalize_lr) || exit 1
+  $F compare $args $runs --jobs 2 seeds=0,1,2 report.metric=local_accuracy report.tsne=none \
+      algorithms=fedbabu:train.lr=$lr:eval.personalize=true:eval.personalize_epochs=5:eval.personalize_part=all:eval.personalize_lr=$plr \
+      --out "$R/$w-personal-babu" || exit 1
+}
 for w in ${@:-d a}; do
   if [ "$w" = d ]; then
     GLOBAL=fedavg,fedprox,fedgkd,fedadc:eval.personalize=true,scaffold
@@ -47,6 +65,7 @@ for w in ${@:-d a}; do
     echo "== $(date -u +%T) D: 3 seeds of 15 rounds"
     $F compare $D train.rounds=15 $PC "eval.at_rounds=[5,10,15]" --jobs 2 seeds=0,1,2 tuned="$W/tuned-d.yaml" \
         report.at_rounds=5,10,15 $REPORT algorithms=$GLOBAL,$PERSONAL --out "$R/d-personal" || exit 1
+    babu d "$D" "train.rounds=15 $PC eval.at_rounds=[5,10,15] report.at_rounds=5,10,15"
   else
     A="-c examples/workload_a.yaml partition.val_share=0.1 $ENG"
     echo "== $(date -u +%T) A: tune the personalised entries"
@@ -60,6 +79,7 @@ for w in ${@:-d a}; do
         report.at_rounds=10,20 $REPORT \
         algorithms=fedavg,fedprox,fedgkd,fedadc:variant=nesterov:eval.personalize=true,scaffold,$PERSONAL \
         --out "$R/a-personal" || exit 1
+    babu a "$A" "train.rounds=20 $PC eval.at_rounds=[10,20] report.at_rounds=10,20"
   fi
 done
 echo "== $(date -u +%T) done"
