@@ -70,7 +70,9 @@ EXPLAIN = ("Each trial is one run of the tune's config at the trial's values, sc
            "over the rounds: the global model on the clients' validation samples. For a personal-model method "
            "(FedProto) the score is its own validation accuracy: each client's own model on that client's "
            "validation samples, averaged over the clients; its curve beside it, own test, is the same on each "
-           "client's own test split. The test curve (the global model on the test set) is shown, never used to choose.")
+           "client's own test split. A run that fine-tunes each client's model after training (eval.personalize) "
+           "scores those fine-tuned models on their clients' validation samples, once (personalized_val_accuracy). "
+           "The test curve (the global model on the test set) is shown, never used to choose.")
 EDGE_NOTE = ("edge: a best value within 5% of an end of its range (of its logarithm for log:), or the least or "
              "greatest of a list of three or more: the best may lie beyond the range searched; widen it "
              "(space.KEY=...) and tune again.")
