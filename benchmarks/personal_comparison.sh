@@ -44,7 +44,8 @@ value() {  # value TUNED_YAML ENTRY KEY: the tuned value of KEY for ENTRY
 }
 babu() {  # babu W CONFIG_ARGS RUN_ARGS: FedBABU's fine-tuning rate tuned on its fine-tuned models'
   # validation accuracy (personalized_val_accuracy) at its tuned training rate, then 3 seeds of it
-  local w=$1 args=$2 runs=$3 lr plr
+  local - w=$1 args=$2 runs=$3 lr plr
+  set -f  # the bracketed round lists are words, not globs
   lr=$(value "$W/tuned-$w.yaml" "$BABU" train.lr) || exit 1
   echo "== $(date -u +%T) $w: FedBABU's fine-tuning rate, at its training rate $lr"
   $F tune $args train.rounds=8 $PC train.lr=$lr --trials 4 --jobs 2 --no-report space.train.lr=none \
