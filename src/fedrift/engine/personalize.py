@@ -142,7 +142,7 @@ def personalize(
                    for k in clients[start : start + CHUNK]]
 
     payload = _with_prephase(cfg, tuned, payload, fed, chunks)
-    rows, counts, val = [], [], []  # per client: its local test samples and each model's right answers; val's
+    rows, counts, val = [], [], []  # per client: (samples, right answers per model) on its test split; on its val
     for jobs in chunks():
         chunk_tools = with_teacher(tuned, payload, jobs, cfg.engine.teacher_cache)
         for job, out in zip(jobs, executor.run_round(chunk_tools, payload, jobs, round_)):
