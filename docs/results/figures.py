@@ -43,6 +43,8 @@ GAPS = [
 SPREADS = [
     ("d-personal-spread", "Workload D (feature skew: 4 digit domains, 20 clients), 15 rounds, 3 seeds",
      ("d-personal", "d-personal-extra", "d-personal-babu")),
+    ("a-personal-spread", "Workload A (label skew, Dirichlet 0.1, 20 clients), 20 rounds, 3 seeds",
+     ("a-personal", "a-personal-babu")),
 ]
 # the methods that score each client's own model (docs/concepts/evaluation.md); the rest score the
 # global one (FedBABU too: its personalisation is the fine-tuning after training, a row of its own)
