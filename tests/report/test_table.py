@@ -230,6 +230,32 @@ def test_calibrated_and_personalized_columns_side_by_side(runs):
     assert other[head.index("calibrated %")].strip() == "-"  # runs without a calibration
 
 
+def test_personalized_accuracies_pair_with_the_references_local_ones(runs):
+    """A setting's per-client fine-tuned models (eval.personalize) against the reference's final
+    local accuracy and its worst 10%, on the same seed: 0.95 - 0.80 and 0.70 - 0.60 on seed 0,
+    the one seed both completed; a column each, said in the note."""
+    def add(d, **extra):
+        path = runs / d / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))
+
+    for d in ("a/s0", "a/s1", "a/s2"):
+        add(d, final_local_accuracy=0.80 if d == "a/s0" else 0.5, final_local_accuracy_worst10=0.60)
+    add("p/s0", final_local_accuracy=0.9, final_local_accuracy_worst10=0.5,
+        personalized_accuracy=0.95, personalized_accuracy_worst10=0.70)
+    rows = summarize(load_groups(runs)[0], reference="fedavg")
+    prox = rows[1]
+    assert prox["personalized_accuracy_diff_mean"] == pytest.approx(0.15, abs=1e-12)
+    assert prox["personalized_accuracy_worst10_diff_mean"] == pytest.approx(0.10, abs=1e-12)
+    assert prox["personalized_accuracy_diff_n"] == 1 and prox["personalized_accuracy_diff_ci95"] is None
+    assert "personalized_accuracy_diff_n" not in rows[0]  # the reference's own row
+    lines = to_markdown(rows).splitlines()
+    head = [c.strip() for c in lines[0].split("|")]
+    row = next(line for line in lines if line.startswith("| fedprox alpha=0.1 ")).split("|")
+    assert row[head.index("personalized vs fedavg")].strip() == "+15.0 +- -"
+    assert row[head.index("personalized worst 10% vs fedavg")].strip() == "+10.0 +- -"
+    assert "'personalized (worst 10%) vs fedavg': each client's model fine-tuned after training" in to_markdown(rows)
+
+
 def test_labels_of_tuned_runs_without_compare_json(tmp_path):
     """Runs of a tuned comparison read as a plain folder: a learning rate that only tells
     algorithms apart is said (4 significant digits) where it is not the one most settings

@@ -297,13 +297,12 @@ class _TrialRun:
             scored = [sc for sc in scored if sc[0] == "calibrated_val_accuracy"]
         # one that personalises after training (eval.personalize) on its personalised models:
         # its output, fine-tuned by eval.personalize_* (FedBABU's learning rate is tuned there)
-        personal = ended.summary.get(PERSONAL)
-        if personal is not None:
-            scored = [(PERSONAL, float(personal))]
+        if ended.summary.get(PERSONAL) is not None:
+            scored = [(PERSONAL, float(ended.summary[PERSONAL]))]
         score = max((v for _, v in scored), default=math.nan)
         with shielded():
-            if personal is not None:
-                self.trial.set_user_attr("metric", PERSONAL)
+            if scored:  # what was scored (the rounds' own metric was set as each round came)
+                self.trial.set_user_attr("metric", scored[0][0])
             self.trial.set_user_attr("status", "completed")
             self.trial.set_user_attr("rounds", int(ended.summary.get("rounds", 0)))
         self.echo(f"{self.label}: val {score:.4f}, {time.perf_counter() - self.start:.1f} s")

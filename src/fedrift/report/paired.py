@@ -9,7 +9,9 @@ same swept values (``report.reference``, default ``fedavg`` when the grid has it
 - per pair, d = this setting's accuracy - the reference's (best, final and, with a
   validation split, at best validation; with the clients' own test splits, the mean of the
   worst 10% of clients' accuracies, ``final_local_accuracy_worst10``, and with
-  ``report.metric=local_accuracy`` the mean over the clients, ``final_local_accuracy``);
+  ``report.metric=local_accuracy`` the mean over the clients, ``final_local_accuracy``; with
+  ``eval.personalize``, each client's fine-tuned model, ``personalized_accuracy`` and its worst
+  10%, against the reference's ``final_local_accuracy`` and its worst 10%);
 - ``*_diff_mean`` is the mean of the d's; ``*_diff_ci95`` the half-width of the 95% Student t
   interval, ``t(0.975, n - 1) * sd(d, ddof=1) / sqrt(n)``; ``*_diff_low``/``*_diff_high`` its
   ends; ``*_diff_n`` the pairs. One pair gives a difference and no interval (None, shown
@@ -46,6 +48,10 @@ METRICS = (("best_accuracy", "best"), ("final_accuracy", "final"), ("test_accura
 # results table when runs report it, the mean over clients when ``report.metric`` ranks on it
 LOCAL_METRICS = (("final_local_accuracy", "final local"), ("final_local_accuracy_worst10", "worst 10% local"))
 WORST10 = "final_local_accuracy_worst10"
+# each client's model fine-tuned after training (eval.personalize), paired with the reference's
+# final local accuracy (its worst 10%): what a client gets from one method against the other
+PERSONALIZED_METRICS = (("personalized_accuracy", "personalized"), ("personalized_accuracy_worst10", "personalized worst 10%"))
+PERSONALIZED_AGAINST = dict(zip((k for k, _ in PERSONALIZED_METRICS), (k for k, _ in LOCAL_METRICS)))
 LEVEL = 0.95
 ALPHA = 1 - LEVEL  # the sign-flip test's level (two-sided)
 EXACT_UP_TO = 16  # seeds enumerated exactly (2^16 sign patterns); more: a seeded random sample of patterns
@@ -135,17 +141,19 @@ def add_paired(groups: Sequence[Any], rows: Sequence[dict[str, Any]], reference:
     and rows with no reference get ``reference`` only (the differences stay absent). Besides
     :data:`METRICS`, the worst 10% of clients' local accuracy (:data:`WORST10`) and the summary
     keys in ``extra`` (``final_local_accuracy`` when ``report.metric`` ranks on it), each when
-    some run reports it."""
+    some run reports it; and the fine-tuned models' accuracies (:data:`PERSONALIZED_METRICS`)
+    against the reference's final local ones."""
     if reference is None:
         return
-    wanted = [*(key for key, _ in METRICS), WORST10, *extra]
+    wanted = [*(key for key, _ in METRICS), WORST10, *extra, *PERSONALIZED_AGAINST]
     present = [key for key in dict.fromkeys(wanted) if any(key in r.summary for g in groups for r in g.runs)]
+    against = [PERSONALIZED_AGAINST.get(key, key) for key in present]
     for g, row in zip(groups, rows):
         row["reference"] = reference
         ref = next((h for h in groups if h.algorithm == reference and h.sweep == g.sweep), None)
         if ref is None or ref is g:
             continue
-        row.update(differences(g, ref, present))
+        row.update(differences(g, ref, present, against))
 
 
 def differences(g: Any, ref: Any, keys: Sequence[str], ref_keys: Sequence[str] | None = None) -> dict[str, Any]:
@@ -177,7 +185,7 @@ def headers(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     ref = next((r["reference"] for r in rows if r.get("reference")), None)
     if ref is None:
         return []
-    return [(key, f"{name} vs {ref}") for key, name in (*METRICS, *LOCAL_METRICS)
+    return [(key, f"{name} vs {ref}") for key, name in (*METRICS, *LOCAL_METRICS, *PERSONALIZED_METRICS)
             if any(f"{key}_diff_n" in r for r in rows)]
 
 
@@ -204,6 +212,8 @@ RULE = ("* when the exact two-sided sign-flip test over the paired seeds gives p
 NOTE = ("'vs {ref}': paired differences in percentage points, the mean over seeds of (setting - {ref}) on the same "
         "seed and swept values, {pm} the half-width of the 95% Student t interval (ddof=1); '{pm} -' with one seed "
         "(no interval). ")
+PERSONALIZED_NOTE = ("'personalized (worst 10%) vs {ref}': each client's model fine-tuned after training against "
+                     "{ref}'s final local accuracy (its worst 10%) on the same clients' own test splits. ")
 
 
 def rule(most: int | None = None) -> str:
@@ -227,8 +237,9 @@ def note(rows: Sequence[Mapping[str, Any]], pm: str = "+-") -> str | None:
     if not headers(rows):
         return None
     ref = next(r["reference"] for r in rows if r.get("reference"))
-    return NOTE.format(ref=ref, pm=pm) + rule(most_pairs(rows))
+    personal = any(key in PERSONALIZED_AGAINST for key, _ in headers(rows))
+    return NOTE.format(ref=ref, pm=pm) + (PERSONALIZED_NOTE.format(ref=ref) if personal else "") + rule(most_pairs(rows))
 
 
-__all__ = ["ALPHA", "LOCAL_METRICS", "METRICS", "MIN_SEEDS", "WORST10", "add_paired", "cell", "differences", "fmt_diff",
+__all__ = ["ALPHA", "LOCAL_METRICS", "METRICS", "MIN_SEEDS", "PERSONALIZED_METRICS", "WORST10", "add_paired", "cell", "differences", "fmt_diff",
            "headers", "interval", "most_pairs", "note", "resolve_reference", "rule", "sign_flip_p", "significant"]
